@@ -1,0 +1,3 @@
+from tilec.cli import main
+
+main()

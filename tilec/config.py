@@ -1,0 +1,41 @@
+"""The compile configuration the CLI builds from its flags, and the flag parsers."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilec.errors import GridError, ShapeError
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """Everything ``compile_model`` needs. ``None`` shape: the model file's INPUT_SHAPE."""
+
+    model_path: Path
+    attr: str = "model"
+    input_shape: tuple[int, ...] | None = None
+    grid: tuple[int, int] | None = None
+    name: str | None = None
+    out_dir: Path = Path(".")
+    plan_dir: Path = Path("plans")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"\d+", part) for part in parts):
+        raise ShapeError(f"--input-shape must be comma-separated integers N,C,H,W, got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    """``"4x3"`` -> ``(4, 3)`` (rows x columns)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match:
+        raise GridError(f"--grid must look like ROWSxCOLS (e.g. 4x4), got {text!r}")
+    rows, cols = int(match[1]), int(match[2])
+    if rows < 1 or cols < 1:
+        raise GridError(f"--grid needs at least one tile per axis, got {text!r}")
+    return rows, cols

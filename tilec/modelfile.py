@@ -1,0 +1,49 @@
+"""Loading the user's model file: ``model`` (or another attribute) and optional ``INPUT_SHAPE``."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from torch import nn
+
+from tilec.errors import ModelFileError
+
+
+def _where(path: Path, error: BaseException) -> str:
+    """``file:line`` of the innermost frame inside the model file, or just the file."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if Path(f.filename) == path]
+    return f"{path}:{frames[-1].lineno}" if frames else str(path)
+
+
+def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, ...] | None]:
+    """Execute ``path`` and return its model (calling it if it is a function) and INPUT_SHAPE."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"model file {path} does not exist")
+    try:
+        source = path.read_text(encoding="utf-8")
+        code = compile(source, str(path), "exec")
+    except SyntaxError as error:
+        raise ModelFileError(f"{path}:{error.lineno}: syntax error: {error.msg}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelFileError(f"cannot read model file {path}: {error}") from None
+    namespace = {"__name__": f"tilec_model_{path.stem}", "__file__": str(path)}
+    try:
+        exec(code, namespace)
+    except Exception as error:
+        raise ModelFileError(f"{_where(path, error)}: running the model file raised "
+                             f"{type(error).__name__}: {error}") from None
+    if attr not in namespace:
+        raise ModelFileError(f"{path} defines no attribute {attr!r} (choose another with --attr)")
+    model = namespace[attr]
+    if callable(model) and not isinstance(model, nn.Module):
+        try:
+            model = model()
+        except Exception as error:
+            raise ModelFileError(f"{_where(path, error)}: calling {attr}() raised "
+                                 f"{type(error).__name__}: {error}") from None
+    if not isinstance(model, nn.Sequential):
+        raise ModelFileError(f"{path}: {attr} is a {type(model).__name__}, not an nn.Sequential")
+    shape = namespace.get("INPUT_SHAPE")
+    return model, tuple(shape) if shape is not None else None

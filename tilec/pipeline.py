@@ -1,0 +1,55 @@
+"""The top-level pipeline: load -> trace -> plan -> render -> write, as a flat list of steps."""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from tilec.codegen import render
+from tilec.config import CompileConfig
+from tilec.errors import GridError, ShapeError
+from tilec.ir import Plan
+from tilec.modelfile import load_model
+from tilec.planio import dumps, write_files
+from tilec.planner import plan
+from tilec.trace import trace
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    plan: Plan
+    plan_path: Path
+    module_path: Path
+
+
+def compile_model(config: CompileConfig) -> CompileResult:
+    """Compile the model file named by ``config``; write its plan and generated module."""
+    model, default_shape = load_model(config.model_path, config.attr)
+    shape = config.input_shape or default_shape
+    if shape is None:
+        raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
+    if config.grid is None:
+        raise GridError("give --grid ROWSxCOLS")
+    name = config.name or config.model_path.stem
+    the_plan = plan(trace(model, shape), name=name, grid=config.grid)
+    source = render(the_plan)
+    plan_path = config.plan_dir / f"{name}.plan.json"
+    module_path = config.out_dir / f"{name}_tiled.py"
+    write_files({plan_path: dumps(the_plan), module_path: source})
+    return CompileResult(the_plan, plan_path, module_path)
+
+
+def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
+    """Execute generated source as a fresh module (no file needed)."""
+    module = types.ModuleType(name)
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    return module
+
+
+def build(model: nn.Sequential, input_shape, grid=(1, 1), *, segments=None, name="model", progress=False):
+    """Trace, plan, render and load in memory; return the ``TiledModel`` wrapping ``model``."""
+    the_plan = plan(trace(model, input_shape), name=name, grid=grid, segments=segments)
+    return load_source(render(the_plan), f"{name}_tiled").TiledModel(model, progress=progress)

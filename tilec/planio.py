@@ -1,0 +1,92 @@
+"""Plan files: deterministic JSON text, atomic writes, and validated loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from tilec.errors import OutputError, PlanError
+from tilec.ir import SCHEMA_VERSION, Plan
+
+
+def _format(value, indent: int) -> str:
+    """JSON with objects and lists of objects indented, lists of scalars on one line."""
+    pad, inner = " " * indent, " " * (indent + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = (f"{inner}{json.dumps(k)}: {_format(v, indent + 1)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        if all(isinstance(v, list) and not any(isinstance(x, dict | list) for x in v) for v in value):
+            return json.dumps(value, separators=(", ", ": "))
+        return "[\n" + ",\n".join(f"{inner}{_format(v, indent + 1)}" for v in value) + f"\n{pad}]"
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def dumps(plan: Plan) -> str:
+    """The plan as JSON text; the same plan always gives the same bytes."""
+    return _format(plan.model_dump(mode="json"), 0) + "\n"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_files(files: dict[Path, str]) -> None:
+    """Write every file or none: stage each beside its target, then rename them all.
+
+    A failure while staging removes what was staged and leaves the targets untouched.
+    """
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, text in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged.append((temporary, path))
+            os.chmod(temporary, 0o666 & ~_umask())
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                stream.write(text)
+    except OSError as error:
+        for temporary, _ in staged:
+            Path(temporary).unlink(missing_ok=True)
+        target = error.filename or (staged[-1][1] if staged else "output")
+        raise OutputError(f"cannot write {target}: {error.strerror or error}") from None
+    for temporary, path in staged:
+        os.replace(temporary, path)
+
+
+def loads(text: str, source: str = "plan") -> Plan:
+    """Parse and validate plan JSON text; every failure is one ``PlanError`` line."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PlanError(f"{source} is not JSON: {error.msg} at line {error.lineno}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{source} is not a plan: the top level is not an object")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise PlanError(
+            f"{source} has schema_version {version}, newer than this tilec's {SCHEMA_VERSION}; upgrade tilec"
+        )
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise PlanError(f"{source} violates the plan schema at {where}: {first['msg']}") from None
+
+
+def load(path: Path) -> Plan:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise PlanError(f"cannot read plan {path}: {getattr(error, 'strerror', None) or error}") from None
+    return loads(text, source=str(path))

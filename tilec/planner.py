@@ -1,0 +1,127 @@
+"""Planner: ``plan`` computes every tile's regions, per axis, from a traced graph.
+
+For each segment and each axis, the segment's output is split into owned intervals whose
+lengths differ by at most one. Walking the segment's layers from consumers to producers, each
+layer's output interval is the union (hull) of what its consumers read; the layer's halo rule
+gives the input interval it reads, clipped to the real input. What was clipped is the border
+padding the tile applies itself (the layer then runs with padding 0).
+
+Backward regions follow the owned-output strategy the generated code executes: a tile
+back-propagates only its owned output gradient, so at every layer the output gradient it
+consumes is that layer's forward output interval, and the input gradient it produces is the
+interval it read; overlapping input gradients are summed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+import networkx as nx
+
+from tilec.errors import GridError
+from tilec.ir import AxisStep, AxisTile, LayerSpec, ModelFingerprint, Plan, Segment
+from tilec.regions import Interval, Window, split
+from tilec.trace import layer_specs
+
+#: A segment choice: layers ``[first, stop)`` tiled with grid ``(rows, cols)``.
+SegmentChoice = tuple[int, int, tuple[int, int]]
+
+
+def fingerprint(layers: Sequence[LayerSpec]) -> ModelFingerprint:
+    """Digest of everything a plan depends on about the model."""
+    payload = json.dumps([layer.model_dump(mode="json") for layer in layers], sort_keys=True)
+    return ModelFingerprint(digest=hashlib.sha256(payload.encode()).hexdigest(), layers=tuple(layers))
+
+
+def window(spec: LayerSpec, axis: int) -> Window:
+    return spec.rows if axis == 0 else spec.cols
+
+
+def _cone(graph: nx.DiGraph, members: Sequence[int], axis: int, owned: Interval) -> list[AxisStep]:
+    """Per-layer steps of one axis tile; ``members`` are the segment's layers in order."""
+    needed = {members[-1]: owned}
+    steps = {}
+    for node in reversed(members):
+        spec = graph.nodes[node]["spec"]
+        out = needed[node]
+        read, before, after = window(spec, axis).input_interval(out).clip(spec.in_shape[2 + axis])
+        steps[node] = AxisStep(out=out, read=read, pad=(before, after), grad_out=out, grad_in=read)
+        for producer in graph.predecessors(node):
+            if producer in steps or producer not in members:
+                continue
+            needed[producer] = needed[producer].hull(read) if producer in needed else read
+    return [steps[node] for node in members]
+
+
+def _signature(steps: Sequence[AxisStep]) -> tuple:
+    return tuple((s.out.length, s.read.length, s.pad) for s in steps)
+
+
+def _axis_tiles(graph: nx.DiGraph, members: Sequence[int], axis: int, parts: int) -> tuple[AxisTile, ...]:
+    last = graph.nodes[members[-1]]["spec"]
+    size = last.out_shape[2 + axis]
+    tiles, classes = [], {}
+    for index, owned in enumerate(split(size, parts)):
+        steps = _cone(graph, members, axis, owned)
+        shape_class = classes.setdefault(_signature(steps), len(classes))
+        tiles.append(AxisTile(index=index, owned=owned, shape_class=shape_class, steps=tuple(steps)))
+    return tuple(tiles)
+
+
+def check_grid(grid: Sequence[int], out_shape: Sequence[int], where: str) -> tuple[int, int]:
+    if len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
+        raise GridError(f"grid must be two positive integers ROWSxCOLS, got {tuple(grid)}")
+    height, width = out_shape[2], out_shape[3]
+    if grid[0] > height or grid[1] > width:
+        raise GridError(
+            f"grid {grid[0]}x{grid[1]} is finer than the output of {where} ({height}x{width})"
+        )
+    return (grid[0], grid[1])
+
+
+def check_segments(segments: Sequence[SegmentChoice], count: int) -> None:
+    expected = 0
+    for first, stop, _ in segments:
+        if first != expected or stop <= first:
+            raise GridError(f"segments must cover layers 0..{count - 1} in order; got {list(segments)}")
+        expected = stop
+    if expected != count:
+        raise GridError(f"segments must cover layers 0..{count - 1} in order; got {list(segments)}")
+
+
+def plan(
+    graph: nx.DiGraph,
+    *,
+    name: str,
+    grid: tuple[int, int] | None = None,
+    segments: Sequence[SegmentChoice] | None = None,
+) -> Plan:
+    """Plan ``graph`` with one grid for the whole network, or an explicit segmentation."""
+    layers = layer_specs(graph)
+    if segments is None:
+        segments = [(0, len(layers), grid)]
+    check_segments(segments, len(layers))
+    planned = []
+    for index, (first, stop, seg_grid) in enumerate(segments):
+        members = [layer.index for layer in layers[first:stop]]
+        where = f"layer {layers[stop - 1].path}" if len(segments) > 1 else "the network"
+        rows, cols = check_grid(seg_grid, layers[stop - 1].out_shape, where)
+        planned.append(
+            Segment(
+                index=index,
+                first=first,
+                stop=stop,
+                grid=(rows, cols),
+                rows=_axis_tiles(graph, members, 0, rows),
+                cols=_axis_tiles(graph, members, 1, cols),
+            )
+        )
+    return Plan(
+        name=name,
+        input_shape=graph.graph["input_shape"],
+        output_shape=layers[-1].out_shape,
+        model=fingerprint(layers),
+        segments=tuple(planned),
+    )

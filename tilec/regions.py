@@ -1,0 +1,100 @@
+"""Half-open intervals and the one-axis halo rules.
+
+Conventions used throughout tilec:
+
+* A region is a product of two 1-D intervals, rows and columns; every rule is 1-D.
+* An ``Interval(start, stop)`` is half-open, ``[start, stop)``, in the coordinates of the
+  full (untiled) tensor at that point of the network.
+* A ``Window`` describes one axis of a sliding-window layer: output index ``o`` reads input
+  indices ``o * stride - pad_before + j * dilation`` for ``j`` in ``[0, kernel)``.
+  Pointwise layers are the window ``kernel=1, stride=1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Interval(NamedTuple):
+    """Half-open integer interval ``[start, stop)``."""
+
+    start: int
+    stop: int
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+    def hull(self, other: Interval) -> Interval:
+        """Smallest interval containing both (the merge rule for fan-out)."""
+        return Interval(min(self.start, other.start), max(self.stop, other.stop))
+
+    def clip(self, size: int) -> tuple[Interval, int, int]:
+        """Clip to ``[0, size)``; return the clipped interval and the amounts cut before and after."""
+        start, stop = max(self.start, 0), min(self.stop, size)
+        return Interval(start, stop), start - self.start, self.stop - stop
+
+    def shift(self, offset: int) -> Interval:
+        return Interval(self.start + offset, self.stop + offset)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One axis of a window layer. ``pad_before``/``pad_after`` are the layer's own padding."""
+
+    kernel: int = 1
+    stride: int = 1
+    dilation: int = 1
+    pad_before: int = 0
+    pad_after: int = 0
+    ceil_mode: bool = False
+
+    @property
+    def span(self) -> int:
+        """Input extent one output reads: ``(kernel - 1) * dilation + 1``."""
+        return (self.kernel - 1) * self.dilation + 1
+
+    def output_size(self, size: int) -> int:
+        """Output length for an input of ``size``; PyTorch's conv / pooling shape rule."""
+        padded = size + self.pad_before + self.pad_after - self.span
+        if padded < 0:
+            return 0
+        if not self.ceil_mode:
+            return padded // self.stride + 1
+        out = -(-padded // self.stride) + 1
+        if (out - 1) * self.stride >= size + self.pad_before:
+            out -= 1
+        return out
+
+    def input_interval(self, out: Interval) -> Interval:
+        """Input indices read by outputs ``out``, unclipped (may run into the padding)."""
+        start = out.start * self.stride - self.pad_before
+        stop = (out.stop - 1) * self.stride - self.pad_before + self.span
+        return Interval(start, stop)
+
+    def avg_divisors(self, out: Interval, size: int, count_include_pad: bool) -> tuple[int, ...]:
+        """Per-output element counts PyTorch's avg-pool divides by on this axis."""
+        counts = []
+        for o in range(out.start, out.stop):
+            start = o * self.stride - self.pad_before
+            stop = min(start + self.kernel, size + self.pad_after)
+            if count_include_pad:
+                counts.append(stop - start)
+            else:
+                counts.append(min(stop, size) - max(start, 0))
+        return tuple(counts)
+
+
+def split(size: int, parts: int) -> tuple[Interval, ...]:
+    """Partition ``[0, size)`` into ``parts`` intervals whose lengths differ by at most one.
+
+    The first ``size % parts`` intervals are the longer ones.
+    """
+    base, extra = divmod(size, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append(Interval(start, stop))
+        start = stop
+    return tuple(bounds)
