@@ -36,7 +36,7 @@ def max_errors(model: nn.Sequential, shape, grid=(1, 1), *, segments=None, seed:
     grad_out = torch.randn(y_ref.shape, dtype=torch.float64, generator=generator)
     ref = torch.autograd.grad(y_ref, [x_ref, *params], grad_out)
 
-    tiled = build(model, shape, grid, segments=segments)
+    tiled = build(model, shape, None if segments else grid, segments=segments)
     x_tiled = x.clone().requires_grad_()
     y_tiled = tiled(x_tiled)
     got = torch.autograd.grad(y_tiled, [x_tiled, *params], grad_out)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from tilec.config import CompileConfig, parse_grid, parse_shape
+from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_segments, parse_shape
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
@@ -43,13 +43,18 @@ def main() -> None:
 @click.argument("model_file", type=click.Path(path_type=Path))
 @click.option("--attr", default="model", show_default=True, help="Model attribute (or function) in MODEL_FILE.")
 @click.option("--input-shape", help="Input shape N,C,H,W (default: the file's INPUT_SHAPE).")
-@click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4.")
+@click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4 (1x1: untiled).")
+@click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS,... over half-open layer ranges.")
+@click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB.")
+@click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Training dtype the memory prediction assumes.")
 @click.option("--name", help="Plan and module name (default: the file's stem).")
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, input_shape, grid, name, out_dir, plan_dir) -> None:
+def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, dtype, name, out_dir,
+                    plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
@@ -57,6 +62,9 @@ def compile_command(model_file, attr, input_shape, grid, name, out_dir, plan_dir
             attr=attr,
             input_shape=parse_shape(input_shape) if input_shape else None,
             grid=parse_grid(grid) if grid else None,
+            segments=parse_segments(segments) if segments else None,
+            memory_budget=parse_bytes(memory_budget) if memory_budget else None,
+            dtype=dtype,
             name=name,
             out_dir=out_dir,
             plan_dir=plan_dir,

@@ -5,9 +5,8 @@ the jinja2 templates in ``templates/`` only loop and branch over it. One forward
 backward function are generated per segment and shape class (a pair of row and column
 classes), never per tile; per-tile data is a table of slice bounds.
 
-Naming inside a generated backward function: ``t{k}`` is the activation entering layer ``k``
-(``t0`` is the tile's input slice), ``t{k}p`` the same after border padding, ``i{k}`` the
-max-pool indices of layer ``k``, and ``g`` the running gradient.
+The names inside generated functions come from ``tilec.schedule``; ``g`` is the running
+gradient.
 """
 
 from __future__ import annotations
@@ -20,38 +19,19 @@ import jinja2
 
 from tilec import __version__
 from tilec.ir import AxisTile, LayerSpec, Plan, Segment
-from tilec.layers import IN_PLACE, SAVES
 from tilec.regions import Interval
+from tilec.schedule import Op, schedule
 
 
 @dataclass
-class Step:
-    """One layer inside one generated function pair."""
+class Step(Op):
+    """A scheduled op plus the literal Python its template needs."""
 
-    layer: LayerSpec
-    position: int
-    src: str
-    padded: str
-    dst: str
-    pad: str | None
-    pad_value: str
-    unpad: str | None
-    in_place: bool
-    in_place_forward: bool
-    recompute: bool
-    first: bool
-    args: dict[str, str]
-    slots: dict[str, int]
-    free_forward: list[str] = field(default_factory=list)
-    free_backward: list[str] = field(default_factory=list)
-
-    @property
-    def op(self) -> str:
-        return self.layer.op
-
-    @property
-    def fn(self) -> str | None:
-        return self.layer.fn
+    pad: str | None = None
+    unpad: str | None = None
+    pad_value: str = "0.0"
+    args: dict[str, str] = field(default_factory=dict)
+    slots: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,15 +71,6 @@ def _layer_row(layer: LayerSpec) -> LayerRow:
 def _tuple(values) -> str:
     values = tuple(values)
     return repr(values)
-
-
-def _backward_reads(layer: LayerSpec, src: str, padded: str, dst: str, index: int) -> list[str]:
-    """Names the backward kernel of ``layer`` reads."""
-    if layer.op == "max_pool2d":
-        return [padded, f"i{index}"]
-    if layer.op in ("conv2d", "avg_pool2d"):
-        return [padded]
-    return {"input": [src], "output": [dst], "none": []}[SAVES[layer.fn]]
 
 
 def _args(layer: LayerSpec, rows: AxisTile, cols: AxisTile, position: int) -> dict[str, str]:
@@ -151,7 +122,7 @@ def _slots(layers: list[LayerSpec]) -> tuple[list[tuple[int, str]], list[dict[st
     return flat, slots
 
 
-def _pad_literals(layer: LayerSpec, rows_pad, cols_pad) -> tuple[str | None, str | None]:
+def _pad_literals(rows_pad, cols_pad) -> tuple[str | None, str | None]:
     if rows_pad == (0, 0) and cols_pad == (0, 0):
         return None, None
     pad = _tuple((cols_pad[0], cols_pad[1], rows_pad[0], rows_pad[1]))
@@ -163,58 +134,20 @@ def _pad_literals(layer: LayerSpec, rows_pad, cols_pad) -> tuple[str | None, str
 
 
 def _steps(layers: list[LayerSpec], slots: list[dict[str, int]], rows: AxisTile, cols: AxisTile) -> list[Step]:
-    steps: list[Step] = []
-    name, fresh = "t0", False
-    reads_backward: dict[str, int] = {}
-    for position, layer in enumerate(layers):
-        pad, unpad = _pad_literals(layer, rows.steps[position].pad, cols.steps[position].pad)
-        src = name
-        padded = f"{src}p" if pad else src
-        dst = src if layer.fn == "identity" else f"t{position + 1}"
-        last = position == len(layers) - 1
-        needs_output = layer.op == "max_pool2d" or (layer.op == "pointwise" and SAVES[layer.fn] == "output")
-        in_place = layer.fn in IN_PLACE and fresh and src not in reads_backward
+    steps = []
+    for op in schedule(layers, rows, cols):
+        pad, unpad = _pad_literals(op.rows.pad, op.cols.pad)
         steps.append(
             Step(
-                layer=layer,
-                position=position,
-                src=src,
-                padded=padded,
-                dst=dst,
+                **vars(op),
                 pad=pad,
-                pad_value="float('-inf')" if layer.op == "max_pool2d" else "0.0",
                 unpad=unpad,
-                in_place=in_place,
-                in_place_forward=layer.fn in IN_PLACE and fresh,
-                recompute=not last or needs_output,
-                first=position == 0,
-                args=_args(layer, rows, cols, position),
-                slots=slots[position],
+                pad_value="float('-inf')" if op.op == "max_pool2d" else "0.0",
+                args=_args(op.layer, rows, cols, op.position),
+                slots=slots[op.position],
             )
         )
-        for read in _backward_reads(layer, src, padded, dst, position):
-            reads_backward.setdefault(read, position)
-        fresh = fresh if layer.fn == "identity" else True
-        name = dst
-    _free(steps, reads_backward)
     return steps
-
-
-def _free(steps: list[Step], reads_backward: dict[str, int]) -> None:
-    """Attach ``del`` lists. A tensor no backward kernel reads dies after its forward consumer;
-    a saved tensor dies after the last backward kernel reading it, which is the earliest layer
-    reading it since backward runs in reverse (``reads_backward`` maps name -> that layer)."""
-    for step in steps:
-        if step.recompute:
-            for name in dict.fromkeys((step.src, step.padded)):
-                if name not in ("t0", step.dst) and name not in reads_backward:
-                    step.free_forward.append(name)
-    last = steps[-1]
-    if last.recompute and last.dst not in reads_backward:
-        last.free_forward.append(last.dst)
-    for name, position in reads_backward.items():
-        if name != "t0":
-            steps[position].free_backward.append(name)
 
 
 def _table(tiles: tuple[AxisTile, ...]) -> str:
@@ -236,7 +169,7 @@ def _segment_view(plan: Plan, segment: Segment) -> SegmentView:
     layers = list(plan.model.layers[segment.first:segment.stop])
     flat, slots = _slots(layers)
     classes = []
-    for rows in _first_of_class(segment.rows):
+    for rows in _first_of_class(segment.rows) if segment.mode == "tiled" else ():
         for cols in _first_of_class(segment.cols):
             steps = _steps(layers, slots, rows, cols)
             _check_class(layers, segment, rows, cols, steps)

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilec.errors import GridError, ShapeError
+from tilec.errors import BudgetError, GridError, ShapeError
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,9 @@ class CompileConfig:
     attr: str = "model"
     input_shape: tuple[int, ...] | None = None
     grid: tuple[int, int] | None = None
+    segments: tuple[tuple, ...] | None = None
+    memory_budget: int | None = None
+    dtype: str = "float32"
     name: str | None = None
     out_dir: Path = Path(".")
     plan_dir: Path = Path("plans")
@@ -39,3 +42,31 @@ def parse_grid(text: str) -> tuple[int, int]:
     if rows < 1 or cols < 1:
         raise GridError(f"--grid needs at least one tile per axis, got {text!r}")
     return rows, cols
+
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"160MiB"`` -> 167772160; decimals allowed (``"1.5GB"``); no unit means bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match[2].upper() not in UNITS:
+        raise BudgetError(f"--memory-budget must be a number with a unit (B, KB, MB, GB, KiB, MiB, GiB), got {text!r}")
+    value = round(float(match[1]) * UNITS[match[2].upper()])
+    if value < 1:
+        raise BudgetError(f"--memory-budget must be positive, got {text!r}")
+    return value
+
+
+def parse_segments(text: str) -> tuple[tuple, ...]:
+    """``"0:10@8x8,10:31@1x1"`` -> ``((0, 10, (8, 8)), (10, 31, (1, 1)))``; half-open layer ranges."""
+    segments = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+):(\d+)@(.+)", part)
+        if not match:
+            raise GridError(
+                f"--segments must look like FIRST:STOP@ROWSxCOLS,... (e.g. 0:10@8x8,10:31@1x1), got {text!r}"
+            )
+        segments.append((int(match[1]), int(match[2]), parse_grid(match[3])))
+    return tuple(segments)

@@ -87,12 +87,20 @@ class AxisTile(Frozen):
 
 
 class Segment(Frozen):
-    """A run of layers ``[first, stop)`` tiled with one grid; its output is materialised."""
+    """A run of layers ``[first, stop)`` with one grid; its output is materialised.
+
+    ``tiled``: forward keeps nothing but its input, backward recomputes tile by tile.
+    ``stored``: runs untiled through autograd, keeping activations (grid 1x1, no recompute).
+    """
 
     index: int
     first: int
     stop: int
     grid: tuple[int, int]
+    mode: Literal["tiled", "stored"]
+    predicted_peak_bytes: int = Field(description="step peak while this segment runs (see Plan)")
+    flop_overhead: float = Field(description="tiled forward FLOPs / untiled forward FLOPs - 1")
+    estimated_seconds: float = Field(description="estimated time of this segment in one step")
     rows: tuple[AxisTile, ...]
     cols: tuple[AxisTile, ...]
 
@@ -104,6 +112,12 @@ class Plan(Frozen):
     name: str
     input_shape: Shape
     output_shape: Shape
+    dtype: Literal["float32", "float64", "bfloat16", "float16"]
+    memory_budget: int | None = Field(description="bytes the plan was chosen to fit, if any")
+    predicted_peak_bytes: int = Field(
+        description="peak bytes the training step allocates above the input, the parameters and the "
+        "output gradient: boundary activations, output, gradients, one tile's working set"
+    )
     model: ModelFingerprint
     segments: tuple[Segment, ...]
 

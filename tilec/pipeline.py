@@ -15,6 +15,7 @@ from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.planio import dumps, write_files
 from tilec.planner import plan
+from tilec.search import choose
 from tilec.trace import trace
 
 
@@ -31,15 +32,24 @@ def compile_model(config: CompileConfig) -> CompileResult:
     shape = config.input_shape or default_shape
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
-    if config.grid is None:
-        raise GridError("give --grid ROWSxCOLS")
     name = config.name or config.model_path.stem
-    the_plan = plan(trace(model, shape), name=name, grid=config.grid)
+    the_plan = plan_for(trace(model, shape), name, grid=config.grid, segments=config.segments,
+                        memory_budget=config.memory_budget, dtype=config.dtype)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
     module_path = config.out_dir / f"{name}_tiled.py"
     write_files({plan_path: dumps(the_plan), module_path: source})
     return CompileResult(the_plan, plan_path, module_path)
+
+
+def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, dtype="float32") -> Plan:
+    """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes."""
+    given = [option for option in (grid, segments, memory_budget) if option is not None]
+    if len(given) != 1:
+        raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
+    if memory_budget is not None:
+        segments = choose(graph, memory_budget, dtype)
+    return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget)
 
 
 def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
@@ -49,7 +59,14 @@ def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
     return module
 
 
-def build(model: nn.Sequential, input_shape, grid=(1, 1), *, segments=None, name="model", progress=False):
-    """Trace, plan, render and load in memory; return the ``TiledModel`` wrapping ``model``."""
-    the_plan = plan(trace(model, input_shape), name=name, grid=grid, segments=segments)
+def build(model: nn.Sequential, input_shape, grid=None, *, segments=None, memory_budget=None,
+          dtype="float32", name="model", progress=False):
+    """Trace, plan, render and load in memory; return the ``TiledModel`` wrapping ``model``.
+
+    Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
+    """
+    if grid is None and segments is None and memory_budget is None:
+        grid = (1, 1)
+    graph = trace(model, input_shape)
+    the_plan = plan_for(graph, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
     return load_source(render(the_plan), f"{name}_tiled").TiledModel(model, progress=progress)

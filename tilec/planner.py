@@ -17,16 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from math import prod
 
 import networkx as nx
 
+from tilec.cost import ELEMENT_BYTES, FIRST_STEP_BYTES, SegmentCost, parameter_bytes, segment_cost
 from tilec.errors import GridError
 from tilec.ir import AxisStep, AxisTile, LayerSpec, ModelFingerprint, Plan, Segment
 from tilec.regions import Interval, Window, split
 from tilec.trace import layer_specs
 
-#: A segment choice: layers ``[first, stop)`` tiled with grid ``(rows, cols)``.
-SegmentChoice = tuple[int, int, tuple[int, int]]
+#: A segment choice: layers ``[first, stop)``, grid ``(rows, cols)``, optionally a mode.
+SegmentChoice = tuple
 
 
 def fingerprint(layers: Sequence[LayerSpec]) -> ModelFingerprint:
@@ -83,12 +85,17 @@ def check_grid(grid: Sequence[int], out_shape: Sequence[int], where: str) -> tup
 
 def check_segments(segments: Sequence[SegmentChoice], count: int) -> None:
     expected = 0
-    for first, stop, _ in segments:
+    for first, stop, *_ in segments:
         if first != expected or stop <= first:
-            raise GridError(f"segments must cover layers 0..{count - 1} in order; got {list(segments)}")
+            break
         expected = stop
-    if expected != count:
+    if expected != count or any(first >= stop for first, stop, *_ in segments):
         raise GridError(f"segments must cover layers 0..{count - 1} in order; got {list(segments)}")
+
+
+def _mode(choice: SegmentChoice) -> str:
+    """A choice may name its mode; a 1x1 grid defaults to stored (plain autograd, no recompute)."""
+    return choice[3] if len(choice) > 3 else ("stored" if tuple(choice[2]) == (1, 1) else "tiled")
 
 
 def plan(
@@ -97,31 +104,62 @@ def plan(
     name: str,
     grid: tuple[int, int] | None = None,
     segments: Sequence[SegmentChoice] | None = None,
+    dtype: str = "float32",
+    memory_budget: int | None = None,
 ) -> Plan:
-    """Plan ``graph`` with one grid for the whole network, or an explicit segmentation."""
+    """Plan ``graph`` with one grid for the whole network, or an explicit segmentation.
+
+    A segment choice is ``(first, stop, (rows, cols))`` or ``(first, stop, grid, mode)``.
+    """
     layers = layer_specs(graph)
     if segments is None:
         segments = [(0, len(layers), grid)]
     check_segments(segments, len(layers))
-    planned = []
-    for index, (first, stop, seg_grid) in enumerate(segments):
-        members = [layer.index for layer in layers[first:stop]]
+    element = ELEMENT_BYTES[dtype]
+    tiled = []
+    for first, stop, seg_grid, *_ in segments:
         where = f"layer {layers[stop - 1].path}" if len(segments) > 1 else "the network"
         rows, cols = check_grid(seg_grid, layers[stop - 1].out_shape, where)
-        planned.append(
-            Segment(
-                index=index,
-                first=first,
-                stop=stop,
-                grid=(rows, cols),
-                rows=_axis_tiles(graph, members, 0, rows),
-                cols=_axis_tiles(graph, members, 1, cols),
-            )
+        members = [layer.index for layer in layers[first:stop]]
+        tiled.append((_axis_tiles(graph, members, 0, rows), _axis_tiles(graph, members, 1, cols)))
+    costs = [
+        segment_cost(list(layers[c[0]:c[1]]), rows, cols, stored=_mode(c) == "stored", element=element,
+                     first=c[0] == 0)
+        for c, (rows, cols) in zip(segments, tiled, strict=True)
+    ]
+    peaks = step_peaks(costs, parameter_bytes(list(layers), element), prod(layers[-1].out_shape) * element)
+    planned = tuple(
+        Segment(
+            index=index,
+            first=choice[0],
+            stop=choice[1],
+            grid=(len(rows), len(cols)),
+            mode=_mode(choice),
+            predicted_peak_bytes=peak,
+            flop_overhead=round(cost.flop_overhead, 6),
+            estimated_seconds=round(cost.seconds, 6),
+            rows=rows,
+            cols=cols,
         )
+        for index, (choice, (rows, cols), cost, peak) in enumerate(zip(segments, tiled, costs, peaks, strict=True))
+    )
     return Plan(
         name=name,
         input_shape=graph.graph["input_shape"],
         output_shape=layers[-1].out_shape,
+        dtype=dtype,
+        memory_budget=memory_budget,
+        predicted_peak_bytes=max(peaks),
         model=fingerprint(layers),
-        segments=tuple(planned),
+        segments=planned,
     )
+
+
+def step_peaks(costs: Sequence[SegmentCost], parameter_grads: int, output: int) -> list[int]:
+    """Predicted step peak while each segment runs (forward or backward), per ``tilec.cost``."""
+    peaks, prefix = [], FIRST_STEP_BYTES
+    for index, cost in enumerate(costs):
+        held = output if index < len(costs) - 1 else 0
+        peaks.append(prefix + max(cost.forward_local, cost.backward_local + parameter_grads + held))
+        prefix += cost.kept
+    return peaks

@@ -17,10 +17,19 @@ def _shape(shape) -> str:
     return "x".join(str(n) for n in shape)
 
 
+def _mib(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB"
+
+
 def describe_plan(plan: Plan) -> Table:
-    """One row per segment: its layers, grid, shape classes and largest tile."""
-    table = Table(title=f"plan {plan.name}: input {_shape(plan.input_shape)} -> output {_shape(plan.output_shape)}")
-    for column in ("segment", "layers", "grid", "shape classes", "largest input slice", "output"):
+    """One row per segment: layers, mode, grid, shape classes, largest tile, predicted cost."""
+    budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
+    table = Table(
+        title=f"plan {plan.name}: input {_shape(plan.input_shape)} -> output {_shape(plan.output_shape)}, "
+        f"{plan.dtype}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}"
+    )
+    for column in ("segment", "layers", "mode", "grid", "shape classes", "largest input slice", "output",
+                   "predicted peak", "FLOP overhead", "est. seconds"):
         table.add_column(column, justify="right" if column != "layers" else "left")
     layers = plan.model.layers
     for segment in plan.segments:
@@ -30,10 +39,14 @@ def describe_plan(plan: Plan) -> Table:
         table.add_row(
             str(segment.index),
             f"{segment.first}..{segment.stop - 1} ({layers[segment.first].path} .. {layers[segment.stop - 1].path})",
+            segment.mode,
             f"{segment.grid[0]}x{segment.grid[1]}",
-            str(classes),
+            str(classes if segment.mode == "tiled" else "-"),
             f"{rows}x{cols}",
             _shape(layers[segment.stop - 1].out_shape),
+            _mib(segment.predicted_peak_bytes),
+            f"{segment.flop_overhead:+.1%}",
+            f"{segment.estimated_seconds:.3f}",
         )
     return table
 
