@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilec.errors import GridError, ShapeError
+from tilec.errors import GridError, ShapeError, TilecError
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,12 @@ def parse_grid(text: str) -> tuple[int, int]:
     if rows < 1 or cols < 1:
         raise GridError(f"--grid needs at least one tile per axis, got {text!r}")
     return rows, cols
+
+
+def parse_name(text: str) -> str:
+    """A plan and module name: it becomes ``NAME.plan.json`` and ``NAME_tiled.py``."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", text):
+        raise TilecError(
+            f"--name must be letters, digits, '_', '-' or '.' (no path separators), got {text!r}"
+        )
+    return text

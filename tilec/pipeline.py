@@ -25,8 +25,11 @@ class CompileResult:
     module_path: Path
 
 
-def compile_model(config: CompileConfig) -> CompileResult:
-    """Compile the model file named by ``config``; write its plan and generated module."""
+def compile_model(config: CompileConfig, progress=None) -> CompileResult:
+    """Compile the model file named by ``config``; write its plan and generated module.
+
+    ``progress(done, total)``, if given, is called as the planner finishes each axis tile.
+    """
     model, default_shape = load_model(config.model_path, config.attr)
     shape = config.input_shape or default_shape
     if shape is None:
@@ -34,7 +37,7 @@ def compile_model(config: CompileConfig) -> CompileResult:
     if config.grid is None:
         raise GridError("give --grid ROWSxCOLS")
     name = config.name or config.model_path.stem
-    the_plan = plan(trace(model, shape), name=name, grid=config.grid)
+    the_plan = plan(trace(model, shape), name=name, grid=config.grid, progress=progress)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
     module_path = config.out_dir / f"{name}_tiled.py"
