@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.table import Table
 
-from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_segments, parse_shape
+from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_name, parse_segments, parse_shape
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
@@ -26,7 +27,22 @@ def refusals():
     try:
         yield
     except TilecError as error:
-        raise Refusal(str(error)) from None
+        raise Refusal(" ".join(str(error).split())) from None
+
+
+@contextmanager
+def planning_progress():
+    """A ``progress(done, total)`` callback drawing a bar on a terminal's stderr, else ``None``."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("planning tiles"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("plan", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _console() -> Console:
@@ -60,16 +76,17 @@ def compile_command(model_file, attr, input_shape, grid, segments, memory_budget
         config = CompileConfig(
             model_path=model_file,
             attr=attr,
-            input_shape=parse_shape(input_shape) if input_shape else None,
-            grid=parse_grid(grid) if grid else None,
-            segments=parse_segments(segments) if segments else None,
-            memory_budget=parse_bytes(memory_budget) if memory_budget else None,
+            input_shape=parse_shape(input_shape) if input_shape is not None else None,
+            grid=parse_grid(grid) if grid is not None else None,
+            segments=parse_segments(segments) if segments is not None else None,
+            memory_budget=parse_bytes(memory_budget) if memory_budget is not None else None,
             dtype=dtype,
-            name=name,
+            name=parse_name(name) if name is not None else None,
             out_dir=out_dir,
             plan_dir=plan_dir,
         )
-        result = compile_model(config)
+        with planning_progress() as progress:
+            result = compile_model(config, progress=progress)
     console = _console()
     console.print(describe_plan(result.plan))
     console.print(f"wrote {result.plan_path} and {result.module_path}")
@@ -84,12 +101,75 @@ def inspect_command(plan_file, tile, layer, segment) -> None:
     """Show a plan: its segments, or one tile's regions, halos and padding per layer."""
     with refusals():
         plan = load(plan_file)
-        coordinate = parse_tile(tile) if tile else None
+        coordinate = parse_tile(tile) if tile is not None else None
         console = _console()
         console.print(describe_plan(plan))
         if coordinate is not None or layer is not None:
             for table in tile_table(plan, coordinate, layer, segment):
                 console.print(table)
+
+
+@main.command("verify")
+@click.argument("model_file", type=click.Path(path_type=Path))
+@click.option("--attr", default="model", show_default=True, help="Model attribute (or function) in MODEL_FILE.")
+@click.option("--input-shape", help="Input shape N,C,H,W (default: the file's INPUT_SHAPE; smaller is faster).")
+@click.option("--grid", help="Tile grid ROWSxCOLS (default: 2x2, clipped to the output size).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and gradient.")
+@click.option("--tolerance", type=float, default=1e-10, show_default=True, help="Largest error still called exact.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device to run both steps on.")
+def verify_command(model_file, attr, input_shape, grid, seed, tolerance, device) -> None:
+    """Check that tiled training of MODEL_FILE equals untiled training, in float64.
+
+    Compiles into a temporary folder, runs one tiled and one untiled forward and backward
+    step on the same random data, and prints the max error per tensor. Exit code 0: exact;
+    1: a tensor differs by more than --tolerance; 2: bad input.
+    """
+    from tilec.verify import verify
+
+    with refusals():
+        verdict = verify(
+            model_file,
+            attr=attr,
+            input_shape=parse_shape(input_shape) if input_shape is not None else None,
+            grid=parse_grid(grid) if grid is not None else None,
+            seed=seed,
+            tolerance=tolerance,
+            device=device,
+        )
+    console = _console()
+    shape = "x".join(map(str, verdict.plan.input_shape))
+    console.print(f"verify {model_file}: input {shape}, grid {verdict.grid[0]}x{verdict.grid[1]}, float64, "
+                  f"seed {seed}")
+    table = Table()
+    for column in ("tensor", "shape", "max abs error", "status"):
+        table.add_column(column, justify="left" if column == "tensor" else "right")
+    for check in verdict.checks:
+        ok = check.error <= verdict.tolerance
+        table.add_row(check.name, "x".join(map(str, check.shape)) or "scalar", f"{check.error:.3e}",
+                      "ok" if ok else "MISMATCH")
+    console.print(table)
+    if verdict.exact:
+        console.print(f"exact: every error <= {verdict.tolerance:g}")
+    else:
+        bad = sum(not check.error <= verdict.tolerance for check in verdict.checks)
+        console.print(f"MISMATCH: {bad} tensor(s) differ by more than {verdict.tolerance:g}")
+        click.get_current_context().exit(1)
+
+
+@main.command("viz")
+@click.argument("plan_file", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="Picture to write: .png, .svg or .pdf.")
+@click.option("--layer", type=int, default=0, show_default=True, help="Layer whose input is drawn.")
+@click.option("--tile", help="Tile I,J to draw (default: the middle tile of the layer's segment).")
+def viz_command(plan_file, output, layer, tile) -> None:
+    """Draw one tile's share, halo, input slice and padding at a layer, and its halo growth."""
+    from tilec.viz import save
+
+    with refusals():
+        plan = load(plan_file)
+        save(plan, output, layer, parse_tile(tile) if tile is not None else None)
+    _console().print(f"wrote {output}")
 
 
 def parse_tile(text: str) -> tuple[int, int]:

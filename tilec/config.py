@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilec.errors import BudgetError, GridError, ShapeError
+from tilec.errors import BudgetError, GridError, ShapeError, TilecError
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,12 @@ def parse_segments(text: str) -> tuple[tuple, ...]:
             )
         segments.append((int(match[1]), int(match[2]), parse_grid(match[3])))
     return tuple(segments)
+
+
+def parse_name(text: str) -> str:
+    """A plan and module name: it becomes ``NAME.plan.json`` and ``NAME_tiled.py``."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", text):
+        raise TilecError(
+            f"--name must be letters, digits, '_', '-' or '.' (no path separators), got {text!r}"
+        )
+    return text

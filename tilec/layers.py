@@ -161,7 +161,7 @@ def lookup(path: str, module: nn.Module) -> tuple[Entry, Semantics]:
                                                      and module.p == 0):
         raise UnsupportedLayerError(
             f"layer {path} ({kind}) is in training mode: tilec tiles it only in eval mode "
-            f"(its statistics or random mask span the whole image); call .eval() on it"
+            f"(its statistics or random mask span the whole image): call model.eval() before compiling"
         )
     try:
         return entry, entry.semantics(module)

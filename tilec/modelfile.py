@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch import nn
 
-from tilec.errors import ModelFileError
+from tilec.errors import ModelFileError, ShapeError
 
 
 def _where(path: Path, error: BaseException) -> str:
@@ -19,8 +19,10 @@ def _where(path: Path, error: BaseException) -> str:
 def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, ...] | None]:
     """Execute ``path`` and return its model (calling it if it is a function) and INPUT_SHAPE."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ModelFileError(f"model file {path} does not exist")
+    if not path.is_file():
+        raise ModelFileError(f"model file {path} is not a file")
     try:
         source = path.read_text(encoding="utf-8")
         code = compile(source, str(path), "exec")
@@ -31,7 +33,7 @@ def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, .
     namespace = {"__name__": f"tilec_model_{path.stem}", "__file__": str(path)}
     try:
         exec(code, namespace)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         raise ModelFileError(f"{_where(path, error)}: running the model file raised "
                              f"{type(error).__name__}: {error}") from None
     if attr not in namespace:
@@ -40,10 +42,16 @@ def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, .
     if callable(model) and not isinstance(model, nn.Module):
         try:
             model = model()
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             raise ModelFileError(f"{_where(path, error)}: calling {attr}() raised "
                                  f"{type(error).__name__}: {error}") from None
     if not isinstance(model, nn.Sequential):
         raise ModelFileError(f"{path}: {attr} is a {type(model).__name__}, not an nn.Sequential")
     shape = namespace.get("INPUT_SHAPE")
-    return model, tuple(shape) if shape is not None else None
+    if shape is None:
+        return model, None
+    if not isinstance(shape, list | tuple) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in shape
+    ):
+        raise ShapeError(f"{path}: INPUT_SHAPE must be a tuple of integers N,C,H,W, got {shape!r}")
+    return model, tuple(shape)

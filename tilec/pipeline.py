@@ -26,15 +26,18 @@ class CompileResult:
     module_path: Path
 
 
-def compile_model(config: CompileConfig) -> CompileResult:
-    """Compile the model file named by ``config``; write its plan and generated module."""
+def compile_model(config: CompileConfig, progress=None) -> CompileResult:
+    """Compile the model file named by ``config``; write its plan and generated module.
+
+    ``progress(done, total)``, if given, is called as the planner finishes each axis tile.
+    """
     model, default_shape = load_model(config.model_path, config.attr)
     shape = config.input_shape or default_shape
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
     name = config.name or config.model_path.stem
     the_plan = plan_for(trace(model, shape), name, grid=config.grid, segments=config.segments,
-                        memory_budget=config.memory_budget, dtype=config.dtype)
+                        memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
     module_path = config.out_dir / f"{name}_tiled.py"
@@ -42,14 +45,16 @@ def compile_model(config: CompileConfig) -> CompileResult:
     return CompileResult(the_plan, plan_path, module_path)
 
 
-def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, dtype="float32") -> Plan:
+def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, dtype="float32",
+             progress=None) -> Plan:
     """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes."""
     given = [option for option in (grid, segments, memory_budget) if option is not None]
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
     if memory_budget is not None:
         segments = choose(graph, memory_budget, dtype)
-    return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget)
+    return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
+                progress=progress)
 
 
 def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:

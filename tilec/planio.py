@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from tilec.errors import OutputError, PlanError
 from tilec.ir import SCHEMA_VERSION, Plan
+from tilec.validate import validate
 
 
 def _format(value, indent: int) -> str:
@@ -39,28 +40,62 @@ def _umask() -> int:
     return mask
 
 
-def write_files(files: dict[Path, str]) -> None:
+def _missing_parents(folder: Path) -> list[Path]:
+    """The folders ``mkdir(parents=True)`` would create for ``folder``, outermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
+
+
+def _why(path: Path, error: OSError) -> str:
+    """The reason ``path`` cannot be written, naming the culprit folder where there is one."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return f"{parent} is a file, not a directory"
+    if path.is_dir():
+        return "it is a directory"
+    return error.strerror or str(error)
+
+
+def write_files(files: dict[Path, str | bytes]) -> None:
     """Write every file or none: stage each beside its target, then rename them all.
 
-    A failure while staging removes what was staged and leaves the targets untouched.
+    A failure while staging removes what was staged and the folders it created, and leaves
+    the targets untouched.
     """
     staged: list[tuple[str, Path]] = []
+    created: list[Path] = []
+    path = Path("output")
     try:
         for path, text in files.items():
             path = Path(path)
+            if path.is_dir():
+                raise IsADirectoryError(21, "it is a directory", str(path))
+            missing = _missing_parents(path.parent)
             path.parent.mkdir(parents=True, exist_ok=True)
+            created += missing
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             staged.append((temporary, path))
             os.chmod(temporary, 0o666 & ~_umask())
-            with os.fdopen(handle, "w", encoding="utf-8") as stream:
-                stream.write(text)
+            if isinstance(text, bytes):
+                with os.fdopen(handle, "wb") as stream:
+                    stream.write(text)
+            else:
+                with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                    stream.write(text)
+        for temporary, path in staged:
+            os.replace(temporary, path)
     except OSError as error:
         for temporary, _ in staged:
             Path(temporary).unlink(missing_ok=True)
-        target = error.filename or (staged[-1][1] if staged else "output")
-        raise OutputError(f"cannot write {target}: {error.strerror or error}") from None
-    for temporary, path in staged:
-        os.replace(temporary, path)
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise OutputError(f"cannot write {path}: {_why(path, error)}") from None
 
 
 def loads(text: str, source: str = "plan") -> Plan:
@@ -69,6 +104,8 @@ def loads(text: str, source: str = "plan") -> Plan:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise PlanError(f"{source} is not JSON: {error.msg} at line {error.lineno}") from None
+    except (ValueError, RecursionError) as error:
+        raise PlanError(f"{source} is not JSON tilec can read: {error}") from None
     if not isinstance(data, dict):
         raise PlanError(f"{source} is not a plan: the top level is not an object")
     version = data.get("schema_version")
@@ -77,11 +114,12 @@ def loads(text: str, source: str = "plan") -> Plan:
             f"{source} has schema_version {version}, newer than this tilec's {SCHEMA_VERSION}; upgrade tilec"
         )
     try:
-        return Plan.model_validate(data)
+        plan = Plan.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise PlanError(f"{source} violates the plan schema at {where}: {first['msg']}") from None
+    return validate(plan, source)
 
 
 def load(path: Path) -> Plan:

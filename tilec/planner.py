@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
 
 import networkx as nx
@@ -61,7 +61,8 @@ def _signature(steps: Sequence[AxisStep]) -> tuple:
     return tuple((s.out.length, s.read.length, s.pad) for s in steps)
 
 
-def _axis_tiles(graph: nx.DiGraph, members: Sequence[int], axis: int, parts: int) -> tuple[AxisTile, ...]:
+def _axis_tiles(graph: nx.DiGraph, members: Sequence[int], axis: int, parts: int,
+                tick: Callable[[], None] | None = None) -> tuple[AxisTile, ...]:
     last = graph.nodes[members[-1]]["spec"]
     size = last.out_shape[2 + axis]
     tiles, classes = [], {}
@@ -69,12 +70,14 @@ def _axis_tiles(graph: nx.DiGraph, members: Sequence[int], axis: int, parts: int
         steps = _cone(graph, members, axis, owned)
         shape_class = classes.setdefault(_signature(steps), len(classes))
         tiles.append(AxisTile(index=index, owned=owned, shape_class=shape_class, steps=tuple(steps)))
+        if tick is not None:
+            tick()
     return tuple(tiles)
 
 
 def check_grid(grid: Sequence[int], out_shape: Sequence[int], where: str) -> tuple[int, int]:
-    if len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
-        raise GridError(f"grid must be two positive integers ROWSxCOLS, got {tuple(grid)}")
+    if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
+        raise GridError(f"grid must be two positive integers ROWSxCOLS, got {grid!r}")
     height, width = out_shape[2], out_shape[3]
     if grid[0] > height or grid[1] > width:
         raise GridError(
@@ -98,6 +101,19 @@ def _mode(choice: SegmentChoice) -> str:
     return choice[3] if len(choice) > 3 else ("stored" if tuple(choice[2]) == (1, 1) else "tiled")
 
 
+def _ticker(progress: Callable[[int, int], None] | None, total: int) -> Callable[[], None] | None:
+    if progress is None:
+        return None
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        progress(done, total)
+
+    return tick
+
+
 def plan(
     graph: nx.DiGraph,
     *,
@@ -106,22 +122,27 @@ def plan(
     segments: Sequence[SegmentChoice] | None = None,
     dtype: str = "float32",
     memory_budget: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
     """Plan ``graph`` with one grid for the whole network, or an explicit segmentation.
 
     A segment choice is ``(first, stop, (rows, cols))`` or ``(first, stop, grid, mode)``.
+    ``progress(done, total)`` is called after each axis tile is planned.
     """
     layers = layer_specs(graph)
     if segments is None:
         segments = [(0, len(layers), grid)]
     check_segments(segments, len(layers))
     element = ELEMENT_BYTES[dtype]
-    tiled = []
-    for first, stop, seg_grid, *_ in segments:
+    grids = []
+    for _, stop, seg_grid, *_ in segments:
         where = f"layer {layers[stop - 1].path}" if len(segments) > 1 else "the network"
-        rows, cols = check_grid(seg_grid, layers[stop - 1].out_shape, where)
+        grids.append(check_grid(seg_grid, layers[stop - 1].out_shape, where))
+    tick = _ticker(progress, sum(rows + cols for rows, cols in grids))
+    tiled = []
+    for (first, stop, *_), (rows, cols) in zip(segments, grids, strict=True):
         members = [layer.index for layer in layers[first:stop]]
-        tiled.append((_axis_tiles(graph, members, 0, rows), _axis_tiles(graph, members, 1, cols)))
+        tiled.append((_axis_tiles(graph, members, 0, rows, tick), _axis_tiles(graph, members, 1, cols, tick)))
     costs = [
         segment_cost(list(layers[c[0]:c[1]]), rows, cols, stored=_mode(c) == "stored", element=element,
                      first=c[0] == 0)

@@ -32,9 +32,9 @@ def flatten(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module
 
 def check_input_shape(shape: Sequence[int]) -> Shape:
     if len(shape) != 4:
-        raise ShapeError(f"input shape must be N,C,H,W (4 numbers), got {len(shape)}: {tuple(shape)}")
-    if any(not isinstance(n, int) or n < 1 for n in shape):
-        raise ShapeError(f"input shape must be positive integers, got {tuple(shape)}")
+        raise ShapeError(f"input shape {tuple(shape)} has {len(shape)} dimension(s); tilec needs 4: N,C,H,W")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+        raise ShapeError(f"input shape {tuple(shape)} must be four positive integers N,C,H,W")
     return tuple(shape)
 
 
@@ -60,13 +60,14 @@ def _attr(value):
     return tuple(value) if isinstance(value, list | tuple) else value
 
 
-def _spec(index: int, path: str, module: nn.Module, in_shape: Shape) -> LayerSpec:
+def _spec(index: int, path: str, module: nn.Module, in_shape: Shape, producer: str) -> LayerSpec:
     entry, meaning = lookup(path, module)
     n, channels, height, width = in_shape
     expected = _channels_in(module)
     if expected is not None and expected != channels:
         raise ShapeError(
-            f"layer {path} ({type(module).__name__}) expects {expected} channels, gets {channels}"
+            f"layer {path} ({type(module).__name__}) expects {expected} input channels, but {producer} "
+            f"gives {channels}"
         )
     out_channels = module.out_channels if isinstance(module, nn.Conv2d) else channels
     out_shape = (n, out_channels, meaning.rows.output_size(height), meaning.cols.output_size(width))
@@ -95,15 +96,21 @@ def trace(model: nn.Module, input_shape: Sequence[int]) -> nx.DiGraph:
     """Build the layer graph of ``model`` for inputs of ``input_shape`` (N, C, H, W)."""
     if not isinstance(model, nn.Sequential):
         raise UnsupportedLayerError(f"the model must be an nn.Sequential, got {type(model).__name__}")
+    if type(model).forward is not nn.Sequential.forward:
+        raise UnsupportedLayerError(
+            f"the model is a {type(model).__name__} with its own forward(); tilec compiles the layer "
+            f"chain of a plain nn.Sequential only"
+        )
     shape = check_input_shape(input_shape)
     graph = nx.DiGraph(input_shape=shape)
     graph.add_node(INPUT)
-    producer = INPUT
+    producer, source = INPUT, f"the input shape {shape}"
     for index, (path, module) in enumerate(flatten(model)):
-        spec = _spec(index, path, module, shape)
+        spec = _spec(index, path, module, shape, source)
         graph.add_node(index, spec=spec)
         graph.add_edge(producer, index)
         producer, shape = index, spec.out_shape
+        source = f"layer {path} ({type(module).__name__})"
     if producer == INPUT:
         raise UnsupportedLayerError("the model has no layers")
     graph.graph["output"] = producer

@@ -1,0 +1,285 @@
+"""Every bad input gets one line naming the culprit, exit code 2, no traceback, no files left."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hardening import SMALL, run, small_model, snapshot
+from torch import nn
+
+from tilec.config import CompileConfig
+from tilec.errors import (
+    GridError,
+    ModelFileError,
+    OutputError,
+    PlanError,
+    ShapeError,
+    TilecError,
+    UnsupportedLayerError,
+)
+from tilec.pipeline import build, compile_model
+from tilec.planio import write_files
+from tilec.trace import trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEADER = "from torch import nn\n"
+
+#: Model files the cases refer to by name.
+FILES = {
+    "ok.py": SMALL,
+    "syntax.py": HEADER + "model = nn.Sequential(\n    nn.ReLU(),\n",
+    "raises.py": HEADER + "\n\nraise RuntimeError('boom')\n",
+    "exits.py": "import sys\nsys.exit(3)\n",
+    "noattr.py": HEADER + "net = nn.Sequential(nn.ReLU())\n",
+    "notseq.py": HEADER + "model = nn.Conv2d(3, 3, 3)\n",
+    "callfails.py": HEADER + "def model():\n    return nn.Sequential(nn.Conv2d(3, 3, 'x'))\n",
+    "subclass.py": HEADER + (
+        "class Twice(nn.Sequential):\n    def forward(self, x):\n        return 2 * super().forward(x)\n"
+        "model = Twice(nn.Conv2d(3, 3, 3))\nINPUT_SHAPE = (1, 3, 8, 8)\n"
+    ),
+    "empty.py": HEADER + "model = nn.Sequential()\nINPUT_SHAPE = (1, 3, 8, 8)\n",
+    "linear.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Flatten(), nn.Linear(3, 3))\n"
+                          "INPUT_SHAPE = (1, 3, 8, 8)\n",
+    "custom.py": HEADER + "class Mine(nn.Module):\n    def forward(self, x):\n        return x\n"
+                          "model = nn.Sequential(nn.Conv2d(3, 3, 3), Mine())\nINPUT_SHAPE = (1, 3, 8, 8)\n",
+    "reflect.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3, padding=1, padding_mode='reflect'))\n"
+                           "INPUT_SHAPE = (1, 3, 8, 8)\n",
+    "indices.py": HEADER + "model = nn.Sequential(nn.MaxPool2d(2, return_indices=True))\nINPUT_SHAPE = (1, 3, 8, 8)\n",
+    "bntrain.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3))\n"
+                           "INPUT_SHAPE = (1, 3, 8, 8)\n",
+    "droptrain.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Dropout(0.5))\n"
+                             "INPUT_SHAPE = (1, 3, 8, 8)\n",
+    "bnstats.py": HEADER + "model = nn.Sequential(nn.BatchNorm2d(3, track_running_stats=False)).eval()\n"
+                           "INPUT_SHAPE = (1, 3, 8, 8)\n",
+    "chain.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(5, 2, 3))\n"
+                         "INPUT_SHAPE = (1, 3, 8, 8)\n",
+    "noshape.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3))\n",
+    "badshape.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3))\nINPUT_SHAPE = '1,3,8,8'\n",
+    "latin1.py": None,  # written as bytes below
+}
+
+#: (case id, arguments, words the one-line message must contain). Every case exits with 2.
+COMPILE_CASES = [
+    ("file missing", ["compile", "missing.py", "--grid", "2x2"], ["missing.py", "does not exist"]),
+    ("file is a folder", ["compile", "folder", "--grid", "2x2"], ["folder", "is not a file"]),
+    ("syntax error", ["compile", "syntax.py"], ["syntax.py:2", "syntax error"]),
+    ("file raises", ["compile", "raises.py"], ["raises.py:4", "RuntimeError", "boom"]),
+    ("file exits", ["compile", "exits.py"], ["exits.py:2", "SystemExit"]),
+    ("not utf-8", ["compile", "latin1.py"], ["cannot read model file", "latin1.py"]),
+    ("no attribute", ["compile", "noattr.py"], ["noattr.py", "no attribute 'model'", "--attr"]),
+    ("other attribute missing", ["compile", "ok.py", "--attr", "net"], ["no attribute 'net'"]),
+    ("not a Sequential", ["compile", "notseq.py"], ["notseq.py", "Conv2d", "not an nn.Sequential"]),
+    ("factory raises", ["compile", "callfails.py"], ["callfails.py:3", "calling model()", "TypeError"]),
+    ("Sequential with forward", ["compile", "subclass.py", "--grid", "1x1"], ["Twice", "own forward"]),
+    ("no layers", ["compile", "empty.py", "--grid", "1x1"], ["no layers"]),
+    ("Flatten/Linear", ["compile", "linear.py", "--grid", "1x1"], ["layer 1 (Flatten)", "not supported"]),
+    ("custom layer", ["compile", "custom.py", "--grid", "1x1"], ["layer 1 (Mine)", "no tiling rule"]),
+    ("reflect padding", ["compile", "reflect.py", "--grid", "1x1"], ["layer 0 (Conv2d)", "padding_mode"]),
+    ("return_indices", ["compile", "indices.py", "--grid", "1x1"], ["layer 0 (MaxPool2d)", "return_indices"]),
+    ("BatchNorm training", ["compile", "bntrain.py", "--grid", "1x1"],
+     ["layer 1 (BatchNorm2d)", "training mode", "eval()"]),
+    ("Dropout training", ["compile", "droptrain.py", "--grid", "1x1"],
+     ["layer 1 (Dropout)", "training mode", "eval()"]),
+    ("batch statistics", ["compile", "bnstats.py", "--grid", "1x1"], ["BatchNorm2d", "track_running_stats"]),
+    ("channels inside the model", ["compile", "chain.py", "--grid", "1x1"],
+     ["layer 2 (Conv2d)", "expects 5 input channels", "layer 1 (ReLU) gives 4"]),
+    ("no input shape", ["compile", "noshape.py", "--grid", "1x1"], ["--input-shape", "INPUT_SHAPE"]),
+    ("bad INPUT_SHAPE", ["compile", "badshape.py", "--grid", "1x1"], ["badshape.py", "INPUT_SHAPE", "'1,3,8,8'"]),
+    ("shape malformed", ["compile", "ok.py", "--input-shape", "1,3,a,8", "--grid", "2x2"],
+     ["--input-shape", "'1,3,a,8'"]),
+    ("shape empty", ["compile", "ok.py", "--input-shape", "", "--grid", "2x2"], ["--input-shape", "''"]),
+    ("shape negative", ["compile", "ok.py", "--input-shape", "1,3,-8,8", "--grid", "2x2"], ["--input-shape"]),
+    ("shape rank 3", ["compile", "ok.py", "--input-shape", "1,3,8", "--grid", "2x2"], ["(1, 3, 8)", "3 dimension"]),
+    ("shape rank 5", ["compile", "ok.py", "--input-shape", "1,3,8,8,1", "--grid", "2x2"], ["5 dimension", "N,C,H,W"]),
+    ("shape zero", ["compile", "ok.py", "--input-shape", "1,0,16,16", "--grid", "2x2"], ["(1, 0, 16, 16)", "positive"]),
+    ("channels mismatch", ["compile", "ok.py", "--input-shape", "1,5,16,16", "--grid", "2x2"],
+     ["layer 0 (Conv2d)", "expects 3 input channels", "(1, 5, 16, 16) gives 5"]),
+    ("shape too small", ["compile", "ok.py", "--input-shape", "1,3,3,3", "--grid", "1x1"],
+     ["too small", "layer 3 (Conv2d)", "1x1"]),
+    ("grid malformed", ["compile", "ok.py", "--grid", "2by2"], ["--grid", "'2by2'"]),
+    ("grid three axes", ["compile", "ok.py", "--grid", "2x2x2"], ["--grid", "'2x2x2'"]),
+    ("grid negative", ["compile", "ok.py", "--grid", "-1x2"], ["--grid", "'-1x2'"]),
+    ("grid zero", ["compile", "ok.py", "--grid", "0x2"], ["--grid", "at least one tile", "'0x2'"]),
+    ("grid finer than output", ["compile", "ok.py", "--grid", "7x1"], ["grid 7x1", "finer than the output", "6x6"]),
+    ("grid missing", ["compile", "ok.py"], ["--grid"]),
+    ("bad name", ["compile", "ok.py", "--grid", "2x2", "--name", "../evil"], ["--name", "'../evil'"]),
+    ("out-dir under a file", ["compile", "ok.py", "--grid", "2x2", "--out-dir", "ok.py/sub"],
+     ["cannot write", "ok.py/sub"]),
+    ("plan-dir under a file", ["compile", "ok.py", "--grid", "2x2", "--plan-dir", "ok.py/plans"],
+     ["cannot write", "ok.py/plans"]),
+    ("new plan-dir, bad out-dir", ["compile", "ok.py", "--grid", "2x2", "--plan-dir", "new/deep/plans",
+                                   "--out-dir", "ok.py/sub"], ["cannot write", "ok.py/sub"]),
+    ("module target is a folder", ["compile", "ok.py", "--grid", "2x2", "--out-dir", "taken"],
+     ["cannot write", "ok_tiled.py", "directory"]),
+]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    for name, text in FILES.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+    (tmp_path / "latin1.py").write_bytes(b"# caf\xe9\nmodel = 1\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "taken" / "ok_tiled.py").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def assert_refused(result, words, before, after):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for word in words:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    assert "Traceback" not in result.output
+    assert before == after, f"files changed: {set(after) ^ set(before)}"
+
+
+@pytest.mark.parametrize("case, args, words", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
+def test_compile_refuses(workdir, case, args, words):
+    before = snapshot(workdir)
+    result = run(args)
+    assert_refused(result, words, before, snapshot(workdir))
+
+
+def test_compile_succeeds_in_the_same_setup(workdir):
+    """The fixture itself is fine: the good model compiles."""
+    result = run(["compile", "ok.py", "--grid", "2x2"])
+    assert result.exit_code == 0, result.output
+    assert (workdir / "plans" / "ok.plan.json").is_file() and (workdir / "ok_tiled.py").is_file()
+    assert not [p for p in workdir.rglob(".*.tmp")]
+
+
+def test_failed_compile_keeps_older_outputs(workdir):
+    """A refusal after an earlier success leaves the earlier files byte for byte."""
+    assert run(["compile", "ok.py", "--grid", "2x2", "--out-dir", "out"]).exit_code == 0
+    before = snapshot(workdir)
+    result = run(["compile", "ok.py", "--grid", "2x2", "--out-dir", "taken"])
+    assert_refused(result, ["cannot write"], before, snapshot(workdir))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["compile", "syntax.py"], ["syntax.py:2"]),
+    (["inspect", "ok.py"], ["is not JSON"]),
+])
+def test_real_process_prints_one_line(workdir, args, words):
+    """Through a real interpreter: stderr is one line, stdout empty, exit code 2, no traceback."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "tilec", *args], capture_output=True, text=True, env=env,
+                          cwd=workdir, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert all(word in done.stderr for word in words)
+
+
+# -- the library raises typed errors ---------------------------------------------------------
+
+
+def test_library_raises_typed_errors(tmp_path):
+    with pytest.raises(ModelFileError):
+        compile_model(CompileConfig(model_path=tmp_path / "nope.py", grid=(1, 1)))
+    with pytest.raises(UnsupportedLayerError, match="Linear"):
+        trace(nn.Sequential(nn.Linear(3, 3)), (1, 3, 8, 8))
+    with pytest.raises(UnsupportedLayerError, match="training mode"):
+        trace(nn.Sequential(nn.BatchNorm2d(3)), (1, 3, 8, 8))
+    with pytest.raises(ShapeError, match="too small"):
+        trace(small_model(), (1, 3, 4, 4))
+    with pytest.raises(ShapeError, match="positive"):
+        trace(small_model(), (1, 3, True, 8))
+    with pytest.raises(GridError, match="finer"):
+        build(small_model(), (1, 3, 16, 16), (1, 7))
+    with pytest.raises(GridError, match="two positive integers"):
+        build(small_model(), (1, 3, 16, 16), (2,))
+    with pytest.raises(GridError, match="two positive integers"):
+        build(small_model(), (1, 3, 16, 16), (0, 1))
+    assert issubclass(PlanError, TilecError) and issubclass(OutputError, TilecError)
+
+
+def test_write_files_is_all_or_nothing(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    files = {tmp_path / "a" / "b" / "one.txt": "1", blocker / "two.txt": "2"}
+    with pytest.raises(OutputError, match="two.txt|file"):
+        write_files(files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    write_files({tmp_path / "a" / "one.txt": "1", tmp_path / "two.bin": b"\x00\x01"})
+    assert (tmp_path / "a" / "one.txt").read_text() == "1" and (tmp_path / "two.bin").read_bytes() == b"\x00\x01"
+
+
+# -- the generated module refuses models and inputs it cannot serve -----------------------------
+
+
+def _module():
+    from tilec.codegen import render
+    from tilec.pipeline import load_source
+    from tilec.planner import plan
+
+    return load_source(render(plan(trace(small_model(), (1, 3, 16, 16)), name="small", grid=(2, 2))))
+
+
+MODULE = None
+
+
+def module():
+    global MODULE
+    if MODULE is None:
+        MODULE = _module()
+    return MODULE
+
+
+@pytest.mark.parametrize("model, words", [
+    (nn.Conv2d(3, 4, 3), ["nn.Sequential", "Conv2d"]),
+    (nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()), ["2 layers", "has 4"]),
+    (nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2), nn.Conv2d(4, 2, 3)),
+     ["layer 2 (MaxPool2d)", "AvgPool2d"]),
+    (nn.Sequential(nn.Conv2d(3, 4, 5, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 2, 3)),
+     ["layer 0 (Conv2d)", "kernel_size", "(5, 5)", "(3, 3)"]),
+    (nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 2, 3)),
+     ["layer 0 (Conv2d)", "tensors", "bias"]),
+    (nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 3, 3)),
+     ["layer 3 (Conv2d)", "out_channels", "3", "2"]),
+])
+def test_generated_module_refuses_other_models(model, words):
+    with pytest.raises(ValueError) as caught:
+        module().TiledModel(model)
+    message = str(caught.value)
+    assert "\n" not in message and all(word in message for word in words), message
+
+
+def test_generated_module_refuses_changed_parameter_shapes():
+    model = small_model()
+    model[0].weight = nn.Parameter(torch.zeros(4, 3, 5, 5))
+    with pytest.raises(ValueError, match=r"layer 0 \(Conv2d\): tensors .*\(4, 3, 5, 5\)"):
+        module().TiledModel(model)
+
+
+@pytest.mark.parametrize("make_input, words", [
+    (lambda: [[1.0]], ["torch.Tensor", "list"]),
+    (lambda: torch.zeros(3, 16, 16), ["(3, 16, 16)", "(N, 3, 16, 16)"]),
+    (lambda: torch.zeros(1, 3, 16, 18), ["(1, 3, 16, 18)", "(N, 3, 16, 16)"]),
+    (lambda: torch.zeros(1, 4, 16, 16), ["(1, 4, 16, 16)"]),
+    (lambda: torch.zeros(1, 3, 16, 16, dtype=torch.int64), ["torch.int64", "floating-point"]),
+    (lambda: torch.zeros(1, 3, 16, 16, dtype=torch.float64), ["torch.float64", "torch.float32"]),
+    (lambda: torch.zeros(1, 3, 16, 16, device="meta"), ["meta", "cpu"]),
+])
+def test_generated_module_refuses_inputs(make_input, words):
+    tiled = module().TiledModel(small_model())
+    with pytest.raises(ValueError) as caught:
+        tiled(make_input())
+    message = str(caught.value)
+    assert all(word in message for word in words), message
+
+
+def test_generated_module_refuses_training_mode():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    tiled = build(model, (1, 3, 8, 8), (2, 2))
+    model.train()
+    with pytest.raises(ValueError, match=r"layer 1 \(BatchNorm2d\) is in training mode.*eval\(\)"):
+        tiled(torch.zeros(1, 3, 8, 8))
