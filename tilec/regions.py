@@ -31,9 +31,17 @@ class Interval(NamedTuple):
         return Interval(min(self.start, other.start), max(self.stop, other.stop))
 
     def clip(self, size: int) -> tuple[Interval, int, int]:
-        """Clip to ``[0, size)``; return the clipped interval and the amounts cut before and after."""
-        start, stop = max(self.start, 0), min(self.stop, size)
-        return Interval(start, stop), start - self.start, self.stop - stop
+        """Clip to ``[0, size)``; return the clipped interval and the amounts cut before and after.
+
+        An interval lying wholly outside ``[0, size)`` clips to an empty one at the nearer edge;
+        the amounts cut then add up to its whole length.
+        """
+        start, stop = min(max(self.start, 0), size), max(min(self.stop, size), 0)
+        if stop < start:
+            stop = start
+        before = max(0, min(self.stop, 0) - self.start)
+        after = max(0, self.stop - max(self.start, size))
+        return Interval(start, stop), before, after
 
     def shift(self, offset: int) -> Interval:
         return Interval(self.start + offset, self.stop + offset)
