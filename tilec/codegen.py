@@ -42,6 +42,9 @@ class Step:
     first: bool
     args: dict[str, str]
     slots: dict[str, int]
+    empty: bool = False
+    empty_out: str = ""
+    empty_grad: str = ""
     free_forward: list[str] = field(default_factory=list)
     free_backward: list[str] = field(default_factory=list)
 
@@ -167,10 +170,14 @@ def _steps(layers: list[LayerSpec], slots: list[dict[str, int]], rows: AxisTile,
     name, fresh = "t0", False
     reads_backward: dict[str, int] = {}
     for position, layer in enumerate(layers):
-        pad, unpad = _pad_literals(layer, rows.steps[position].pad, cols.steps[position].pad)
+        row, col = rows.steps[position], cols.steps[position]
+        # An empty output: a consumer reads only border padding here; the tile makes an empty
+        # tensor of the right shape instead of running the layer, and its gradient is empty.
+        empty = row.out.length == 0 or col.out.length == 0
+        pad, unpad = (None, None) if empty else _pad_literals(layer, row.pad, col.pad)
         src = name
         padded = f"{src}p" if pad else src
-        dst = src if layer.fn == "identity" else f"t{position + 1}"
+        dst = src if layer.fn == "identity" and not empty else f"t{position + 1}"
         last = position == len(layers) - 1
         needs_output = layer.op == "max_pool2d" or (layer.op == "pointwise" and SAVES[layer.fn] == "output")
         in_place = layer.fn in IN_PLACE and fresh and src not in reads_backward
@@ -190,9 +197,12 @@ def _steps(layers: list[LayerSpec], slots: list[dict[str, int]], rows: AxisTile,
                 first=position == 0,
                 args=_args(layer, rows, cols, position),
                 slots=slots[position],
+                empty=empty,
+                empty_out=_tuple((layer.out_shape[1], row.out.length, col.out.length)),
+                empty_grad=_tuple((layer.in_shape[1], row.read.length, col.read.length)),
             )
         )
-        for read in _backward_reads(layer, src, padded, dst, position):
+        for read in [] if empty else _backward_reads(layer, src, padded, dst, position):
             reads_backward.setdefault(read, position)
         fresh = fresh if layer.fn == "identity" else True
         name = dst
