@@ -66,14 +66,14 @@ class Window:
     def output_size(self, size: int) -> int:
         """Output length for an input of ``size``; PyTorch's conv / pooling shape rule."""
         padded = size + self.pad_before + self.pad_after - self.span
-        if padded < 0:
-            return 0
         if not self.ceil_mode:
-            return padded // self.stride + 1
+            return padded // self.stride + 1 if padded >= 0 else 0
+        # ceil_mode keeps a last window that runs past the padded input, even when the window
+        # is longer than the padded input itself (PyTorch: a 2x2 pool of a 1x1 image is 1x1).
         out = -(-padded // self.stride) + 1
-        if (out - 1) * self.stride >= size + self.pad_before:
+        if out >= 1 and (out - 1) * self.stride >= size + self.pad_before:
             out -= 1
-        return out
+        return max(out, 0)
 
     def input_interval(self, out: Interval) -> Interval:
         """Input indices read by outputs ``out``, unclipped (may run into the padding)."""
