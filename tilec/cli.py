@@ -77,11 +77,12 @@ def inspect_command(plan_file, tile, layer, segment) -> None:
     with refusals():
         plan = load(plan_file)
         coordinate = parse_tile(tile) if tile else None
-        console = _console()
-        console.print(describe_plan(plan))
-        if coordinate is not None or layer is not None:
-            for table in tile_table(plan, coordinate, layer, segment):
-                console.print(table)
+        # Build every table first, so a refusal prints its one line and nothing else.
+        tables = tile_table(plan, coordinate, layer, segment) if coordinate is not None or layer is not None else []
+    console = _console()
+    console.print(describe_plan(plan))
+    for table in tables:
+        console.print(table)
 
 
 def parse_tile(text: str) -> tuple[int, int]:
