@@ -102,11 +102,13 @@ def inspect_command(plan_file, tile, layer, segment) -> None:
     with refusals():
         plan = load(plan_file)
         coordinate = parse_tile(tile) if tile is not None else None
-        console = _console()
-        console.print(describe_plan(plan))
-        if coordinate is not None or layer is not None:
-            for table in tile_table(plan, coordinate, layer, segment):
-                console.print(table)
+        # Build every table first, so a refusal prints its one line and nothing else.
+        wanted = coordinate is not None or layer is not None
+        tables = tile_table(plan, coordinate, layer, segment) if wanted else []
+    console = _console()
+    console.print(describe_plan(plan))
+    for table in tables:
+        console.print(table)
 
 
 @main.command("verify")

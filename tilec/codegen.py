@@ -32,6 +32,8 @@ class Step(Op):
     pad_value: str = "0.0"
     args: dict[str, str] = field(default_factory=dict)
     slots: dict[str, int] = field(default_factory=dict)
+    empty_out: str = ""
+    empty_grad: str = ""
 
 
 @dataclass
@@ -136,7 +138,7 @@ def _pad_literals(rows_pad, cols_pad) -> tuple[str | None, str | None]:
 def _steps(layers: list[LayerSpec], slots: list[dict[str, int]], rows: AxisTile, cols: AxisTile) -> list[Step]:
     steps = []
     for op in schedule(layers, rows, cols):
-        pad, unpad = _pad_literals(op.rows.pad, op.cols.pad)
+        pad, unpad = (None, None) if op.empty else _pad_literals(op.rows.pad, op.cols.pad)
         steps.append(
             Step(
                 **vars(op),
@@ -145,6 +147,8 @@ def _steps(layers: list[LayerSpec], slots: list[dict[str, int]], rows: AxisTile,
                 pad_value="float('-inf')" if op.op == "max_pool2d" else "0.0",
                 args=_args(op.layer, rows, cols, op.position),
                 slots=slots[op.position],
+                empty_out=_tuple((op.layer.out_shape[1], op.rows.out.length, op.cols.out.length)),
+                empty_grad=_tuple((op.layer.in_shape[1], op.rows.read.length, op.cols.read.length)),
             )
         )
     return steps

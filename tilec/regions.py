@@ -31,9 +31,17 @@ class Interval(NamedTuple):
         return Interval(min(self.start, other.start), max(self.stop, other.stop))
 
     def clip(self, size: int) -> tuple[Interval, int, int]:
-        """Clip to ``[0, size)``; return the clipped interval and the amounts cut before and after."""
-        start, stop = max(self.start, 0), min(self.stop, size)
-        return Interval(start, stop), start - self.start, self.stop - stop
+        """Clip to ``[0, size)``; return the clipped interval and the amounts cut before and after.
+
+        An interval lying wholly outside ``[0, size)`` clips to an empty one at the nearer edge;
+        the amounts cut then add up to its whole length.
+        """
+        start, stop = min(max(self.start, 0), size), max(min(self.stop, size), 0)
+        if stop < start:
+            stop = start
+        before = max(0, min(self.stop, 0) - self.start)
+        after = max(0, self.stop - max(self.start, size))
+        return Interval(start, stop), before, after
 
     def shift(self, offset: int) -> Interval:
         return Interval(self.start + offset, self.stop + offset)
@@ -58,14 +66,14 @@ class Window:
     def output_size(self, size: int) -> int:
         """Output length for an input of ``size``; PyTorch's conv / pooling shape rule."""
         padded = size + self.pad_before + self.pad_after - self.span
-        if padded < 0:
-            return 0
         if not self.ceil_mode:
-            return padded // self.stride + 1
+            return padded // self.stride + 1 if padded >= 0 else 0
+        # ceil_mode keeps a last window that runs past the padded input, even when the window
+        # is longer than the padded input itself (PyTorch: a 2x2 pool of a 1x1 image is 1x1).
         out = -(-padded // self.stride) + 1
-        if (out - 1) * self.stride >= size + self.pad_before:
+        if out >= 1 and (out - 1) * self.stride >= size + self.pad_before:
             out -= 1
-        return out
+        return max(out, 0)
 
     def input_interval(self, out: Interval) -> Interval:
         """Input indices read by outputs ``out``, unclipped (may run into the padding)."""

@@ -31,6 +31,7 @@ class Op:
     in_place_forward: bool
     recompute: bool
     first: bool
+    empty: bool = False
     free_forward: list[str] = field(default_factory=list)
     free_backward: list[str] = field(default_factory=list)
 
@@ -44,7 +45,7 @@ class Op:
 
     @property
     def padding(self) -> bool:
-        return self.rows.pad != (0, 0) or self.cols.pad != (0, 0)
+        return not self.empty and (self.rows.pad != (0, 0) or self.cols.pad != (0, 0))
 
 
 def backward_reads(op: Op) -> list[str]:
@@ -63,9 +64,12 @@ def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile) -> list[Op
     reads_backward: dict[str, int] = {}
     for position, layer in enumerate(layers):
         row, col = rows.steps[position], cols.steps[position]
+        # An empty output: a consumer reads only border padding here; the tile makes an empty
+        # tensor of the right shape instead of running the layer, and its gradient is empty.
+        empty = row.out.length == 0 or col.out.length == 0
         src = name
-        padded = f"{src}p" if row.pad != (0, 0) or col.pad != (0, 0) else src
-        dst = src if layer.fn == "identity" else f"t{position + 1}"
+        padded = f"{src}p" if not empty and (row.pad != (0, 0) or col.pad != (0, 0)) else src
+        dst = src if layer.fn == "identity" and not empty else f"t{position + 1}"
         last = position == len(layers) - 1
         needs_output = layer.op == "max_pool2d" or (layer.op == "pointwise" and SAVES[layer.fn] == "output")
         op = Op(
@@ -80,9 +84,10 @@ def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile) -> list[Op
             in_place_forward=layer.fn in IN_PLACE and fresh,
             recompute=not last or needs_output,
             first=position == 0,
+            empty=empty,
         )
         ops.append(op)
-        for read in backward_reads(op):
+        for read in [] if empty else backward_reads(op):
             reads_backward.setdefault(read, position)
         fresh = fresh if layer.fn == "identity" else True
         name = dst

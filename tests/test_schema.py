@@ -1,0 +1,108 @@
+"""The exported plan schema is current, and plans survive a JSON round trip unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from stacks import stacks
+from torch import nn
+
+from tilec import schema
+from tilec.errors import PlanError, ShapeError
+from tilec.ir import SCHEMA_VERSION, Plan
+from tilec.planio import dumps, load, loads
+from tilec.planner import plan
+from tilec.trace import trace
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "plans" / "plan.schema.json"
+REGENERATE = "python -m tilec.schema  (run from the repository root)"
+
+
+def _plan(grid=(2, 3), segments=None) -> Plan:
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True), nn.Conv2d(4, 2, (1, 3), dilation=2, bias=False),
+        nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), nn.GELU(approximate="tanh"),
+    ).eval()
+    return plan(trace(model, (1, 3, 19, 23)), name="sample", grid=grid, segments=segments)
+
+
+def test_committed_schema_is_current():
+    assert COMMITTED.is_file(), f"plans/plan.schema.json is missing; regenerate it with: {REGENERATE}"
+    assert COMMITTED.read_text(encoding="utf-8") == schema.schema_text(), (
+        f"plans/plan.schema.json is out of date with tilec.ir; regenerate it with: {REGENERATE}"
+    )
+
+
+def test_schema_describes_plan():
+    exported = schema.plan_schema()
+    assert exported == Plan.model_json_schema()
+    assert exported["title"] == "Plan" and exported["type"] == "object"
+    assert set(exported["required"]) <= set(exported["properties"])
+    data = json.loads(dumps(_plan()))
+    assert set(data) == set(exported["properties"])
+    assert exported["additionalProperties"] is False
+
+
+def test_schema_main_writes_file(tmp_path, capsys):
+    target = tmp_path / "nested" / "plan.schema.json"
+    schema.main([str(target)])
+    assert target.read_text(encoding="utf-8") == schema.schema_text()
+    assert str(target) in capsys.readouterr().out
+
+
+def test_schema_main_default_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    schema.main([])
+    assert (tmp_path / "plans" / "plan.schema.json").read_text(encoding="utf-8") == COMMITTED.read_text("utf-8")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"grid": (1, 1)}, {"grid": (2, 3)}, {"grid": (5, 4)}, {"segments": [(0, 4, (3, 3)), (4, 7, (2, 1))]}]
+)
+def test_round_trip(kwargs, tmp_path):
+    original = _plan(**kwargs)
+    text = dumps(original)
+    assert loads(text) == original
+    assert dumps(loads(text)) == text
+    path = tmp_path / "sample.plan.json"
+    path.write_text(text, encoding="utf-8")
+    assert load(path) == original
+    assert text.endswith("\n") and json.loads(text)["schema_version"] == SCHEMA_VERSION
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_round_trip_random_stacks(data):
+    model, channels = data.draw(stacks())
+    shape = (1, channels, data.draw(st.integers(5, 40)), data.draw(st.integers(5, 40)))
+    try:
+        graph = trace(model, shape)
+    except ShapeError:
+        assume(False)
+    out = graph.nodes[graph.graph["output"]]["spec"].out_shape
+    original = plan(graph, name="random", grid=(data.draw(st.integers(1, out[2])), data.draw(st.integers(1, out[3]))))
+    text = dumps(original)
+    assert loads(text) == original
+    assert dumps(loads(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda text: text[: len(text) // 2], "is not JSON"),
+        (lambda text: "[1, 2]", "top level is not an object"),
+        (lambda text: text.replace('"schema_version": 1', '"schema_version": 99'), "newer than this tilec"),
+        (lambda text: text.replace('"name": "sample"', '"name": "sample", "extra": 1'), "at extra"),
+        (lambda text: text.replace('"input_shape": [1, 3, 19, 23]', '"input_shape": [1, 3]'), "at input_shape"),
+    ],
+)
+def test_invalid_plan_text_is_one_plan_error(mutate, message):
+    with pytest.raises(PlanError, match=message) as caught:
+        loads(mutate(dumps(_plan())), source="x.plan.json")
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("x.plan.json")
