@@ -1,0 +1,152 @@
+"""Compare plain PyTorch, checkpoint_sequential and tilec on one model: one training step each.
+
+    python benchmarks/run.py --model examples/vgg16.py --sizes 1024,2048 --grid 4x4,8x8 \\
+        --variants plain,checkpoint,tilec --name vgg16_cpu
+
+Each variant and size runs in its own process (benchmarks/step.py), one after another. Prints a
+markdown table (peak memory, step time, tilec/plain and tilec/checkpoint ratios, all from this
+run) and writes it to benchmarks/results/<name>.md, with the raw JSON in <name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from common import (
+    ROOT,
+    MiB,
+    Point,
+    environment,
+    grads_agree,
+    header,
+    load_records,
+    log,
+    measure,
+    ratio,
+    value,
+    write_results,
+)
+from step import AUTO_MISSING, VARIANTS, auto_supported, parse_bytes
+
+
+def points(args) -> list[Point]:
+    extra = ("--grad", args.grad, "--repeats", str(args.repeats))
+    result = []
+    for size in args.sizes:
+        for variant in args.variants:
+            if variant == "tilec":
+                result += [Point(args.model, size, "tilec", grid=grid, extra=extra) for grid in args.grid]
+                result += [Point(args.model, size, "tilec", tilec_segments=segs, extra=extra)
+                           for segs in args.tilec_segments]
+            elif variant == "auto":
+                result.append(Point(args.model, size, "auto", budget=args.budget, extra=extra))
+            elif variant == "checkpoint":
+                result.append(Point(args.model, size, "checkpoint", segments=args.segments, extra=extra))
+            else:
+                result.append(Point(args.model, size, variant, extra=extra))
+    return result
+
+
+def table(records: list[dict]) -> str:
+    lines = [
+        "| image | variant | peak memory (MiB) | step wall (s) | step CPU (s) | memory / plain | wall / plain "
+        "| CPU / plain | memory / checkpoint | wall / checkpoint | CPU / checkpoint | CPU stall | grads = plain's |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for size in sorted({r["size"] for r in records}):
+        rows = [r for r in records if r["size"] == size]
+        plain = next((r for r in rows if r["variant"] == "plain"), None)
+        ckpt = next((r for r in rows if r["variant"] == "checkpoint"), None)
+        for r in rows:
+            label = r["label"]
+            if r["variant"] == "checkpoint" and "segments" in r:
+                label += f" ({r['segments']} segments)"
+            if "error" in r or "skipped" in r:
+                why = r.get("error") or r.get("skipped")
+                lines.append(f"| {size}² | {label} | {'failed' if 'error' in r else 'skipped'}: {why} "
+                             + "| " * 10 + "|")
+                continue
+            mem, sec, cpu = r["peak_bytes"], r["step_s"], r.get("cpu_s")
+            vs_plain = r["variant"] != "plain"
+            vs_ckpt = r["variant"] in ("tilec", "auto")
+            stall = r.get("cpu_stall_fraction")
+            cells = [
+                f"{size}²", label, f"{mem / MiB:,.0f}", f"{sec:.1f}", f"{cpu:.1f}" if cpu is not None else "—",
+                ratio(mem, value(plain, "peak_bytes")) if vs_plain else "",
+                ratio(sec, value(plain, "step_s")) if vs_plain else "",
+                ratio(cpu, value(plain, "cpu_s")) if vs_plain else "",
+                ratio(mem, value(ckpt, "peak_bytes")) if vs_ckpt else "",
+                ratio(sec, value(ckpt, "step_s")) if vs_ckpt else "",
+                ratio(cpu, value(ckpt, "cpu_s")) if vs_ckpt else "",
+                f"{stall:.0%}" if stall is not None else "—",
+                grads_agree(r, plain) if vs_plain else "",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def notes(records: list[dict]) -> str:
+    seen, out = set(), []
+    for r in records:
+        for note in r.get("notes", []):
+            if note not in seen:
+                seen.add(note)
+                out.append(f"- {note}")
+    methods = sorted({r["memory_method"] for r in records if "memory_method" in r})
+    out.append(f"- peak memory: growth of the process during the first step over its state just before it "
+               f"(model, input and tilec module built, tiny warm-up done); method: {', '.join(methods)} "
+               f"(see benchmarks/step.py)")
+    repeats = sorted({len(r["times_s"]) for r in records if "times_s" in r})
+    out.append(f"- step time: wall time, best of {'/'.join(map(str, repeats))} step(s); float32; "
+               f"backward of {records[0].get('grad', 'out.sum()') if records else ''}")
+    out.append("- step CPU: user+system CPU time of the process during the step (all threads); CPU stall: "
+               "share of the step's wall time during which some task on the machine waited for a CPU "
+               "(/proc/pressure/cpu); high values mean the machine was shared and wall times are inflated")
+    out.append("- grads = plain's: relative difference of sum|param grads| against the plain process "
+               "(same seed, separate processes)")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=Path("examples/vgg16.py"))
+    parser.add_argument("--sizes", default="1024,2048", help="comma-separated image sizes (square)")
+    parser.add_argument("--grid", default="4x4", help="tilec grid(s), comma-separated, e.g. 4x4,8x8")
+    parser.add_argument("--tilec-segments", action="append", default=[], metavar="FIRST:STOP:RxC,...",
+                        help="also run tilec with these explicit segments (repeatable), e.g. 0:17:16x16,17:31:4x4")
+    parser.add_argument("--variants", default="plain,checkpoint,tilec", help=f"comma-separated of {VARIANTS}")
+    parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
+    parser.add_argument("--budget", type=parse_bytes, help="memory budget of the auto variant, e.g. 2GiB")
+    parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
+    parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
+    parser.add_argument("--reuse", nargs="*", default=[], help="JSON results whose matching points are reused")
+    parser.add_argument("--name", help="results file stem (default <model>_<variants>)")
+    args = parser.parse_args(argv)
+    args.model = args.model if args.model.is_absolute() else (Path.cwd() / args.model).resolve()
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.grid = [g for g in args.grid.split(",") if g]
+    args.variants = args.variants.split(",")
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+    if "auto" in args.variants and not auto_supported():
+        log(f"auto: skipped: {AUTO_MISSING}")
+        args.variants.remove("auto")
+    elif "auto" in args.variants and not args.budget:
+        parser.error("--variants auto needs --budget")
+    name = args.name or f"{args.model.stem}_cpu"
+
+    env = environment(sys.argv)
+    records = measure(points(args), args.timeout, load_records(args.reuse))
+    markdown = (f"# {args.model.stem}: one training step\n\n{header(env)}\n{table(records)}\n{notes(records)}")
+    md, js = write_results(name, markdown, {"environment": env, "records": records})
+    print(markdown)
+    log(f"wrote {md.relative_to(ROOT)} and {js.relative_to(ROOT)}")
+    return 0 if all("error" not in r for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

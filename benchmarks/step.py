@@ -1,0 +1,388 @@
+"""Run ONE variant of ONE training step in this process and print one JSON line.
+
+    python benchmarks/step.py --model examples/vgg16.py --size 1024 --variant tilec --grid 4x4
+
+A step is forward + backward (of ``out.sum()``, or of a random output gradient with
+``--grad randn``) in float32; the input does not require grad, the parameters do.
+
+Variants:
+  plain       the model itself;
+  checkpoint  ``torch.utils.checkpoint.checkpoint_sequential`` (``use_reentrant=False``) with
+              ``--segments`` segments (default: round(sqrt(#layers))); in-place ReLU/LeakyReLU
+              are made out-of-place for this variant only (checkpoint_sequential breaks on
+              them at segment edges), and the JSON says so;
+  tilec       ``tilec.pipeline.build(model, shape, grid)`` with ``--grid RxC`` (one fused
+              segment), or ``build(model, shape, segments=...)`` with ``--tilec-segments``;
+  auto        ``tilec.pipeline.build(model, shape, memory_budget=BYTES)`` with ``--budget``;
+              used only when ``build`` accepts ``memory_budget`` (feature-detected), otherwise
+              the JSON line has ``"skipped": "<why>"`` and no measurements.
+
+Peak memory ("peak_bytes") is the growth of the process's memory during the first step over
+its state just before it (model, input and tilec module already built, warm-up done):
+  CPU   baseline = VmRSS just before the step; VmHWM is reset by writing "5" to
+        /proc/self/clear_refs, and the peak is VmHWM after the step (method "vmhwm-reset").
+        If the reset is not permitted, a thread samples VmRSS every millisecond during the step
+        (method "rss-sampled", a lower bound on the true peak).
+  CUDA  torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated(), after
+        torch.cuda.reset_peak_memory_stats() (method "cuda-allocated").
+Parameter gradients are created by the measured step (the warm-up's are set to None), so they
+count in every variant.
+
+Step time ("step_s") is the wall time of a step; with ``--repeats K`` the best of K steps (the
+memory measurement is always from the first). Because the machine may be shared, the first step
+also records the process's CPU time ("cpu_s", user + system, all threads) and the fraction of its
+wall time during which some task waited for a CPU ("cpu_stall_fraction", from /proc/pressure/cpu;
+near 0 on an idle machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import math
+import os
+import platform
+import re
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# Run from a checkout without installing: make ``tilec`` importable from the repository root.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tilec.modelfile import load_model  # noqa: E402
+from tilec.pipeline import build  # noqa: E402
+
+VARIANTS = ("plain", "checkpoint", "tilec", "auto")
+UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+         "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+# ----------------------------------------------------------------------------------- parsing
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"``, ``"1.5G"``, ``"500MB"``, ``"123456"`` -> bytes (K/M/G/T alone are binary)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in UNITS:
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 2GiB, 512MiB, 3e9 is not accepted)")
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX,]\s*(\d+)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a grid: {text!r} (write ROWSxCOLS, e.g. 4x4)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_segments(text: str) -> list[tuple[int, int, tuple[int, int]]]:
+    """``"0:17:16x16,17:31:4x4"`` -> ``[(0, 17, (16, 16)), (17, 31, (4, 4))]`` (first:stop:grid)."""
+    segments = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+):(\d+):(\S+)\s*", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"not a segment FIRST:STOP:ROWSxCOLS: {part!r}")
+        segments.append((int(match.group(1)), int(match.group(2)), parse_grid(match.group(3))))
+    return segments
+
+
+def auto_supported() -> bool:
+    """Does ``tilec.pipeline.build`` accept ``memory_budget``?"""
+    return "memory_budget" in inspect.signature(build).parameters
+
+
+AUTO_MISSING = "tilec.pipeline.build has no memory_budget keyword yet (auto planning not implemented)"
+
+
+# ------------------------------------------------------------------------------- measurement
+
+
+def _status(field: str) -> int:
+    """A ``kB`` field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS; True if the kernel allowed it and it took effect."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return _status("VmHWM") <= _status("VmRSS") + (1 << 20)
+
+
+class _Sampler(threading.Thread):
+    """Fallback when VmHWM cannot be reset: sample VmRSS every ``period`` seconds."""
+
+    def __init__(self, period: float = 0.001):
+        super().__init__(daemon=True)
+        self.period, self.peak, self.done = period, _status("VmRSS"), threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            self.peak = max(self.peak, _status("VmRSS"))
+            time.sleep(self.period)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join()
+        return max(self.peak, _status("VmRSS"))
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process (all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_pressure() -> int | None:
+    """Microseconds some task on this machine waited for a CPU (PSI), or None if unavailable."""
+    try:
+        with open("/proc/pressure/cpu") as pressure:
+            return int(pressure.readline().split("total=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Meter:
+    """Peak memory growth of one region of code, on CPU (RSS) or CUDA (allocator)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = None
+
+    def __enter__(self):
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.baseline = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            self.method = "cuda-allocated"
+        else:
+            self.sampler = None
+            if _reset_hwm():
+                self.method = "vmhwm-reset"
+            else:
+                self.method = "rss-sampled"
+                self.sampler = _Sampler()
+                self.sampler.start()
+            self.baseline = _status("VmRSS")
+        self.pressure = _cpu_pressure()
+        self.cpu = _cpu_seconds()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.seconds = time.perf_counter() - self.start
+            self.peak = torch.cuda.max_memory_allocated()
+        else:
+            self.seconds = time.perf_counter() - self.start
+            self.peak = self.sampler.stop() if self.sampler else _status("VmHWM")
+        self.cpu_seconds = _cpu_seconds() - self.cpu
+        pressure = _cpu_pressure()
+        self.stalled = None if pressure is None or self.pressure is None else \
+            (pressure - self.pressure) / 1e6 / max(self.seconds, 1e-9)
+        self.growth = self.peak - self.baseline
+        return False
+
+
+# ---------------------------------------------------------------------------------- variants
+
+
+def out_of_place(model: nn.Module) -> int:
+    """Make in-place activations out-of-place; return how many were changed."""
+    changed = 0
+    for module in model.modules():
+        if getattr(module, "inplace", False) and isinstance(module, (nn.ReLU, nn.LeakyReLU, nn.ReLU6, nn.ELU,
+                                                                    nn.Hardtanh, nn.SiLU, nn.Mish,
+                                                                    nn.Hardswish, nn.Hardsigmoid)):
+            module.inplace = False
+            changed += 1
+    return changed
+
+
+def prepare(args, model: nn.Sequential, shape: tuple[int, ...], record: dict):
+    """Return the function a step calls on the input, for ``args.variant``; fill ``record``."""
+    if args.variant == "plain":
+        return model
+    if args.variant == "checkpoint":
+        layers = len(model)
+        segments = args.segments or max(1, round(math.sqrt(layers)))
+        changed = out_of_place(model)
+        record["segments"] = segments
+        record["inplace_replaced"] = changed
+        if changed:
+            record["notes"].append(f"checkpoint only: {changed} in-place activations made out-of-place "
+                                   f"(checkpoint_sequential fails on in-place ReLU at segment edges)")
+        checkpoint_sequential = torch.utils.checkpoint.checkpoint_sequential
+        return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
+    if args.variant == "tilec":
+        start = time.perf_counter()
+        if args.tilec_segments:
+            tiled = build(model, shape, segments=args.tilec_segments)
+            record["tilec_segments"] = [[a, b, f"{g[0]}x{g[1]}"] for a, b, g in args.tilec_segments]
+        else:
+            grid = args.grid or (4, 4)
+            tiled = build(model, shape, grid)
+            record["grid"] = f"{grid[0]}x{grid[1]}"
+        record["build_s"] = time.perf_counter() - start
+        return tiled
+    if args.variant == "auto":
+        if args.budget is None:
+            raise SystemExit("step.py: --variant auto needs --budget (e.g. --budget 2GiB)")
+        record["budget_bytes"] = args.budget
+        start = time.perf_counter()
+        tiled = build(model, shape, memory_budget=args.budget)
+        record["build_s"] = time.perf_counter() - start
+        return tiled
+    raise SystemExit(f"step.py: unknown variant {args.variant!r}")
+
+
+def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None):
+    out = fn(x)
+    if grad == "sum":
+        out.sum().backward()
+    else:
+        g = torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator)
+        out.backward(g)
+        del g
+    shape = tuple(out.shape)
+    checksum = out.detach().double().sum().item()
+    del out
+    return shape, checksum
+
+
+def warm_up(model: nn.Sequential, shape, device) -> None:
+    """A tiny forward+backward of the plain model (loads kernels, starts threads); grads reset."""
+    side = max(32, 2 ** len([m for m in model if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))]))
+    x = torch.randn((1, shape[1], side, side), device=device)
+    model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    del x
+    gc.collect()
+
+
+def grad_checksum(model: nn.Module) -> float:
+    return sum(p.grad.double().abs().sum().item() for p in model.parameters() if p.grad is not None)
+
+
+# -------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=ROOT / "examples" / "vgg16.py",
+                        help="model file defining `model` (nn.Sequential or a function returning one)")
+    parser.add_argument("--attr", default="model", help="attribute of the model file (default: model)")
+    parser.add_argument("--size", type=int, required=True, help="image height and width")
+    parser.add_argument("--width", type=int, help="image width if it differs from --size")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--channels", type=int, help="input channels (default: from INPUT_SHAPE, else 3)")
+    parser.add_argument("--variant", choices=VARIANTS, required=True)
+    parser.add_argument("--grid", type=parse_grid, help="tilec grid ROWSxCOLS (default 4x4)")
+    parser.add_argument("--tilec-segments", type=parse_segments, metavar="FIRST:STOP:RxC,...",
+                        help="tilec with explicit fused segments instead of --grid, e.g. 0:17:16x16,17:31:4x4")
+    parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
+    parser.add_argument("--budget", type=parse_bytes, help="memory budget for auto, e.g. 2GiB")
+    parser.add_argument("--grad", choices=("sum", "randn"), default="sum",
+                        help="backward of out.sum() (default) or of a random output gradient")
+    parser.add_argument("--repeats", type=int, default=1, help="steps to time; step_s is the best (default 1)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the tiny warm-up step")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)
+    torch.manual_seed(args.seed)
+    model, default_shape = load_model(args.model, args.attr)
+    channels = args.channels or (default_shape[1] if default_shape else 3)
+    shape = (args.batch, channels, args.size, args.width or args.size)
+    record = {
+        "variant": args.variant,
+        "model": args.model.stem,
+        "size": args.size,
+        "input_shape": list(shape),
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "threads": torch.get_num_threads(),
+        "grad": args.grad,
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "notes": [],
+    }
+    if args.variant == "auto" and not auto_supported():
+        record["skipped"] = AUTO_MISSING
+        print(json.dumps(record), flush=True)
+        return 0
+
+    model = model.to(device)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    x = torch.randn(shape, device=device)  # images: no requires_grad
+    fn = prepare(args, model, shape, record)
+    if not args.no_warmup:
+        warm_up(model, shape, device)
+    model.zero_grad(set_to_none=True)
+    generator = torch.Generator(device=device).manual_seed(args.seed + 1)
+
+    with Meter(device) as meter:
+        out_shape, out_checksum = one_step(fn, x, args.grad, generator)
+    times = [meter.seconds]
+    checksum = grad_checksum(model)  # outside the measurement
+    for _ in range(args.repeats - 1):
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        start = time.perf_counter()
+        one_step(fn, x, args.grad, generator)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+
+    record.update(
+        peak_bytes=meter.growth,
+        step_s=min(times),
+        first_step_s=times[0],
+        cpu_s=meter.cpu_seconds,
+        cpu_stall_fraction=meter.stalled,
+        loadavg_1m=os.getloadavg()[0],
+        times_s=times,
+        memory_method=meter.method,
+        baseline_bytes=meter.baseline,
+        peak_abs_bytes=meter.peak,
+        input_bytes=x.numel() * x.element_size(),
+        param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        output_shape=list(out_shape),
+        output_checksum=out_checksum,
+        grad_checksum=checksum,
+        pid=os.getpid(),
+    )
+    print(json.dumps(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Smoke test of benchmarks/step.py: every variant runs on a tiny model and prints a sane JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP = ROOT / "benchmarks" / "step.py"
+
+TINY_MODEL = """
+from torch import nn
+
+INPUT_SHAPE = (1, 3, 64, 64)
+
+
+def model():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(inplace=True),
+    )
+"""
+
+VARIANTS = {
+    "plain": [],
+    "checkpoint": ["--segments", "2"],
+    "tilec": ["--grid", "2x2"],
+    "auto": ["--budget", "256MiB"],
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run all variants at once (separate processes, one thread each) to keep the test fast."""
+    model = tmp_path_factory.mktemp("bench") / "tiny.py"
+    model.write_text(TINY_MODEL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = {
+        variant: subprocess.Popen(
+            [sys.executable, str(STEP), "--model", str(model), "--size", "64", "--variant", variant,
+             "--threads", "1", "--device", "cpu", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        )
+        for variant, extra in VARIANTS.items()
+    }
+    out = {}
+    for variant, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"step.py --variant {variant} failed:\n{stderr}"
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        assert len(lines) == 1, f"step.py --variant {variant} printed {stdout!r}"
+        out[variant] = json.loads(lines[0])
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_step_prints_measurements(results, variant):
+    record = results[variant]
+    assert record["variant"] == variant
+    assert record["model"] == "tiny" and record["size"] == 64
+    if variant == "auto" and "skipped" in record:
+        assert "memory_budget" in record["skipped"]
+        return
+    assert record["peak_bytes"] > 0
+    assert record["step_s"] > 0
+    assert record["memory_method"] in ("vmhwm-reset", "rss-sampled", "cuda-allocated")
+    assert record["output_shape"] == [1, 8, 32, 32]
+    # Same seed in every process: gradients must agree with plain PyTorch's.
+    plain = results["plain"]["grad_checksum"]
+    assert abs(record["grad_checksum"] - plain) <= 1e-4 * abs(plain)
+    if variant == "checkpoint":
+        assert record["inplace_replaced"] == 2 and record["segments"] == 2
+    if variant == "tilec":
+        assert record["grid"] == "2x2"
