@@ -127,3 +127,15 @@ def test_dropout_with_p_zero_may_stay_in_training_mode():
     tiled = load_source(render(plan(trace(model, (1, 1, 9, 9)), name="p0", grid=(2, 2)))).TiledModel(model)
     x = torch.randn(1, 1, 9, 9)
     torch.testing.assert_close(tiled(x), model(x), rtol=0, atol=1e-6)
+
+
+def test_progress_reports_every_tile(capsys):
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU())
+    x = torch.randn(1, 1, 9, 9, requires_grad=True)
+    generated = load_source(render(plan(trace(model, (1, 1, 9, 9)), name="loud", grid=(2, 3))))
+    generated.TiledModel(model, progress=True)(x).sum().backward()
+    err = capsys.readouterr().err
+    assert "tilec loud segment 0 forward: tile 6/6\n" in err
+    assert "tilec loud segment 0 backward: tile 6/6\n" in err
+    generated.TiledModel(model)(x)
+    assert capsys.readouterr().err == ""
