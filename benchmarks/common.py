@@ -95,11 +95,18 @@ def describe(record: dict) -> str:
     return f"{record['peak_bytes'] / MiB:,.0f} MiB, {record['step_s']:.1f} s"
 
 
-def measure(points: list[Point], timeout: float, reuse: list[dict] = ()) -> list[dict]:
+def reusable(point: Point, reuse: list[dict], max_stall: float | None) -> list[dict]:
+    """Records of ``point`` that may be reused: not failed, and (with ``max_stall``) not measured
+    while the machine was busy (CPU stall fraction above ``max_stall``)."""
+    return [r for r in reuse if point.matches(r) and "error" not in r
+            and (max_stall is None or (r.get("cpu_stall_fraction") or 0) <= max_stall)]
+
+
+def measure(points: list[Point], timeout: float, reuse: list[dict] = (), max_stall: float | None = None) -> list[dict]:
     """Run every point one after another (never two at once), logging progress on stderr."""
     records = []
     for number, point in enumerate(points, 1):
-        old = [r for r in reuse if point.matches(r) and "error" not in r]
+        old = reusable(point, reuse, max_stall)
         where = f"[{number}/{len(points)}] {point.model.stem} {point.size}px {point.label}"
         if old:
             record = {**old[-1], "reused": True}

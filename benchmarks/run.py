@@ -104,6 +104,9 @@ def notes(records: list[dict]) -> str:
     out.append("- step CPU: user+system CPU time of the process during the step (all threads); CPU stall: "
                "share of the step's wall time during which some task on the machine waited for a CPU "
                "(/proc/pressure/cpu); high values mean the machine was shared and wall times are inflated")
+    reused = [f"{r['size']}² {r['label']}" for r in records if r.get("reused")]
+    if reused:
+        out.append(f"- reused from an earlier run (--reuse): {', '.join(reused)}")
     out.append("- grads = plain's: relative difference of sum|param grads| against the plain process "
                "(same seed, separate processes)")
     return "\n".join(out) + "\n"
@@ -123,6 +126,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON results whose matching points are reused")
+    parser.add_argument("--max-stall", type=float,
+                        help="with --reuse: re-measure points whose CPU stall fraction exceeded this (e.g. 0.2)")
     parser.add_argument("--name", help="results file stem (default <model>_<variants>)")
     args = parser.parse_args(argv)
     args.model = args.model if args.model.is_absolute() else (Path.cwd() / args.model).resolve()
@@ -137,10 +142,11 @@ def main(argv=None) -> int:
         args.variants.remove("auto")
     elif "auto" in args.variants and not args.budget:
         parser.error("--variants auto needs --budget")
+    reuse = load_records(args.reuse)  # read before the results file may be overwritten
     name = args.name or f"{args.model.stem}_cpu"
 
     env = environment(sys.argv)
-    records = measure(points(args), args.timeout, load_records(args.reuse))
+    records = measure(points(args), args.timeout, reuse, args.max_stall)
     markdown = (f"# {args.model.stem}: one training step\n\n{header(env)}\n{table(records)}\n{notes(records)}")
     md, js = write_results(name, markdown, {"environment": env, "records": records})
     print(markdown)

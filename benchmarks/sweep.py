@@ -27,6 +27,7 @@ from common import (
     load_records,
     log,
     memory_total,
+    reusable,
     run_point,
     write_results,
 )
@@ -81,7 +82,7 @@ def sweep(args) -> list[dict]:
             for point in points:
                 number += 1
                 where = f"[{number}/{total}] {model.stem} {point.size}px {name}"
-                old = [r for r in reuse if point.matches(r) and "error" not in r]
+                old = reusable(point, reuse, args.max_stall)
                 why = None if old else predicted_skip(previous, point.size, args)
                 if old:
                     record = {**old[-1], "reused": True}
@@ -109,7 +110,8 @@ def cell(record: dict) -> str:
         return "failed" + (" (timeout)" if record.get("timeout") else "")
     if "skipped" in record:
         return "—"
-    return f"{record['peak_bytes'] / MiB:,.0f} MiB / {record['step_s']:.1f} s"
+    busy = "*" if (record.get("cpu_stall_fraction") or 0) > 0.2 else ""
+    return f"{record['peak_bytes'] / MiB:,.0f} MiB / {record['step_s']:.1f} s{busy}"
 
 
 def tables(records: list[dict], args) -> str:
@@ -124,6 +126,8 @@ def tables(records: list[dict], args) -> str:
             by = {r["series"]: r for r in rows if r["size"] == size}
             out.append(f"| {size}² | " + " | ".join(cell(by[n]) if n in by else "" for n in names) + " |")
         out.append("")
+    if any(ok(r) and (r.get("cpu_stall_fraction") or 0) > 0.2 for r in records):
+        out.append("\\* the machine was busy during this step (CPU stall > 20 %, see step.py): its time is inflated.\n")
     out.append(f"## Largest image trained within {format_bytes(args.budget)} (step peak memory)\n")
     names = list(dict.fromkeys(r["series"] for r in records))
     out.append("| model | " + " | ".join(names) + " |")
@@ -160,6 +164,7 @@ def plot(records: list[dict], args, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     models = list(dict.fromkeys(r["model"] for r in records))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.8), squeeze=False)
@@ -176,6 +181,9 @@ def plot(records: list[dict], args, path: Path) -> None:
         sizes = sorted({r["size"] for r in rows})
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.minorticks_off()
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("image side (px)")
         ax.set_ylabel("peak memory of one training step (MiB)")
         ax.set_title(f"{model}, float32, batch 1")
@@ -202,6 +210,8 @@ def main(argv=None) -> int:
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON results whose matching points are reused")
+    parser.add_argument("--max-stall", type=float,
+                        help="with --reuse: re-measure points whose CPU stall fraction exceeded this (e.g. 0.2)")
     parser.add_argument("--name", default="sweep", help="results file stem (default sweep)")
     args = parser.parse_args(argv)
     args.models = [(Path.cwd() / m).resolve() for m in args.models.split(",")]
