@@ -9,13 +9,19 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP = ROOT / "benchmarks" / "step.py"
 RESULTS = ROOT / "benchmarks" / "results"
 MiB = 2**20
+#: Allocator settings every variant runs under unless ``--malloc default``. glibc's dynamic mmap
+#: threshold otherwise rises to 32 MiB after the first large free, and freed tile-sized blocks then
+#: stay resident in the heap, so RSS overstates what a step needs by up to 1.5x (measured, README).
+#: A fixed threshold returns large blocks to the kernel on free; torch's transparent huge pages
+#: (2 MiB, for blocks of 2 MiB and up) make the page faults of fresh blocks cheap again.
+TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def log(message: str) -> None:
@@ -33,11 +39,14 @@ class Point:
     tilec_segments: str | None = None  # tilec: explicit segments FIRST:STOP:RxC,...
     segments: int | None = None  # checkpoint
     budget: int | None = None  # auto
+    malloc: str = "tuned"  # "tuned" (TUNED_MALLOC) or "default" (glibc as configured)
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def label(self) -> str:
         """Variant name as shown in tables: ``tilec 4x4``, ``auto 2.0 GiB``..."""
+        if self.malloc == "default":
+            return f"{replace(self, malloc='tuned').label}, glibc default malloc"
         if self.variant == "tilec" and self.tilec_segments:
             return f"tilec {self.tilec_segments}"
         if self.variant == "tilec" and self.grid:
@@ -70,6 +79,10 @@ def run_point(point: Point, timeout: float) -> dict:
     """Run step.py for ``point`` in its own process; return its JSON record (or an error record)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    for name in TUNED_MALLOC:
+        env.pop(name, None)
+    if point.malloc == "tuned":
+        env.update(TUNED_MALLOC)
     base = {"model": point.model.stem, "size": point.size, "variant": point.variant, "label": point.label,
             "extra": list(point.extra), "command": " ".join(point.argv()[1:])}
     start = time.perf_counter()

@@ -28,7 +28,7 @@ from common import (
     value,
     write_results,
 )
-from step import AUTO_MISSING, VARIANTS, auto_supported, parse_bytes
+from step import VARIANTS, parse_bytes
 
 
 def points(args) -> list[Point]:
@@ -137,10 +137,7 @@ def main(argv=None) -> int:
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
-    if "auto" in args.variants and not auto_supported():
-        log(f"auto: skipped: {AUTO_MISSING}")
-        args.variants.remove("auto")
-    elif "auto" in args.variants and not args.budget:
+    if "auto" in args.variants and not args.budget:
         parser.error("--variants auto needs --budget")
     reuse = load_records(args.reuse)  # read before the results file may be overwritten
     name = args.name or f"{args.model.stem}_cpu"

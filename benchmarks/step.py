@@ -11,11 +11,10 @@ Variants:
               ``--segments`` segments (default: round(sqrt(#layers))); in-place ReLU/LeakyReLU
               are made out-of-place for this variant only (checkpoint_sequential breaks on
               them at segment edges), and the JSON says so;
-  tilec       ``tilec.pipeline.build(model, shape, grid)`` with ``--grid RxC`` (one fused
-              segment), or ``build(model, shape, segments=...)`` with ``--tilec-segments``;
-  auto        ``tilec.pipeline.build(model, shape, memory_budget=BYTES)`` with ``--budget``;
-              used only when ``build`` accepts ``memory_budget`` (feature-detected), otherwise
-              the JSON line has ``"skipped": "<why>"`` and no measurements.
+  tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
+              ``--tilec-segments``;
+  auto        tilec planning for ``--budget`` bytes (``memory_budget``).
+For tilec and auto the JSON line also has the plan's segments and ``predicted_peak_bytes``.
 
 Peak memory ("peak_bytes") is the growth of the process's memory during the first step over
 its state just before it (model, input and tilec module already built, warm-up done):
@@ -39,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import json
 import math
 import os
@@ -59,8 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tilec.codegen import render  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
-from tilec.pipeline import build  # noqa: E402
+from tilec.pipeline import load_source, plan_for  # noqa: E402
+from tilec.trace import trace  # noqa: E402
 
 VARIANTS = ("plain", "checkpoint", "tilec", "auto")
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -94,14 +94,6 @@ def parse_segments(text: str) -> list[tuple[int, int, tuple[int, int]]]:
             raise argparse.ArgumentTypeError(f"not a segment FIRST:STOP:ROWSxCOLS: {part!r}")
         segments.append((int(match.group(1)), int(match.group(2)), parse_grid(match.group(3))))
     return segments
-
-
-def auto_supported() -> bool:
-    """Does ``tilec.pipeline.build`` accept ``memory_budget``?"""
-    return "memory_budget" in inspect.signature(build).parameters
-
-
-AUTO_MISSING = "tilec.pipeline.build has no memory_budget keyword yet (auto planning not implemented)"
 
 
 # ------------------------------------------------------------------------------- measurement
@@ -234,25 +226,27 @@ def prepare(args, model: nn.Sequential, shape: tuple[int, ...], record: dict):
         checkpoint_sequential = torch.utils.checkpoint.checkpoint_sequential
         return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
     if args.variant == "tilec":
-        start = time.perf_counter()
         if args.tilec_segments:
-            tiled = build(model, shape, segments=args.tilec_segments)
-            record["tilec_segments"] = [[a, b, f"{g[0]}x{g[1]}"] for a, b, g in args.tilec_segments]
-        else:
-            grid = args.grid or (4, 4)
-            tiled = build(model, shape, grid)
-            record["grid"] = f"{grid[0]}x{grid[1]}"
-        record["build_s"] = time.perf_counter() - start
-        return tiled
+            return compile_tiled(model, shape, record, segments=args.tilec_segments)
+        return compile_tiled(model, shape, record, grid=args.grid or (4, 4))
     if args.variant == "auto":
         if args.budget is None:
             raise SystemExit("step.py: --variant auto needs --budget (e.g. --budget 2GiB)")
         record["budget_bytes"] = args.budget
-        start = time.perf_counter()
-        tiled = build(model, shape, memory_budget=args.budget)
-        record["build_s"] = time.perf_counter() - start
-        return tiled
+        return compile_tiled(model, shape, record, memory_budget=args.budget)
     raise SystemExit(f"step.py: unknown variant {args.variant!r}")
+
+
+def compile_tiled(model: nn.Sequential, shape, record: dict, **how) -> nn.Module:
+    """``tilec.pipeline.build`` step by step, recording the plan's segments and predicted peak."""
+    start = time.perf_counter()
+    plan = plan_for(trace(model, shape), "model", **how)
+    tiled = load_source(render(plan), "model_tiled").TiledModel(model)
+    record["build_s"] = time.perf_counter() - start
+    record["predicted_peak_bytes"] = plan.predicted_peak_bytes
+    record["plan_segments"] = [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}{'' if s.mode == 'tiled' else ' stored'}"
+                               for s in plan.segments]
+    return tiled
 
 
 def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None):
@@ -334,11 +328,6 @@ def main(argv=None) -> int:
         "host": platform.node(),
         "notes": [],
     }
-    if args.variant == "auto" and not auto_supported():
-        record["skipped"] = AUTO_MISSING
-        print(json.dumps(record), flush=True)
-        return 0
-
     model = model.to(device)
     for p in model.parameters():
         p.requires_grad_(True)

@@ -5,9 +5,8 @@
 
 Each point runs in its own process (benchmarks/step.py), one after another. A point is skipped
 when the previous size of the same variant predicts (quadratic growth in the image side) a peak
-above --mem-limit or a process time above --timeout. ``auto`` runs only when
-``tilec.pipeline.build`` accepts ``memory_budget`` (it gets --budget); otherwise it is skipped
-with a note. Writes benchmarks/results/<name>.md, .json and .png.
+above --mem-limit or a process time above --timeout. ``auto`` plans for --budget.
+Writes benchmarks/results/<name>.md, .json and .png.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from common import (
     run_point,
     write_results,
 )
-from step import AUTO_MISSING, VARIANTS, auto_supported, parse_bytes, parse_grid
+from step import VARIANTS, parse_bytes, parse_grid
 
 
 def series_points(args, model: Path) -> dict[str, list[Point]]:
@@ -221,11 +220,6 @@ def main(argv=None) -> int:
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
-    notes = []
-    if "auto" in args.variants and not auto_supported():
-        notes.append(f"auto: not run: {AUTO_MISSING}; rerun this command once it exists")
-        log(notes[-1])
-        args.variants.remove("auto")
 
     env = environment(sys.argv)
     records = sweep(args)
@@ -240,7 +234,6 @@ def main(argv=None) -> int:
     reused = sorted({f"{r['model']} {r['size']}px {r['series']}" for r in records if r.get("reused")})
     lines = ["# Sweep: peak memory vs image size\n", header(env), tables(records, args),
              f"Plot: `benchmarks/results/{png.name}`\n", "## Notes\n"]
-    lines += [f"- {n}" for n in notes]
     lines += [f"- failed: {f}" for f in failed]
     lines += [f"- not run: {s}" for s in skipped]
     if reused:
@@ -249,7 +242,7 @@ def main(argv=None) -> int:
                  "before the step) during one training step; input, parameters and tilec module exist before "
                  "and are not counted, parameter gradients are. Step time: wall time of that step.")
     markdown = "\n".join(lines) + "\n"
-    md, js = write_results(args.name, markdown, {"environment": env, "notes": notes, "records": records})
+    md, js = write_results(args.name, markdown, {"environment": env, "records": records})
     print(markdown)
     log(f"wrote {md.relative_to(ROOT)}, {js.relative_to(ROOT)}, {png.relative_to(ROOT)}")
     return 0

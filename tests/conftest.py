@@ -5,6 +5,23 @@ jobs) intra-op threads only add synchronisation: a single thread is several time
 keeps timings stable, so the whole suite uses one.
 """
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty(monkeypatch):
+    """Fill tensors from ``torch.empty_like`` / ``Tensor.new_empty`` with NaN (floating dtypes).
+
+    The generated code leaves outputs and input gradients uninitialised where tiles write them
+    in full; fresh pages are zero, which would hide a region no tile writes. NaN makes it fail.
+    """
+    empty_like, new_empty = torch.empty_like, torch.Tensor.new_empty
+
+    def poison(tensor):
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda *a, **k: poison(new_empty(*a, **k)))

@@ -9,6 +9,7 @@ import pytest
 from hardening import rich_model, run, small_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from tilec.codegen import render
 from tilec.errors import PlanError
@@ -54,6 +55,17 @@ def refused(text: str) -> str:
 def test_valid_plan_round_trips():
     assert loads(TEXT) == PLAN
     assert dumps(loads(TEXT)) == TEXT
+
+
+@pytest.mark.parametrize("grid", [(9, 9), (4, 4), (1, 4)])
+def test_tiles_that_read_only_padding_are_valid(grid):
+    """A tile may read only a layer's border padding (empty read), or compute nothing (empty out)."""
+    model = nn.Sequential(nn.Conv2d(1, 2, 1, padding=1), nn.ReLU(), nn.Conv2d(2, 1, 1, padding=1))
+    the_plan = plan(trace(model, (1, 1, 5, 5)), name="pad", grid=grid)
+    segment = the_plan.segments[0]
+    steps = [step for tile in segment.rows + segment.cols for step in tile.steps]
+    assert any(step.read.length == 0 for step in steps)
+    assert loads(dumps(the_plan)) == the_plan
 
 
 def _set(path, value):

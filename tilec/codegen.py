@@ -51,6 +51,7 @@ class SegmentView:
     tensors: list[tuple[int, str]]
     rows: str
     cols: str
+    gaps: str
     out_channels: int
     classes: list[ShapeClass]
 
@@ -155,11 +156,31 @@ def _steps(layers: list[LayerSpec], slots: list[dict[str, int]], rows: AxisTile,
 
 
 def _table(tiles: tuple[AxisTile, ...]) -> str:
-    rows = ", ".join(
-        _tuple((t.steps[0].read.start, t.steps[0].read.stop, t.owned.start, t.owned.stop, t.shape_class))
-        for t in tiles
-    )
-    return f"({rows},)"
+    """Per axis tile: read start, fresh start (see ``_scatter``), read stop, owned interval, class.
+
+    Non-empty reads grow monotonically with the tile index, so the part of a read that earlier
+    tiles also read is a prefix, ending where the furthest earlier non-empty read stops.
+    """
+    entries, reached = [], 0
+    for t in tiles:
+        read = t.steps[0].read
+        fresh = min(max(read.start, reached), read.stop)
+        entries.append(_tuple((read.start, fresh, read.stop, t.owned.start, t.owned.stop, t.shape_class)))
+        if read.length:
+            reached = max(reached, read.stop)
+    return f"({', '.join(entries)},)"
+
+
+def _gaps(tiles: tuple[AxisTile, ...], size: int) -> tuple[tuple[int, int], ...]:
+    """Intervals of ``[0, size)`` no tile reads (e.g. a stride-2 1x1 convolution's skipped rows)."""
+    gaps, reached = [], 0
+    for read in sorted((t.steps[0].read for t in tiles if t.steps[0].read.length), key=lambda r: r.start):
+        if read.start > reached:
+            gaps.append((reached, read.start))
+        reached = max(reached, read.stop)
+    if reached < size:
+        gaps.append((reached, size))
+    return tuple(gaps)
 
 
 def _first_of_class(tiles: tuple[AxisTile, ...]) -> list[AxisTile]:
@@ -191,6 +212,7 @@ def _segment_view(plan: Plan, segment: Segment) -> SegmentView:
         tensors=flat,
         rows=_table(segment.rows),
         cols=_table(segment.cols),
+        gaps=_tuple((_gaps(segment.rows, layers[0].in_shape[2]), _gaps(segment.cols, layers[0].in_shape[3]))),
         out_channels=layers[-1].out_shape[1],
         classes=classes,
     )

@@ -29,9 +29,6 @@ INDEX_BYTES = 8
 #: about 1x in forward, 2-3x in backward, for reorders into blocked layouts).
 CONV_FORWARD_WORKSPACE = 1.0
 CONV_BACKWARD_WORKSPACE = 2.5
-#: Memory a first training step allocates whatever the image size (oneDNN/ATen first-use caches,
-#: thread scratch), measured on the CPU build as the growth of a 64x64 step.
-FIRST_STEP_BYTES = 64 << 20
 #: Reference machine for the time estimate: sustained FLOP/s, and seconds per kernel call.
 FLOP_RATE = 1e11
 CALL_SECONDS = 3e-5
@@ -134,10 +131,32 @@ class SegmentCost:
     seconds: float
 
 
+def _dominant(tiles: tuple[AxisTile, ...]) -> list[AxisTile]:
+    """One tile per shape class, less classes another class dominates.
+
+    A class dominates when its tiles pad at the same layers and are at least as long at every
+    layer (output, read and padded read); working bytes grow with those lengths, so the peak
+    over shape classes is the peak over the dominant ones.
+    """
+    first = list({tile.shape_class: tile for tile in reversed(tiles)}.values())
+
+    def key(tile: AxisTile):
+        return tuple(s.pad != (0, 0) for s in tile.steps), [(s.out.length, s.read.length, sum(s.pad))
+                                                            for s in tile.steps]
+
+    keys = [key(tile) for tile in first]
+
+    def covers(a, b) -> bool:
+        pairs = zip(a[1], b[1], strict=True)
+        return a[0] == b[0] and all(x >= y for pa, pb in pairs for x, y in zip(pa, pb, strict=True))
+
+    return [tile for i, tile in enumerate(first)
+            if not any(j != i and covers(keys[j], keys[i]) and (keys[j] != keys[i] or j < i)
+                       for j in range(len(first)))]
+
+
 def _shape_classes(rows: tuple[AxisTile, ...], cols: tuple[AxisTile, ...]):
-    first_rows = {tile.shape_class: tile for tile in reversed(rows)}
-    first_cols = {tile.shape_class: tile for tile in reversed(cols)}
-    return [(r, c) for r in first_rows.values() for c in first_cols.values()]
+    return [(r, c) for r in _dominant(rows) for c in _dominant(cols)]
 
 
 def _unpadded(tile: AxisTile) -> AxisTile:

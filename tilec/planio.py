@@ -117,7 +117,9 @@ def loads(text: str, source: str = "plan") -> Plan:
         plan = Plan.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        parts = [str(part) if str(part).isidentifier() or isinstance(part, int) else repr(part)
+                 for part in first["loc"]]
+        where = ".".join(parts) or "(top level)"
         raise PlanError(f"{source} violates the plan schema at {where}: {first['msg']}") from None
     return validate(plan, source)
 

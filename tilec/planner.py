@@ -21,7 +21,7 @@ from math import prod
 
 import networkx as nx
 
-from tilec.cost import ELEMENT_BYTES, FIRST_STEP_BYTES, SegmentCost, parameter_bytes, segment_cost
+from tilec.cost import ELEMENT_BYTES, SegmentCost, parameter_bytes, segment_cost
 from tilec.errors import GridError
 from tilec.ir import AxisStep, AxisTile, LayerSpec, ModelFingerprint, Plan, Segment
 from tilec.regions import Interval, Window, split
@@ -53,7 +53,7 @@ def _cone(graph: nx.DiGraph, members: Sequence[int], axis: int, owned: Interval)
             # A consumer reads only its border padding here: this layer computes nothing for
             # the tile, so it reads nothing either (an empty interval, no padding).
             read, before, after = Interval(read.start, read.start), 0, 0
-        steps[node] = AxisStep(out=out, read=read, pad=(before, after), grad_out=out, grad_in=read)
+        steps[node] = AxisStep.model_construct(out=out, read=read, pad=(before, after), grad_out=out, grad_in=read)
         for producer in graph.predecessors(node):
             if producer in steps or producer not in members:
                 continue
@@ -73,10 +73,24 @@ def _axis_tiles(graph: nx.DiGraph, members: Sequence[int], axis: int, parts: int
     for index, owned in enumerate(split(size, parts)):
         steps = _cone(graph, members, axis, owned)
         shape_class = classes.setdefault(_signature(steps), len(classes))
-        tiles.append(AxisTile(index=index, owned=owned, shape_class=shape_class, steps=tuple(steps)))
+        tiles.append(AxisTile.model_construct(index=index, owned=owned, shape_class=shape_class, steps=tuple(steps)))
         if tick is not None:
             tick()
     return tuple(tiles)
+
+
+def suffix_tiles(tiles: Sequence[AxisTile], offset: int) -> tuple[AxisTile, ...]:
+    """The axis tiles of the segment's last ``len(steps) - offset`` layers.
+
+    Cones are walked from the last layer back, so a shorter segment ending at the same layer
+    has exactly the tail of the longer one's steps; only the shape classes are recounted.
+    """
+    classes: dict[tuple, int] = {}
+    return tuple(
+        AxisTile.model_construct(index=tile.index, owned=tile.owned, steps=tile.steps[offset:],
+                                 shape_class=classes.setdefault(_signature(tile.steps[offset:]), len(classes)))
+        for tile in tiles
+    )
 
 
 def check_grid(grid: Sequence[int], out_shape: Sequence[int], where: str) -> tuple[int, int]:
@@ -182,7 +196,7 @@ def plan(
 
 def step_peaks(costs: Sequence[SegmentCost], parameter_grads: int, output: int) -> list[int]:
     """Predicted step peak while each segment runs (forward or backward), per ``tilec.cost``."""
-    peaks, prefix = [], FIRST_STEP_BYTES
+    peaks, prefix = [], 0
     for index, cost in enumerate(costs):
         held = output if index < len(costs) - 1 else 0
         peaks.append(prefix + max(cost.forward_local, cost.backward_local + parameter_grads + held))

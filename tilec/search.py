@@ -15,9 +15,9 @@ from math import inf, prod
 
 import networkx as nx
 
-from tilec.cost import ELEMENT_BYTES, FIRST_STEP_BYTES, SegmentCost, parameter_bytes, segment_cost
+from tilec.cost import ELEMENT_BYTES, SegmentCost, parameter_bytes, segment_cost
 from tilec.errors import BudgetError
-from tilec.planner import SegmentChoice, _axis_tiles
+from tilec.planner import SegmentChoice, _axis_tiles, suffix_tiles
 from tilec.trace import layer_specs
 
 GRIDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -54,11 +54,15 @@ def _search(graph: nx.DiGraph, budget: int, dtype: str) -> list[SegmentChoice] |
     output = prod(layers[-1].out_shape) * element
 
     @cache
+    def prefix_tiles(stop: int, axis: int, parts: int):
+        """Axis tiles of layers ``[0, stop)``; every segment ending at ``stop`` is a suffix."""
+        return _axis_tiles(graph, [layer.index for layer in layers[:stop]], axis, parts)
+
+    @cache
     def option(first: int, stop: int, grid: int, stored: bool) -> SegmentCost:
         height, width = layers[stop - 1].out_shape[2:]
-        members = [layer.index for layer in layers[first:stop]]
-        rows = _axis_tiles(graph, members, 0, min(grid, height))
-        cols = _axis_tiles(graph, members, 1, min(grid, width))
+        rows = suffix_tiles(prefix_tiles(stop, 0, min(grid, height)), first)
+        cols = suffix_tiles(prefix_tiles(stop, 1, min(grid, width)), first)
         return segment_cost(list(layers[first:stop]), rows, cols, stored=stored, element=element, first=first == 0)
 
     def local(cost: SegmentCost, stop: int) -> int:
@@ -79,7 +83,7 @@ def _search(graph: nx.DiGraph, budget: int, dtype: str) -> list[SegmentChoice] |
                 break
 
     cuts = [0, *cut_points(layers)]
-    fronts: dict[int, list[tuple]] = {0: [(0.0, FIRST_STEP_BYTES, 0, ())]}
+    fronts: dict[int, list[tuple]] = {0: [(0.0, 0, 0, ())]}
     for first in cuts[:-1]:
         for seconds, kept, peak, choices in fronts.pop(first, []):
             for stop in (c for c in cuts if c > first):

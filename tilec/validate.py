@@ -135,12 +135,14 @@ def _check_axis(plan: Plan, segment: Segment, axis: int) -> None:
             if step.out != downstream:
                 what = "the owned interval" if layer is layers[-1] else "what the next layer reads"
                 _fail(f"{here}: out {_interval(step.out)} is not {what} {_interval(downstream)}")
-            if not 0 <= step.out.start < step.out.stop <= out_size:
-                _fail(f"{here}: out {_interval(step.out)} is empty or outside the output [0, {out_size})")
-            if not 0 <= step.read.start < step.read.stop <= in_size:
-                _fail(f"{here}: read {_interval(step.read)} is empty or outside the input [0, {in_size})")
+            if not 0 <= step.out.start <= step.out.stop <= out_size:
+                _fail(f"{here}: out {_interval(step.out)} is reversed or outside the output [0, {out_size})")
+            if not 0 <= step.read.start <= step.read.stop <= in_size:
+                _fail(f"{here}: read {_interval(step.read)} is reversed or outside the input [0, {in_size})")
             window = layer.rows if axis == 0 else layer.cols
             read, before, after = window.input_interval(step.out).clip(in_size)
+            if step.out.length == 0:  # the next layer reads only its padding: nothing to compute
+                read, before, after = Interval(read.start, read.start), 0, 0
             if step.read != read:
                 _fail(f"{here}: read {_interval(step.read)} is not the window of out "
                       f"{_interval(step.out)}, which is {_interval(read)}")

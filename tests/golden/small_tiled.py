@@ -19,6 +19,8 @@ PLAN_NAME = 'small'
 MODEL_DIGEST = '882ea43b445ccf2d3ef96212f45f36e86b9b4736480f010d50e17ae4e9e08f50'
 INPUT_SHAPE = (1, 3, 13, 11)
 OUTPUT_SHAPE = (1, 5, 4, 3)
+# The planner's prediction of the step's peak bytes above input, parameters and output gradient.
+PREDICTED_PEAK_BYTES = 6988
 
 # One entry per layer: (path, type, attributes, {tensor role: shape}).
 LAYERS = (
@@ -167,35 +169,58 @@ def _report(progress, label, done, total):
 
 
 def _run_forward(x, p, rows, cols, kernels, channels, label, progress):
-    y = x.new_empty((x.shape[0], channels, rows[-1][3], cols[-1][3]))
-    for count, (r0, r1, o0, o1, rc) in enumerate(rows):
-        for c0, c1, q0, q1, cc in cols:
+    y = x.new_empty((x.shape[0], channels, rows[-1][4], cols[-1][4]))
+    for count, (r0, _, r1, o0, o1, rc) in enumerate(rows):
+        for c0, _, c1, q0, q1, cc in cols:
             y[:, :, o0:o1, q0:q1] = kernels[rc, cc](x[:, :, r0:r1, c0:c1], p)
         _report(progress, label, (count + 1) * len(cols), len(rows) * len(cols))
     return y
 
 
-def _run_backward(ctx, g, rows, cols, kernels, label):
+def _scatter(gx, gt, r0, rf, r1, c0, cf, c1):
+    """Sum one tile's input gradient ``gt`` (rows [r0, r1), columns [c0, c1)) into ``gx``.
+
+    Rows [r0, rf) and, below them, columns [c0, cf) were written by earlier tiles and are
+    added to; the rest, [rf, r1) x [cf, c1), is written for the first time and copied.
+    """
+    gx[:, :, r0:rf, c0:c1] += gt[:, :, :rf - r0]
+    gx[:, :, rf:r1, c0:cf] += gt[:, :, rf - r0:, :cf - c0]
+    gx[:, :, rf:r1, cf:c1] = gt[:, :, rf - r0:, cf - c0:]
+
+
+def _input_grad(x, row_gaps, col_gaps):
+    """Uninitialised input gradient, but for the rows and columns no tile reads (set to zero)."""
+    gx = torch.empty_like(x)
+    for start, stop in row_gaps:
+        gx[:, :, start:stop] = 0
+    for start, stop in col_gaps:
+        gx[:, :, :, start:stop] = 0
+    return gx
+
+
+def _run_backward(ctx, g, rows, cols, gaps, kernels, label):
     x, *p = ctx.saved_tensors
     need_input_grad = ctx.needs_input_grad[0]
     grads = [
         torch.zeros(t.shape, dtype=_accumulator_dtype(t.dtype), device=t.device) if need else None
         for t, need in zip(p, ctx.needs_input_grad[2:])
     ]
-    gx = torch.zeros_like(x) if need_input_grad else None
-    for count, (r0, r1, o0, o1, rc) in enumerate(rows):
-        for c0, c1, q0, q1, cc in cols:
+    gx = _input_grad(x, *gaps) if need_input_grad else None
+    for count, (r0, rf, r1, o0, o1, rc) in enumerate(rows):
+        for c0, cf, c1, q0, q1, cc in cols:
             gt = kernels[rc, cc](x[:, :, r0:r1, c0:c1], g[:, :, o0:o1, q0:q1], p, grads, need_input_grad)
             if gx is not None:
-                gx[:, :, r0:r1, c0:c1] += gt
+                _scatter(gx, gt, r0, rf, r1, c0, cf, c1)
         _report(ctx.progress, label, (count + 1) * len(cols), len(rows) * len(cols))
     return (gx, None, *(None if a is None else a.to(t.dtype) for a, t in zip(grads, p)))
 
 
 # Segment 0: layers 0..5, grid 2x3.
-# Axis tiles: (read start, read stop, owned start, owned stop, shape class).
-_S0_ROWS = ((0, 9, 0, 2, 0), (3, 13, 2, 4, 1),)
-_S0_COLS = ((0, 7, 0, 1, 0), (1, 9, 1, 2, 1), (3, 11, 2, 3, 1),)
+# Axis tiles: (read start, first read index no earlier tile read, read stop, owned start,
+# owned stop, shape class); then the input rows and columns no tile reads.
+_S0_ROWS = ((0, 0, 9, 0, 2, 0), (3, 9, 13, 2, 4, 1),)
+_S0_COLS = ((0, 0, 7, 0, 1, 0), (1, 7, 9, 1, 2, 1), (3, 9, 11, 2, 3, 1),)
+_S0_GAPS = ((), ())
 # Tensors passed to the segment: (layer index, role).
 _S0_TENSORS = [(0, 'weight'), (0, 'bias'), (3, 'weight'), (3, 'bias'), (4, 'weight'), (4, 'bias'), (4, 'running_mean'), (4, 'running_var')]
 
@@ -389,7 +414,7 @@ class _Segment0(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return _run_backward(ctx, g, _S0_ROWS, _S0_COLS, _S0_BACKWARD, "segment 0 backward")
+        return _run_backward(ctx, g, _S0_ROWS, _S0_COLS, _S0_GAPS, _S0_BACKWARD, "segment 0 backward")
 
 
 class TiledModel(torch.nn.Module):
