@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common import (
     ROOT,
+    TUNED_MALLOC,
     MiB,
     Point,
     environment,
@@ -31,29 +32,41 @@ from common import (
 from step import VARIANTS, parse_bytes
 
 
-def points(args) -> list[Point]:
+def budget_bytes(budget: str, plain: dict | None) -> int:
+    """``--budget``: bytes (``600MiB``) or a share of plain's measured peak at that size (``10%``)."""
+    if not budget.endswith("%"):
+        return parse_bytes(budget)
+    if plain is None or "peak_bytes" not in plain:
+        raise SystemExit(f"--budget {budget} needs a plain measurement of that size (--variants plain,...)")
+    return int(plain["peak_bytes"] * float(budget[:-1]) / 100)
+
+
+def points(args, size: int, plain: dict | None) -> list[Point]:
+    """The points of one image size but plain's; ``plain`` is its record (sizes ``N%`` budgets)."""
     extra = ("--grad", args.grad, "--repeats", str(args.repeats))
+
+    def point(variant: str, **options) -> Point:
+        return Point(args.model, size, variant, extra=extra, **{"malloc": args.malloc, **options})
+
     result = []
-    for size in args.sizes:
-        for variant in args.variants:
-            if variant == "tilec":
-                result += [Point(args.model, size, "tilec", grid=grid, extra=extra) for grid in args.grid]
-                result += [Point(args.model, size, "tilec", tilec_segments=segs, extra=extra)
-                           for segs in args.tilec_segments]
-            elif variant == "auto":
-                result.append(Point(args.model, size, "auto", budget=args.budget, extra=extra))
-            elif variant == "checkpoint":
-                result.append(Point(args.model, size, "checkpoint", segments=args.segments, extra=extra))
-            else:
-                result.append(Point(args.model, size, variant, extra=extra))
+    for variant in args.variants:
+        if variant == "tilec":
+            result += [point("tilec", grid=grid) for grid in args.grid]
+            result += [point("tilec", tilec_segments=segments) for segments in args.tilec_segments]
+        elif variant == "auto":
+            result += [point("auto", budget=budget_bytes(budget, plain), malloc=malloc)
+                       for budget in args.budget for malloc in args.auto_malloc]
+        elif variant == "checkpoint":
+            result.append(point("checkpoint", segments=args.segments))
     return result
 
 
 def table(records: list[dict]) -> str:
     lines = [
-        "| image | variant | peak memory (MiB) | step wall (s) | step CPU (s) | memory / plain | wall / plain "
-        "| CPU / plain | memory / checkpoint | wall / checkpoint | CPU / checkpoint | CPU stall | grads = plain's |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "| image | variant | peak memory (MiB) | predicted (MiB) | step wall (s) | step CPU (s) | memory / plain "
+        "| wall / plain | CPU / plain | memory / checkpoint | wall / checkpoint | CPU / checkpoint | CPU stall "
+        "| grads = plain's |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for size in sorted({r["size"] for r in records}):
         rows = [r for r in records if r["size"] == size]
@@ -66,14 +79,15 @@ def table(records: list[dict]) -> str:
             if "error" in r or "skipped" in r:
                 why = r.get("error") or r.get("skipped")
                 lines.append(f"| {size}² | {label} | {'failed' if 'error' in r else 'skipped'}: {why} "
-                             + "| " * 10 + "|")
+                             + "| " * 11 + "|")
                 continue
             mem, sec, cpu = r["peak_bytes"], r["step_s"], r.get("cpu_s")
             vs_plain = r["variant"] != "plain"
             vs_ckpt = r["variant"] in ("tilec", "auto")
             stall = r.get("cpu_stall_fraction")
             cells = [
-                f"{size}²", label, f"{mem / MiB:,.0f}", f"{sec:.1f}", f"{cpu:.1f}" if cpu is not None else "—",
+                f"{size}²", label, f"{mem / MiB:,.0f}", predicted(r), f"{sec:.1f}",
+                f"{cpu:.1f}" if cpu is not None else "—",
                 ratio(mem, value(plain, "peak_bytes")) if vs_plain else "",
                 ratio(sec, value(plain, "step_s")) if vs_plain else "",
                 ratio(cpu, value(plain, "cpu_s")) if vs_plain else "",
@@ -87,8 +101,22 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def predicted(record: dict) -> str:
+    """tilec's predicted peak and its error relative to the measured peak."""
+    if "predicted_peak_bytes" not in record:
+        return ""
+    guess, real = record["predicted_peak_bytes"], record["peak_bytes"]
+    return f"{guess / MiB:,.0f} ({(guess - real) / real:+.0%})"
+
+
 def notes(records: list[dict]) -> str:
     seen, out = set(), []
+    for r in records:
+        if r["variant"] == "auto" and "plan_segments" in r:
+            out.append(f"- {r['size']}² {r['label']}: chose segments {', '.join(r['plan_segments'])} "
+                       f"(FIRST:STOP:grid), planning took {r['build_s']:.1f} s")
+    out.append("- malloc: every process runs with " + ", ".join(f"{k}={v}" for k, v in TUNED_MALLOC.items())
+               + " unless its label says glibc default (see benchmarks/common.py)")
     for r in records:
         for note in r.get("notes", []):
             if note not in seen:
@@ -121,7 +149,13 @@ def main(argv=None) -> int:
                         help="also run tilec with these explicit segments (repeatable), e.g. 0:17:16x16,17:31:4x4")
     parser.add_argument("--variants", default="plain,checkpoint,tilec", help=f"comma-separated of {VARIANTS}")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
-    parser.add_argument("--budget", type=parse_bytes, help="memory budget of the auto variant, e.g. 2GiB")
+    parser.add_argument("--budget", default="10%",
+                        help="auto's memory budget(s), comma-separated: bytes (600MiB) or a share of plain's "
+                             "measured peak at each size (10%%, the default)")
+    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                        help="allocator settings of every process: tuned (common.TUNED_MALLOC) or glibc's default")
+    parser.add_argument("--auto-malloc", help="auto's allocator settings, comma-separated (default: --malloc), "
+                                              "e.g. tuned,default to show both")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
     parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
@@ -137,13 +171,21 @@ def main(argv=None) -> int:
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
-    if "auto" in args.variants and not args.budget:
-        parser.error("--variants auto needs --budget")
+    args.budget = args.budget.split(",")
+    args.auto_malloc = (args.auto_malloc or args.malloc).split(",")
     reuse = load_records(args.reuse)  # read before the results file may be overwritten
     name = args.name or f"{args.model.stem}_cpu"
 
     env = environment(sys.argv)
-    records = measure(points(args), args.timeout, reuse, args.max_stall)
+    records = []
+    for size in args.sizes:
+        plain = None
+        if "plain" in args.variants:
+            records += measure([Point(args.model, size, "plain", extra=("--grad", args.grad, "--repeats",
+                                                                        str(args.repeats)), malloc=args.malloc)],
+                               args.timeout, reuse, args.max_stall)
+            plain = records[-1]
+        records += measure(points(args, size, plain), args.timeout, reuse, args.max_stall)
     markdown = (f"# {args.model.stem}: one training step\n\n{header(env)}\n{table(records)}\n{notes(records)}")
     md, js = write_results(name, markdown, {"environment": env, "records": records})
     print(markdown)

@@ -58,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tilec.codegen import render  # noqa: E402
+from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.pipeline import load_source, plan_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402
@@ -332,7 +333,12 @@ def main(argv=None) -> int:
     for p in model.parameters():
         p.requires_grad_(True)
     x = torch.randn(shape, device=device)  # images: no requires_grad
-    fn = prepare(args, model, shape, record)
+    try:
+        fn = prepare(args, model, shape, record)
+    except BudgetError as error:  # no plan fits: a result of the sweep, not a failure
+        record["skipped"] = str(error)
+        print(json.dumps(record), flush=True)
+        return 0
     if not args.no_warmup:
         warm_up(model, shape, device)
     model.zero_grad(set_to_none=True)

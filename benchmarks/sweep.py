@@ -40,16 +40,18 @@ def series_points(args, model: Path) -> dict[str, list[Point]]:
     for variant in args.variants:
         if variant == "tilec" and args.tile:
             name = f"tilec tile {args.tile}px"
-            series[name] = [Point(model, s, "tilec", grid="{0}x{0}".format(-(-s // args.tile)), extra=extra)
-                            for s in args.sizes]
+            series[name] = [Point(model, s, "tilec", grid="{0}x{0}".format(-(-s // args.tile)), extra=extra,
+                                  malloc=args.malloc) for s in args.sizes]
         elif variant == "tilec":
-            series[f"tilec {args.grid}"] = [Point(model, s, "tilec", grid=args.grid, extra=extra) for s in args.sizes]
+            series[f"tilec {args.grid}"] = [Point(model, s, "tilec", grid=args.grid, extra=extra, malloc=args.malloc)
+                                            for s in args.sizes]
         elif variant == "auto":
-            series[f"auto {format_bytes(args.budget)}"] = [Point(model, s, "auto", budget=args.budget, extra=extra)
-                                                           for s in args.sizes]
+            for budget in args.budget:
+                series[f"auto {format_bytes(budget)}"] = [Point(model, s, "auto", budget=budget, extra=extra,
+                                                                malloc=args.malloc) for s in args.sizes]
         else:
             series[variant] = [Point(model, s, variant, segments=args.segments if variant == "checkpoint" else None,
-                                     extra=extra) for s in args.sizes]
+                                     extra=extra, malloc=args.malloc) for s in args.sizes]
     return series
 
 
@@ -110,7 +112,9 @@ def cell(record: dict) -> str:
     if "skipped" in record:
         return "—"
     busy = "*" if (record.get("cpu_stall_fraction") or 0) > 0.2 else ""
-    return f"{record['peak_bytes'] / MiB:,.0f} MiB / {record['step_s']:.1f} s{busy}"
+    guess = record.get("predicted_peak_bytes")
+    error = f" (predicted {(guess - record['peak_bytes']) / record['peak_bytes']:+.0%})" if guess else ""
+    return f"{record['peak_bytes'] / MiB:,.0f} MiB{error} / {record['step_s']:.1f} s{busy}"
 
 
 def tables(records: list[dict], args) -> str:
@@ -127,19 +131,21 @@ def tables(records: list[dict], args) -> str:
         out.append("")
     if any(ok(r) and (r.get("cpu_stall_fraction") or 0) > 0.2 for r in records):
         out.append("\\* the machine was busy during this step (CPU stall > 20 %, see step.py): its time is inflated.\n")
-    out.append(f"## Largest image trained within {format_bytes(args.budget)} (step peak memory)\n")
     names = list(dict.fromkeys(r["series"] for r in records))
-    out.append("| model | " + " | ".join(names) + " |")
-    out.append("|---|" + "--:|" * len(names))
+    out.append("## Largest image trained within a budget (step peak memory)\n")
+    out.append("| model | budget | " + " | ".join(names) + " |")
+    out.append("|---|--:|" + "--:|" * len(names))
     for model in dict.fromkeys(r["model"] for r in records):
-        cells = []
-        for name in names:
-            rows = sorted((r for r in records if r["model"] == model and r["series"] == name), key=lambda r: r["size"])
-            cells.append(largest_within(rows, args.budget))
-        out.append(f"| {model} | " + " | ".join(cells) + " |")
+        for budget in args.budget:
+            cells = []
+            for name in names:
+                rows = sorted((r for r in records if r["model"] == model and r["series"] == name),
+                              key=lambda r: r["size"])
+                cells.append(largest_within(rows, budget))
+            out.append(f"| {model} | {format_bytes(budget)} | " + " | ".join(cells) + " |")
     out.append("")
-    out.append(f"\"≥ N\": N was the largest size measured for that variant (larger ones were not run); "
-               f"\"< N\": already the smallest size measured, N, exceeded {format_bytes(args.budget)}.")
+    out.append("\"≥ N\": N was the largest size measured for that variant (larger ones were not run); "
+               "\"< N\": already the smallest size measured, N, exceeded the budget.")
     out.append("")
     return "\n".join(out)
 
@@ -173,8 +179,10 @@ def plot(records: list[dict], args, path: Path) -> None:
             points = sorted((r for r in rows if r["series"] == name and ok(r)), key=lambda r: r["size"])
             if points:
                 ax.plot([r["size"] for r in points], [r["peak_bytes"] / MiB for r in points], marker="o", label=name)
-        ax.axhline(args.budget / MiB, color="grey", linestyle="--", linewidth=1,
-                   label=f"budget {format_bytes(args.budget)}")
+        for budget in args.budget:
+            ax.axhline(budget / MiB, color="grey", linestyle="--", linewidth=1)
+            ax.annotate(f"budget {format_bytes(budget)}", (min(r["size"] for r in rows), budget / MiB),
+                        fontsize=7, color="grey", va="bottom")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         sizes = sorted({r["size"] for r in rows})
@@ -201,8 +209,11 @@ def main(argv=None) -> int:
     parser.add_argument("--grid", default="8x8", help="tilec's fixed grid (default 8x8)")
     parser.add_argument("--tile", type=int, help="instead of a fixed grid: tiles of at most this many px per side")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
-    parser.add_argument("--budget", type=parse_bytes, default=parse_bytes("2GiB"),
-                        help="memory budget: auto's memory_budget and the largest-size report (default 2GiB)")
+    parser.add_argument("--budget", default="2GiB",
+                        help="memory budgets, comma-separated: one auto series each, and the largest-size report "
+                             "(default 2GiB)")
+    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                        help="allocator settings of every process: tuned (common.TUNED_MALLOC) or glibc's default")
     parser.add_argument("--mem-limit", type=parse_bytes, default=int(0.8 * memory_total()),
                         help="skip points predicted to need more (default 80%% of RAM)")
     parser.add_argument("--timeout", type=float, default=540, help="seconds per process (default 540)")
@@ -216,6 +227,7 @@ def main(argv=None) -> int:
     args.models = [(Path.cwd() / m).resolve() for m in args.models.split(",")]
     args.sizes = sorted(int(s) for s in args.sizes.split(","))
     args.variants = args.variants.split(",")
+    args.budget = [parse_bytes(budget) for budget in args.budget.split(",")]
     parse_grid(args.grid)
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:

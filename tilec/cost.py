@@ -32,6 +32,10 @@ CONV_BACKWARD_WORKSPACE = 2.5
 #: Reference machine for the time estimate: sustained FLOP/s, and seconds per kernel call.
 FLOP_RATE = 1e11
 CALL_SECONDS = 3e-5
+#: Fixed cost of a segment (autograd node, Python), so that equal plans prefer fewer segments;
+#: and the rate at which a tiled segment assembles its output and sums its input gradient.
+SEGMENT_SECONDS = 1e-3
+COPY_RATE = 5e9
 
 
 def layer_flops_per_output(layer: LayerSpec) -> int:
@@ -186,7 +190,7 @@ def segment_cost(
             kept=saved + out_bytes,
             flops=untiled + backward,
             flop_overhead=0.0,
-            seconds=(untiled + backward) / FLOP_RATE + 2 * len(layers) * CALL_SECONDS,
+            seconds=(untiled + backward) / FLOP_RATE + 2 * len(layers) * CALL_SECONDS + SEGMENT_SECONDS,
         )
     works = [backward_work(schedule(layers, r, c), element) for r, c in _shape_classes(rows, cols)]
     tiled = tiled_forward_flops(layers, rows, cols)
@@ -201,7 +205,7 @@ def segment_cost(
         kept=out_bytes,
         flops=flops,
         flop_overhead=halo - 1,
-        seconds=flops / FLOP_RATE + calls * CALL_SECONDS,
+        seconds=flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS + (out_bytes + 2 * in_grad) / COPY_RATE,
     )
 
 
