@@ -6,6 +6,10 @@ front of those pairs is kept per cut, since a later segment's feasibility depend
 kept bytes and the objective adds up seconds. Each segment option is stored (untiled) or
 tiled with a square-ish grid; for a tiled segment, finer grids only add time, so grids are
 tried from coarse to fine and the first that fits is taken.
+
+``smallest_budget`` runs the same recursion on (peak, kept bytes) instead, with the finest
+grid for tiled segments (finer tiles only shrink the working set), so an infeasible budget is
+refused at once with the smallest one that would do.
 """
 
 from __future__ import annotations
@@ -29,84 +33,102 @@ def cut_points(layers) -> list[int]:
 
 
 def _pareto(entries: list[tuple]) -> list[tuple]:
-    """Keep entries not dominated in (seconds, kept bytes)."""
-    front, best_kept = [], inf
+    """Keep entries not dominated in their first two fields (both minimised)."""
+    front, best = [], inf
     for entry in sorted(entries, key=lambda e: (e[0], e[1])):
-        if entry[1] < best_kept:
+        if entry[1] < best:
             front.append(entry)
-            best_kept = entry[1]
+            best = entry[1]
     return front
+
+
+class _Costs:
+    """Cached costs of the segment options of one traced model."""
+
+    def __init__(self, graph: nx.DiGraph, dtype: str):
+        self.graph = graph
+        self.layers = layer_specs(graph)
+        self.element = ELEMENT_BYTES[dtype]
+        self.fixed = parameter_bytes(list(self.layers), self.element)
+        self.output = prod(self.layers[-1].out_shape) * self.element
+        self.cuts = [0, *cut_points(self.layers)]
+        self.option = cache(self._option)
+        self.prefix_tiles = cache(self._prefix_tiles)
+
+    def _prefix_tiles(self, stop: int, axis: int, parts: int):
+        """Axis tiles of layers ``[0, stop)``; every segment ending at ``stop`` is a suffix."""
+        return _axis_tiles(self.graph, [layer.index for layer in self.layers[:stop]], axis, parts)
+
+    def _option(self, first: int, stop: int, grid: int, stored: bool) -> SegmentCost:
+        height, width = self.layers[stop - 1].out_shape[2:]
+        rows = suffix_tiles(self.prefix_tiles(stop, 0, min(grid, height)), first)
+        cols = suffix_tiles(self.prefix_tiles(stop, 1, min(grid, width)), first)
+        return segment_cost(list(self.layers[first:stop]), rows, cols, stored=stored, element=self.element,
+                            first=first == 0)
+
+    def grids(self, stop: int) -> list[int]:
+        return [grid for grid in GRIDS if grid <= max(self.layers[stop - 1].out_shape[2:])]
+
+    def local(self, cost: SegmentCost, stop: int) -> int:
+        """Peak bytes while the segment ending at ``stop`` runs, beyond what earlier ones keep."""
+        held = self.output if stop < len(self.layers) else 0
+        return max(cost.forward_local, cost.backward_local + self.fixed + held)
+
+    def grid_of(self, grid: int, stop: int) -> tuple[int, int]:
+        height, width = self.layers[stop - 1].out_shape[2:]
+        return min(grid, height), min(grid, width)
 
 
 def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> list[SegmentChoice]:
     """Segments minimising estimated time with predicted peak <= ``budget`` bytes."""
-    found = _search(graph, budget, dtype)
-    if found is None:
+    costs = _Costs(graph, dtype)
+    smallest = _smallest(costs)
+    if budget < smallest:
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
-                          f"feasible budget is about {format_bytes(smallest_budget(graph, dtype))}")
-    return found
+                          f"feasible budget is about {format_bytes(smallest)}")
+    return _search(costs, budget)
 
 
-def _search(graph: nx.DiGraph, budget: int, dtype: str) -> list[SegmentChoice] | None:
-    layers = layer_specs(graph)
-    element = ELEMENT_BYTES[dtype]
-    fixed = parameter_bytes(list(layers), element)
-    output = prod(layers[-1].out_shape) * element
-
-    @cache
-    def prefix_tiles(stop: int, axis: int, parts: int):
-        """Axis tiles of layers ``[0, stop)``; every segment ending at ``stop`` is a suffix."""
-        return _axis_tiles(graph, [layer.index for layer in layers[:stop]], axis, parts)
-
-    @cache
-    def option(first: int, stop: int, grid: int, stored: bool) -> SegmentCost:
-        height, width = layers[stop - 1].out_shape[2:]
-        rows = suffix_tiles(prefix_tiles(stop, 0, min(grid, height)), first)
-        cols = suffix_tiles(prefix_tiles(stop, 1, min(grid, width)), first)
-        return segment_cost(list(layers[first:stop]), rows, cols, stored=stored, element=element, first=first == 0)
-
-    def local(cost: SegmentCost, stop: int) -> int:
-        held = output if stop < len(layers) else 0
-        return max(cost.forward_local, cost.backward_local + fixed + held)
-
+def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
     def options(first: int, stop: int, kept: int):
-        cost = option(first, stop, 1, True)
-        if kept + local(cost, stop) <= budget:
+        cost = costs.option(first, stop, 1, True)
+        if kept + costs.local(cost, stop) <= budget:
             yield (1, 1), "stored", cost
-        height, width = layers[stop - 1].out_shape[2:]
-        for grid in GRIDS:
-            if grid > max(height, width):
-                break
-            cost = option(first, stop, grid, False)
-            if kept + local(cost, stop) <= budget:
-                yield (min(grid, height), min(grid, width)), "tiled", cost
+        for grid in costs.grids(stop):
+            cost = costs.option(first, stop, grid, False)
+            if kept + costs.local(cost, stop) <= budget:
+                yield costs.grid_of(grid, stop), "tiled", cost
                 break
 
-    cuts = [0, *cut_points(layers)]
-    fronts: dict[int, list[tuple]] = {0: [(0.0, 0, 0, ())]}
-    for first in cuts[:-1]:
-        for seconds, kept, peak, choices in fronts.pop(first, []):
-            for stop in (c for c in cuts if c > first):
+    fronts: dict[int, list[tuple]] = {0: [(0.0, 0, ())]}
+    for first in costs.cuts[:-1]:
+        for seconds, kept, choices in fronts.pop(first, []):
+            for stop in (c for c in costs.cuts if c > first):
                 for grid, mode, cost in options(first, stop, kept):
-                    entry = (seconds + cost.seconds, kept + cost.kept, max(peak, kept + local(cost, stop)),
-                             (*choices, (first, stop, grid, mode)))
-                    fronts.setdefault(stop, []).append(entry)
+                    fronts.setdefault(stop, []).append(
+                        (seconds + cost.seconds, kept + cost.kept, (*choices, (first, stop, grid, mode))))
         for stop in list(fronts):
             fronts[stop] = _pareto(fronts[stop])
-    finished = fronts.get(len(layers), [])
-    return list(min(finished)[3]) if finished else None
+    return list(min(fronts[len(costs.layers)])[2])
+
+
+def _smallest(costs: _Costs) -> int:
+    """Smallest predicted peak over the plans ``_search`` can build."""
+    fronts: dict[int, list[tuple]] = {0: [(0, 0)]}
+    for first in costs.cuts[:-1]:
+        for peak, kept in fronts.pop(first, []):
+            for stop in (c for c in costs.cuts if c > first):
+                finest = costs.grids(stop)[-1]
+                for cost in (costs.option(first, stop, 1, True), costs.option(first, stop, finest, False)):
+                    fronts.setdefault(stop, []).append((max(peak, kept + costs.local(cost, stop)), kept + cost.kept))
+        for stop in list(fronts):
+            fronts[stop] = _pareto(fronts[stop])
+    return min(peak for peak, _ in fronts[len(costs.layers)])
 
 
 def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:
-    """Smallest predicted peak over the plans the search can build (bisection on the budget)."""
-    low, high = 1, 1 << 50
-    while high - low > max(1, high // 200):
-        middle = (low + high) // 2
-        if _search(graph, middle, dtype) is None:
-            low = middle
-        else:
-            high = middle
-    return high
+    """Smallest predicted peak over the plans the search can build, in bytes."""
+    return _smallest(_Costs(graph, dtype))
 
 
 def format_bytes(count: int) -> str:
