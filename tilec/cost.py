@@ -183,7 +183,7 @@ def segment_cost(
     untiled = untiled_forward_flops(layers)
     backward = sum(backward_factor(layer) * layer_flops_per_output(layer) * prod(layer.out_shape) for layer in layers)
     if stored:
-        work, saved = backward_work(schedule(layers, _unpadded(rows[0]), _unpadded(cols[0])), element)
+        work, saved = backward_work(schedule(layers, _unpadded(rows[0]), _unpadded(cols[0]), autograd=True), element)
         return SegmentCost(
             forward_local=saved + out_bytes,
             backward_local=out_bytes + in_grad + work,

@@ -42,6 +42,8 @@ def _pair(value) -> tuple[int, int]:
 def _identity(fn: str, **options) -> Callable[[nn.Module], Semantics]:
     def semantics(module: nn.Module) -> Semantics:
         values = {key: getattr(module, attr) for key, attr in options.items()}
+        if getattr(module, "inplace", False):
+            values["inplace"] = True  # untiled (stored), autograd then saves the result instead
         return Semantics("pointwise", fn, Window(), Window(), values)
 
     return semantics

@@ -32,6 +32,7 @@ class Op:
     recompute: bool
     first: bool
     empty: bool = False
+    autograd_in_place: bool = False
     free_forward: list[str] = field(default_factory=list)
     free_backward: list[str] = field(default_factory=list)
 
@@ -50,6 +51,8 @@ class Op:
 
 def backward_reads(op: Op) -> list[str]:
     """Names the backward kernel of ``op`` reads."""
+    if op.autograd_in_place:
+        return [op.dst]
     if op.op == "max_pool2d":
         return [op.padded, f"i{op.position}"]
     if op.op in ("conv2d", "avg_pool2d"):
@@ -57,8 +60,12 @@ def backward_reads(op: Op) -> list[str]:
     return {"input": [op.src], "output": [op.dst], "none": []}[SAVES[op.fn]]
 
 
-def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile) -> list[Op]:
-    """The ops of the shape class ``(rows.shape_class, cols.shape_class)``."""
+def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile, autograd: bool = False) -> list[Op]:
+    """The ops of the shape class ``(rows.shape_class, cols.shape_class)``.
+
+    ``autograd``: the ops as the model's own modules run them under autograd (a stored
+    segment), where in-place modules overwrite their input and autograd saves the result.
+    """
     ops: list[Op] = []
     name, fresh = "t0", False
     reads_backward: dict[str, int] = {}
@@ -72,6 +79,7 @@ def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile) -> list[Op
         dst = src if layer.fn == "identity" and not empty else f"t{position + 1}"
         last = position == len(layers) - 1
         needs_output = layer.op == "max_pool2d" or (layer.op == "pointwise" and SAVES[layer.fn] == "output")
+        autograd_in_place = autograd and layer.options.get("inplace", False)
         op = Op(
             layer=layer,
             position=position,
@@ -80,11 +88,12 @@ def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile) -> list[Op
             src=src,
             padded=padded,
             dst=dst,
-            in_place=layer.fn in IN_PLACE and fresh and src not in reads_backward,
-            in_place_forward=layer.fn in IN_PLACE and fresh,
+            in_place=autograd_in_place or (layer.fn in IN_PLACE and fresh and src not in reads_backward),
+            in_place_forward=autograd_in_place or (layer.fn in IN_PLACE and fresh),
             recompute=not last or needs_output,
             first=position == 0,
             empty=empty,
+            autograd_in_place=autograd_in_place,
         )
         ops.append(op)
         for read in [] if empty else backward_reads(op):
