@@ -14,12 +14,20 @@ from tilec.ir import SCHEMA_VERSION, Plan
 from tilec.validate import validate
 
 
+def _flat(value) -> bool:
+    """A scalar, or a list of scalars."""
+    if isinstance(value, list):
+        return not any(isinstance(v, dict | list) for v in value)
+    return not isinstance(value, dict)
+
+
 def _format(value, indent: int) -> str:
-    """JSON with objects and lists of objects indented, lists of scalars on one line."""
+    """JSON with nested objects and lists of objects indented; lists of scalars, and objects of
+    scalars and such lists (one tile's step: ``{"out": [0, 8], "read": ...}``), on one line."""
     pad, inner = " " * indent, " " * (indent + 1)
     if isinstance(value, dict):
-        if not value:
-            return "{}"
+        if all(_flat(v) for v in value.values()):
+            return json.dumps(value, separators=(", ", ": "))
         items = (f"{inner}{json.dumps(k)}: {_format(v, indent + 1)}" for k, v in value.items())
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
     if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
@@ -31,7 +39,7 @@ def _format(value, indent: int) -> str:
 
 def dumps(plan: Plan) -> str:
     """The plan as JSON text; the same plan always gives the same bytes."""
-    return _format(plan.model_dump(mode="json"), 0) + "\n"
+    return _format(json.loads(plan.model_dump_json()), 0) + "\n"
 
 
 def _umask() -> int:
