@@ -86,7 +86,7 @@ def pointwise(draw, kind: str, channels: int) -> nn.Module:
         low = draw(st.sampled_from([-2.0, -1.0, -0.25, 0.0]))
         return nn.Hardtanh(low, low + draw(st.sampled_from([0.5, 1.0, 3.0])))
     if kind == "leaky_relu":
-        return nn.LeakyReLU(draw(st.sampled_from([0.01, 0.2, 1.5])))
+        return nn.LeakyReLU(draw(st.sampled_from([0.01, 0.2, 1.5, 0.0, -0.3])))
     if kind == "elu":
         return nn.ELU(draw(st.sampled_from([1.0, 0.5, 2.0])))
     if kind == "gelu":

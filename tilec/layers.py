@@ -138,8 +138,23 @@ SAVES = {
     "hardswish": "input", "batch_norm": "input", "identity": "none",
 }
 
-#: Pointwise functions with an in-place aten variant whose backward reads the output.
-IN_PLACE = frozenset({"relu", "hardtanh", "sigmoid", "tanh"})
+
+
+def saves(layer) -> str:
+    """What a pointwise layer's backward kernel reads: ``input``, ``output`` or ``none``.
+
+    LeakyReLU with a slope >= 0 keeps the input's sign, so its backward can read the output
+    (``leaky_relu_backward(..., self_is_result=True)``) and it can run in place.
+    """
+    if layer.fn == "leaky_relu" and layer.options["negative_slope"] >= 0:
+        return "output"
+    return SAVES[layer.fn]
+
+
+def may_run_in_place(layer) -> bool:
+    """May the tile run this pointwise layer in place? Every function whose backward reads its
+    output has an in-place aten variant."""
+    return layer.op == "pointwise" and saves(layer) == "output"
 
 #: Why the common untileable layers are refused.
 REFUSALS = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilec.ir import AxisStep, AxisTile, LayerSpec
-from tilec.layers import IN_PLACE, SAVES
+from tilec.layers import SAVES, may_run_in_place, saves
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Op:
     recompute: bool
     first: bool
     empty: bool = False
-    autograd_in_place: bool = False
+    autograd: bool = False
     free_forward: list[str] = field(default_factory=list)
     free_backward: list[str] = field(default_factory=list)
 
@@ -45,19 +45,25 @@ class Op:
         return self.layer.fn
 
     @property
+    def reads_output(self) -> bool:
+        """Does the backward kernel of this pointwise op read its output (not its input)?"""
+        return self.op == "pointwise" and saves(self.layer) == "output"
+
+    @property
     def padding(self) -> bool:
         return not self.empty and (self.rows.pad != (0, 0) or self.cols.pad != (0, 0))
 
 
 def backward_reads(op: Op) -> list[str]:
     """Names the backward kernel of ``op`` reads."""
-    if op.autograd_in_place:
+    if op.autograd and op.layer.options.get("inplace", False):
         return [op.dst]
     if op.op == "max_pool2d":
         return [op.padded, f"i{op.position}"]
     if op.op in ("conv2d", "avg_pool2d"):
         return [op.padded]
-    return {"input": [op.src], "output": [op.dst], "none": []}[SAVES[op.fn]]
+    kind = SAVES[op.fn] if op.autograd else saves(op.layer)
+    return {"input": [op.src], "output": [op.dst], "none": []}[kind]
 
 
 def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile, autograd: bool = False) -> list[Op]:
@@ -78,8 +84,12 @@ def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile, autograd: 
         padded = f"{src}p" if not empty and (row.pad != (0, 0) or col.pad != (0, 0)) else src
         dst = src if layer.fn == "identity" and not empty else f"t{position + 1}"
         last = position == len(layers) - 1
-        needs_output = layer.op == "max_pool2d" or (layer.op == "pointwise" and SAVES[layer.fn] == "output")
-        autograd_in_place = autograd and layer.options.get("inplace", False)
+        needs_output = layer.op == "max_pool2d" or (layer.op == "pointwise" and saves(layer) == "output")
+        if autograd:
+            runs_in_place = in_place_forward = layer.options.get("inplace", False)
+        else:
+            in_place_forward = may_run_in_place(layer) and fresh
+            runs_in_place = in_place_forward and src not in reads_backward
         op = Op(
             layer=layer,
             position=position,
@@ -88,12 +98,12 @@ def schedule(layers: list[LayerSpec], rows: AxisTile, cols: AxisTile, autograd: 
             src=src,
             padded=padded,
             dst=dst,
-            in_place=autograd_in_place or (layer.fn in IN_PLACE and fresh and src not in reads_backward),
-            in_place_forward=autograd_in_place or (layer.fn in IN_PLACE and fresh),
+            in_place=runs_in_place,
+            in_place_forward=in_place_forward,
             recompute=not last or needs_output,
             first=position == 0,
             empty=empty,
-            autograd_in_place=autograd_in_place,
+            autograd=autograd,
         )
         ops.append(op)
         for read in [] if empty else backward_reads(op):

@@ -233,7 +233,7 @@ def _s0_forward_0_0(x, p):
     x = aten.max_pool2d_with_indices(x, (2, 2), (2, 2), (0, 0), (1, 1), False)[0]
     x = aten.convolution(x, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     x = aten._native_batch_norm_legit_no_training(x, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    x = aten.leaky_relu(x, 0.1)
+    x = aten.leaky_relu_(x, 0.1)
     return x
 
 
@@ -246,8 +246,10 @@ def _s0_backward_0_0(t0, g, p, grads, need_input_grad):
     t3, i2 = aten.max_pool2d_with_indices(t2, (2, 2), (2, 2), (0, 0), (1, 1), False)
     t4 = aten.convolution(t3, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     t5 = aten._native_batch_norm_legit_no_training(t4, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    g = aten.leaky_relu_backward(g, t5, 0.1, False)
+    t6 = aten.leaky_relu_(t5, 0.1)
     del t5
+    g = aten.leaky_relu_backward(g, t6, 0.1, True)
+    del t6
     g, gw, gb = aten.native_batch_norm_backward(g, t4, p[4], p[6], p[7], None, None, False, 1e-05, (True, grads[4] is not None, grads[5] is not None))
     _accumulate(grads, 4, gw)
     _accumulate(grads, 5, gb)
@@ -275,7 +277,7 @@ def _s0_forward_0_1(x, p):
     x = aten.max_pool2d_with_indices(x, (2, 2), (2, 2), (0, 0), (1, 1), False)[0]
     x = aten.convolution(x, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     x = aten._native_batch_norm_legit_no_training(x, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    x = aten.leaky_relu(x, 0.1)
+    x = aten.leaky_relu_(x, 0.1)
     return x
 
 
@@ -288,8 +290,10 @@ def _s0_backward_0_1(t0, g, p, grads, need_input_grad):
     t3, i2 = aten.max_pool2d_with_indices(t2, (2, 2), (2, 2), (0, 0), (1, 1), False)
     t4 = aten.convolution(t3, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     t5 = aten._native_batch_norm_legit_no_training(t4, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    g = aten.leaky_relu_backward(g, t5, 0.1, False)
+    t6 = aten.leaky_relu_(t5, 0.1)
     del t5
+    g = aten.leaky_relu_backward(g, t6, 0.1, True)
+    del t6
     g, gw, gb = aten.native_batch_norm_backward(g, t4, p[4], p[6], p[7], None, None, False, 1e-05, (True, grads[4] is not None, grads[5] is not None))
     _accumulate(grads, 4, gw)
     _accumulate(grads, 5, gb)
@@ -317,7 +321,7 @@ def _s0_forward_1_0(x, p):
     x = aten.max_pool2d_with_indices(x, (2, 2), (2, 2), (0, 0), (1, 1), False)[0]
     x = aten.convolution(x, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     x = aten._native_batch_norm_legit_no_training(x, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    x = aten.leaky_relu(x, 0.1)
+    x = aten.leaky_relu_(x, 0.1)
     return x
 
 
@@ -330,8 +334,10 @@ def _s0_backward_1_0(t0, g, p, grads, need_input_grad):
     t3, i2 = aten.max_pool2d_with_indices(t2, (2, 2), (2, 2), (0, 0), (1, 1), False)
     t4 = aten.convolution(t3, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     t5 = aten._native_batch_norm_legit_no_training(t4, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    g = aten.leaky_relu_backward(g, t5, 0.1, False)
+    t6 = aten.leaky_relu_(t5, 0.1)
     del t5
+    g = aten.leaky_relu_backward(g, t6, 0.1, True)
+    del t6
     g, gw, gb = aten.native_batch_norm_backward(g, t4, p[4], p[6], p[7], None, None, False, 1e-05, (True, grads[4] is not None, grads[5] is not None))
     _accumulate(grads, 4, gw)
     _accumulate(grads, 5, gb)
@@ -358,7 +364,7 @@ def _s0_forward_1_1(x, p):
     x = aten.max_pool2d_with_indices(x, (2, 2), (2, 2), (0, 0), (1, 1), False)[0]
     x = aten.convolution(x, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     x = aten._native_batch_norm_legit_no_training(x, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    x = aten.leaky_relu(x, 0.1)
+    x = aten.leaky_relu_(x, 0.1)
     return x
 
 
@@ -370,8 +376,10 @@ def _s0_backward_1_1(t0, g, p, grads, need_input_grad):
     t3, i2 = aten.max_pool2d_with_indices(t2, (2, 2), (2, 2), (0, 0), (1, 1), False)
     t4 = aten.convolution(t3, p[2], p[3], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     t5 = aten._native_batch_norm_legit_no_training(t4, p[4], p[5], p[6], p[7], 0.0, 1e-05)[0]
-    g = aten.leaky_relu_backward(g, t5, 0.1, False)
+    t6 = aten.leaky_relu_(t5, 0.1)
     del t5
+    g = aten.leaky_relu_backward(g, t6, 0.1, True)
+    del t6
     g, gw, gb = aten.native_batch_norm_backward(g, t4, p[4], p[6], p[7], None, None, False, 1e-05, (True, grads[4] is not None, grads[5] is not None))
     _accumulate(grads, 4, gw)
     _accumulate(grads, 5, gb)
