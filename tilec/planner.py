@@ -48,11 +48,7 @@ def _cone(graph: nx.DiGraph, members: Sequence[int], axis: int, owned: Interval)
     for node in reversed(members):
         spec = graph.nodes[node]["spec"]
         out = needed[node]
-        read, before, after = window(spec, axis).input_interval(out).clip(spec.in_shape[2 + axis])
-        if out.length == 0:
-            # A consumer reads only its border padding here: this layer computes nothing for
-            # the tile, so it reads nothing either (an empty interval, no padding).
-            read, before, after = Interval(read.start, read.start), 0, 0
+        read, before, after = window(spec, axis).read(out, spec.in_shape[2 + axis])
         steps[node] = AxisStep.model_construct(out=out, read=read, pad=(before, after), grad_out=out, grad_in=read)
         for producer in graph.predecessors(node):
             if producer in steps or producer not in members:

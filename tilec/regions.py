@@ -81,6 +81,18 @@ class Window:
         stop = (out.stop - 1) * self.stride - self.pad_before + self.span
         return Interval(start, stop)
 
+    def read(self, out: Interval, size: int) -> tuple[Interval, int, int]:
+        """What a tile computing outputs ``out`` reads of an input of ``size``: the clipped input
+        interval and the border padding ``(before, after)`` it applies in place of the clipped part.
+
+        An empty ``out`` (a consumer reads only its own border padding here) reads nothing:
+        an empty interval at the clipped start, no padding.
+        """
+        read, before, after = self.input_interval(out).clip(size)
+        if out.length == 0:
+            return Interval(read.start, read.start), 0, 0
+        return read, before, after
+
     def avg_divisors(self, out: Interval, size: int, count_include_pad: bool) -> tuple[int, ...]:
         """Per-output element counts PyTorch's avg-pool divides by on this axis."""
         counts = []

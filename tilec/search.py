@@ -69,9 +69,9 @@ class _Costs:
         return _axis_tiles(self.graph, [layer.index for layer in self.layers[:stop]], axis, parts)
 
     def _option(self, first: int, stop: int, grid: int, stored: bool) -> SegmentCost:
-        height, width = self.layers[stop - 1].out_shape[2:]
-        rows = suffix_tiles(self.prefix_tiles(stop, 0, min(grid, height)), first)
-        cols = suffix_tiles(self.prefix_tiles(stop, 1, min(grid, width)), first)
+        parts = self.grid_of(grid, stop)
+        rows = suffix_tiles(self.prefix_tiles(stop, 0, parts[0]), first)
+        cols = suffix_tiles(self.prefix_tiles(stop, 1, parts[1]), first)
         return segment_cost(list(self.layers[first:stop]), rows, cols, stored=stored, element=self.element,
                             first=first == 0)
 
@@ -84,8 +84,25 @@ class _Costs:
         return max(cost.forward_local, cost.backward_local + self.fixed + held)
 
     def grid_of(self, grid: int, stop: int) -> tuple[int, int]:
+        """The square-ish ``grid`` for the output of the segment ending at ``stop``."""
         height, width = self.layers[stop - 1].out_shape[2:]
         return min(grid, height), min(grid, width)
+
+    def recurse(self, start: tuple, extend) -> list[tuple]:
+        """Left-to-right dynamic programming over cut points.
+
+        An entry is a tuple whose first two fields are minimised (a Pareto front is kept per
+        cut); ``extend(entry, first, stop)`` yields the entries one more segment
+        ``[first, stop)`` makes of it. Returns the front at the last cut.
+        """
+        fronts: dict[int, list[tuple]] = {0: [start]}
+        for first in self.cuts[:-1]:
+            for entry in fronts.pop(first, []):
+                for stop in (c for c in self.cuts if c > first):
+                    fronts.setdefault(stop, []).extend(extend(entry, first, stop))
+            for stop in list(fronts):
+                fronts[stop] = _pareto(fronts[stop])
+        return fronts[len(self.layers)]
 
 
 def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> list[SegmentChoice]:
@@ -105,40 +122,33 @@ def _budget_for(peak: int) -> int:
 
 def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
     """Least estimated seconds with every predicted peak <= ``budget`` (already the usable part)."""
-    def options(first: int, stop: int, kept: int):
-        cost = costs.option(first, stop, 1, True)
-        if kept + costs.local(cost, stop) <= budget:
-            yield (1, 1), "stored", cost
-        for grid in costs.grids(stop):
-            cost = costs.option(first, stop, grid, False)
-            if kept + costs.local(cost, stop) <= budget:
-                yield costs.grid_of(grid, stop), "tiled", cost
+    def extend(entry: tuple, first: int, stop: int):
+        seconds, kept, choices = entry
+
+        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
+            return seconds + cost.seconds, kept + cost.kept, (*choices, (first, stop, grid, mode))
+
+        stored = costs.option(first, stop, 1, True)
+        if kept + costs.local(stored, stop) <= budget:
+            yield grown((1, 1), "stored", stored)
+        for grid in costs.grids(stop):  # finer grids only add time: the coarsest that fits
+            tiled = costs.option(first, stop, grid, False)
+            if kept + costs.local(tiled, stop) <= budget:
+                yield grown(costs.grid_of(grid, stop), "tiled", tiled)
                 break
 
-    fronts: dict[int, list[tuple]] = {0: [(0.0, 0, ())]}
-    for first in costs.cuts[:-1]:
-        for seconds, kept, choices in fronts.pop(first, []):
-            for stop in (c for c in costs.cuts if c > first):
-                for grid, mode, cost in options(first, stop, kept):
-                    fronts.setdefault(stop, []).append(
-                        (seconds + cost.seconds, kept + cost.kept, (*choices, (first, stop, grid, mode))))
-        for stop in list(fronts):
-            fronts[stop] = _pareto(fronts[stop])
-    return list(min(fronts[len(costs.layers)])[2])
+    return list(min(costs.recurse((0.0, 0, ()), extend))[2])
 
 
 def _smallest(costs: _Costs) -> int:
     """Smallest predicted peak over the plans ``_search`` can build."""
-    fronts: dict[int, list[tuple]] = {0: [(0, 0)]}
-    for first in costs.cuts[:-1]:
-        for peak, kept in fronts.pop(first, []):
-            for stop in (c for c in costs.cuts if c > first):
-                finest = costs.grids(stop)[-1]
-                for cost in (costs.option(first, stop, 1, True), costs.option(first, stop, finest, False)):
-                    fronts.setdefault(stop, []).append((max(peak, kept + costs.local(cost, stop)), kept + cost.kept))
-        for stop in list(fronts):
-            fronts[stop] = _pareto(fronts[stop])
-    return min(peak for peak, _ in fronts[len(costs.layers)])
+    def extend(entry: tuple, first: int, stop: int):
+        peak, kept = entry
+        finest = costs.grids(stop)[-1]
+        for cost in (costs.option(first, stop, 1, True), costs.option(first, stop, finest, False)):
+            yield max(peak, kept + costs.local(cost, stop)), kept + cost.kept
+
+    return min(peak for peak, _ in costs.recurse((0, 0), extend))
 
 
 def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:

@@ -140,9 +140,7 @@ def _check_axis(plan: Plan, segment: Segment, axis: int) -> None:
             if not 0 <= step.read.start <= step.read.stop <= in_size:
                 _fail(f"{here}: read {_interval(step.read)} is reversed or outside the input [0, {in_size})")
             window = layer.rows if axis == 0 else layer.cols
-            read, before, after = window.input_interval(step.out).clip(in_size)
-            if step.out.length == 0:  # the next layer reads only its padding: nothing to compute
-                read, before, after = Interval(read.start, read.start), 0, 0
+            read, before, after = window.read(step.out, in_size)
             if step.read != read:
                 _fail(f"{here}: read {_interval(step.read)} is not the window of out "
                       f"{_interval(step.out)}, which is {_interval(read)}")
