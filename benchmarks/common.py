@@ -28,6 +28,11 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def add_malloc_option(parser) -> None:
+    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                        help="allocator settings of every process: tuned (common.TUNED_MALLOC) or glibc's default")
+
+
 @dataclass(frozen=True)
 class Point:
     """One measurement to make: a model file, an image size and a variant with its options."""

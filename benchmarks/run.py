@@ -19,6 +19,7 @@ from common import (
     TUNED_MALLOC,
     MiB,
     Point,
+    add_malloc_option,
     environment,
     grads_agree,
     header,
@@ -41,23 +42,24 @@ def budget_bytes(budget: str, plain: dict | None) -> int:
     return int(plain["peak_bytes"] * float(budget[:-1]) / 100)
 
 
+def point(args, size: int, variant: str, **options) -> Point:
+    """One point of this run: the run's model, step options and allocator unless overridden."""
+    extra = ("--grad", args.grad, "--repeats", str(args.repeats))
+    return Point(args.model, size, variant, extra=extra, **{"malloc": args.malloc, **options})
+
+
 def points(args, size: int, plain: dict | None) -> list[Point]:
     """The points of one image size but plain's; ``plain`` is its record (sizes ``N%`` budgets)."""
-    extra = ("--grad", args.grad, "--repeats", str(args.repeats))
-
-    def point(variant: str, **options) -> Point:
-        return Point(args.model, size, variant, extra=extra, **{"malloc": args.malloc, **options})
-
     result = []
     for variant in args.variants:
         if variant == "tilec":
-            result += [point("tilec", grid=grid) for grid in args.grid]
-            result += [point("tilec", tilec_segments=segments) for segments in args.tilec_segments]
+            result += [point(args, size, "tilec", grid=grid) for grid in args.grid]
+            result += [point(args, size, "tilec", tilec_segments=segments) for segments in args.tilec_segments]
         elif variant == "auto":
-            result += [point("auto", budget=budget_bytes(budget, plain), malloc=malloc)
+            result += [point(args, size, "auto", budget=budget_bytes(budget, plain), malloc=malloc)
                        for budget in args.budget for malloc in args.auto_malloc]
         elif variant == "checkpoint":
-            result.append(point("checkpoint", segments=args.segments))
+            result.append(point(args, size, "checkpoint", segments=args.segments))
     return result
 
 
@@ -152,8 +154,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", default="10%",
                         help="auto's memory budget(s), comma-separated: bytes (600MiB) or a share of plain's "
                              "measured peak at each size (10%%, the default)")
-    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
-                        help="allocator settings of every process: tuned (common.TUNED_MALLOC) or glibc's default")
+    add_malloc_option(parser)
     parser.add_argument("--auto-malloc", help="auto's allocator settings, comma-separated (default: --malloc), "
                                               "e.g. tuned,default to show both")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
@@ -181,9 +182,7 @@ def main(argv=None) -> int:
     for size in args.sizes:
         plain = None
         if "plain" in args.variants:
-            records += measure([Point(args.model, size, "plain", extra=("--grad", args.grad, "--repeats",
-                                                                        str(args.repeats)), malloc=args.malloc)],
-                               args.timeout, reuse, args.max_stall)
+            records += measure([point(args, size, "plain")], args.timeout, reuse, args.max_stall)
             plain = records[-1]
         records += measure(points(args, size, plain), args.timeout, reuse, args.max_stall)
     markdown = (f"# {args.model.stem}: one training step\n\n{header(env)}\n{table(records)}\n{notes(records)}")

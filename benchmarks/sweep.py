@@ -19,6 +19,7 @@ from common import (
     ROOT,
     MiB,
     Point,
+    add_malloc_option,
     describe,
     environment,
     format_bytes,
@@ -212,8 +213,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", default="2GiB",
                         help="memory budgets, comma-separated: one auto series each, and the largest-size report "
                              "(default 2GiB)")
-    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
-                        help="allocator settings of every process: tuned (common.TUNED_MALLOC) or glibc's default")
+    add_malloc_option(parser)
     parser.add_argument("--mem-limit", type=parse_bytes, default=int(0.8 * memory_total()),
                         help="skip points predicted to need more (default 80%% of RAM)")
     parser.add_argument("--timeout", type=float, default=540, help="seconds per process (default 540)")

@@ -19,8 +19,6 @@ PLAN_NAME = 'small'
 MODEL_DIGEST = '882ea43b445ccf2d3ef96212f45f36e86b9b4736480f010d50e17ae4e9e08f50'
 INPUT_SHAPE = (1, 3, 13, 11)
 OUTPUT_SHAPE = (1, 5, 4, 3)
-# The planner's prediction of the step's peak bytes above input, parameters and output gradient.
-PREDICTED_PEAK_BYTES = 6988
 
 # One entry per layer: (path, type, attributes, {tensor role: shape}).
 LAYERS = (
