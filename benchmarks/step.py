@@ -7,10 +7,13 @@ A step is forward + backward (of ``out.sum()``, or of a random output gradient w
 
 Variants:
   plain       the model itself;
-  checkpoint  ``torch.utils.checkpoint.checkpoint_sequential`` (``use_reentrant=False``) with
-              ``--segments`` segments (default: round(sqrt(#layers))); in-place ReLU/LeakyReLU
-              are made out-of-place for this variant only (checkpoint_sequential breaks on
-              them at segment edges), and the JSON says so;
+  checkpoint  for an ``nn.Sequential``: ``torch.utils.checkpoint.checkpoint_sequential``
+              (``use_reentrant=False``) with ``--segments`` segments (default: round(sqrt(#layers)));
+              in-place ReLU/LeakyReLU are made out-of-place for this variant only
+              (checkpoint_sequential breaks on them at segment edges), and the JSON says so.
+              For any other module: ``torch.utils.checkpoint.checkpoint`` around each of the
+              top-level children named by ``--checkpoint-modules`` (default: every direct child
+              holding two or more convolutions, e.g. ResNet's four stages);
   tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
               ``--tilec-segments``;
   auto        tilec planning for ``--budget`` bytes (``memory_budget``).
@@ -211,9 +214,24 @@ def out_of_place(model: nn.Module) -> int:
     return changed
 
 
-def prepare(args, model: nn.Sequential, shape: tuple[int, ...], record: dict):
+def checkpoint_children(model: nn.Module, names: list[str] | None) -> list[str]:
+    """Wrap each named direct child's forward in ``torch.utils.checkpoint``; return the names."""
+    if names is None:
+        names = [name for name, child in model.named_children()
+                 if sum(isinstance(m, nn.Conv2d | nn.ConvTranspose2d) for m in child.modules()) >= 2]
+    for name in names:
+        child = getattr(model, name)
+        forward = child.forward
+        child.forward = lambda *a, f=forward: torch.utils.checkpoint.checkpoint(f, *a, use_reentrant=False)
+    return names
+
+
+def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict):
     """Return the function a step calls on the input, for ``args.variant``; fill ``record``."""
     if args.variant == "plain":
+        return model
+    if args.variant == "checkpoint" and type(model) is not nn.Sequential:
+        record["checkpointed"] = checkpoint_children(model, args.checkpoint_modules)
         return model
     if args.variant == "checkpoint":
         layers = len(model)
@@ -238,7 +256,7 @@ def prepare(args, model: nn.Sequential, shape: tuple[int, ...], record: dict):
     raise SystemExit(f"step.py: unknown variant {args.variant!r}")
 
 
-def compile_tiled(model: nn.Sequential, shape, record: dict, **how) -> nn.Module:
+def compile_tiled(model: nn.Module, shape, record: dict, **how) -> nn.Module:
     """``tilec.pipeline.build`` step by step, recording the plan's segments and predicted peak."""
     start = time.perf_counter()
     plan = plan_for(trace(model, shape), "model", **how)
@@ -250,25 +268,30 @@ def compile_tiled(model: nn.Sequential, shape, record: dict, **how) -> nn.Module
     return tiled
 
 
+def _leaves(value) -> list[torch.Tensor]:
+    return [leaf for leaf in torch.utils._pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
 def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None):
-    out = fn(x)
+    outs = _leaves(fn(x))
     if grad == "sum":
-        out.sum().backward()
+        torch.autograd.backward([out.sum() for out in outs])
     else:
-        g = torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator)
-        out.backward(g)
-        del g
-    shape = tuple(out.shape)
-    checksum = out.detach().double().sum().item()
-    del out
+        grads = [torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator) for out in outs]
+        torch.autograd.backward(outs, grads)
+        del grads
+    shape = tuple(outs[0].shape)
+    checksum = sum(out.detach().double().sum().item() for out in outs)
+    del outs
     return shape, checksum
 
 
-def warm_up(model: nn.Sequential, shape, device) -> None:
+def warm_up(model: nn.Module, shape, device) -> None:
     """A tiny forward+backward of the plain model (loads kernels, starts threads); grads reset."""
-    side = max(32, 2 ** len([m for m in model if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))]))
+    pools = [m for m in model.modules() if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))]
+    side = max(64, 2 ** len(pools)) if type(model) is not nn.Sequential else max(32, 2 ** len(pools))
     x = torch.randn((1, shape[1], side, side), device=device)
-    model(x).sum().backward()
+    torch.autograd.backward([out.sum() for out in _leaves(model(x))])
     model.zero_grad(set_to_none=True)
     del x
     gc.collect()
@@ -285,7 +308,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "examples" / "vgg16.py",
-                        help="model file defining `model` (nn.Sequential or a function returning one)")
+                        help="model file defining `model` (an nn.Module or a function returning one)")
     parser.add_argument("--attr", default="model", help="attribute of the model file (default: model)")
     parser.add_argument("--size", type=int, required=True, help="image height and width")
     parser.add_argument("--width", type=int, help="image width if it differs from --size")
@@ -296,6 +319,8 @@ def parse_args(argv=None):
     parser.add_argument("--tilec-segments", type=parse_segments, metavar="FIRST:STOP:RxC,...",
                         help="tilec with explicit fused segments instead of --grid, e.g. 0:17:16x16,17:31:4x4")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
+    parser.add_argument("--checkpoint-modules", type=lambda text: text.split(","), metavar="NAME,...",
+                        help="children to checkpoint for a non-Sequential model (default: those with >= 2 convs)")
     parser.add_argument("--budget", type=parse_bytes, help="memory budget for auto, e.g. 2GiB")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum",
                         help="backward of out.sum() (default) or of a random output gradient")

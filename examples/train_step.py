@@ -1,10 +1,10 @@
 """Train one tiled step of a compiled model and check it against untiled PyTorch.
 
-    python examples/train_step.py out/vgg16_tiled.py examples/vgg16.py
+    python examples/train_step.py out/resnet50_tiled.py examples/resnet50.py
 
 Imports the generated module, wraps the model with ``TiledModel``, runs one SGD step on
 random data, then repeats forward and backward in float64 with and without tiling and prints
-the max abs error of the output, the input gradient and every parameter gradient.
+the max abs error of every output, the input gradient and every parameter gradient.
 """
 
 import importlib.util
@@ -12,6 +12,7 @@ import sys
 import time
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from tilec.modelfile import load_model
 
@@ -25,6 +26,10 @@ def import_file(path: str):
     return module
 
 
+def outputs(value) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
 def main(generated: str, model_file: str) -> int:
     tiled_module = import_file(generated)
     model, _ = load_model(model_file)
@@ -35,7 +40,7 @@ def main(generated: str, model_file: str) -> int:
 
     start = time.perf_counter()
     image = torch.randn(shape)
-    loss = tiled(image).square().mean()
+    loss = sum(y.square().mean() for y in outputs(tiled(image)))
     loss.backward()
     optimizer.step()
     print(f"tiled training step on {tuple(shape)}: loss {loss.item():.6f}, {time.perf_counter() - start:.1f} s")
@@ -47,20 +52,21 @@ def main(generated: str, model_file: str) -> int:
     results = []
     for run in (model, tiled):
         x_run = x.clone().requires_grad_()
-        y = run(x_run)
-        grad_out = torch.ones_like(y) if not results else results[0][0][1]
-        grads = torch.autograd.grad(y, [x_run, *params], grad_out)
-        results.append(((y, grad_out), grads))
-    (y_ref, _), ref = results[0]
-    (y_tiled, _), got = results[1]
-    errors = {"output": (y_tiled - y_ref).abs().max().item()}
+        ys = outputs(run(x_run))
+        grad_out = [torch.randn_like(y) for y in ys] if not results else results[0][1]
+        grads = torch.autograd.grad(ys, [x_run, *params], grad_out)
+        results.append((ys, grad_out, grads))
+    (y_ref, _, ref), (y_tiled, _, got) = results
+    errors = {f"output {i}": (a - b).abs().max().item() for i, (a, b) in enumerate(zip(y_ref, y_tiled, strict=True))}
     for name, a, b in zip(["input"] + names, ref, got, strict=True):
         errors[f"grad {name}"] = (a - b).abs().max().item()
-    for name, error in errors.items():
-        print(f"  max abs error {name:<22} {error:.2e}")
-    worst = max(errors.values())
+    for name, error in list(errors.items())[:6]:
+        print(f"  max abs error {name:<28} {error:.2e}")
+    print(f"  ... and {len(errors) - 6} more tensors" if len(errors) > 6 else "", end="\n" if len(errors) > 6 else "")
+    worst_name = max(errors, key=errors.get)
+    worst = errors[worst_name]
     verdict = "OK" if worst <= TOLERANCE else "MISMATCH"
-    print(f"gradient check (float64, {len(errors)} tensors): worst {worst:.2e} -> {verdict}")
+    print(f"gradient check (float64, {len(errors)} tensors): worst {worst:.2e} ({worst_name}) -> {verdict}")
     return 0 if verdict == "OK" else 1
 
 

@@ -13,7 +13,7 @@ from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_name, par
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
-from tilec.report import describe_plan, tile_table
+from tilec.report import describe_plan, node_table, tile_table
 
 
 class Refusal(click.ClickException):
@@ -52,7 +52,7 @@ def _console() -> Console:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tilec")
 def main() -> None:
-    """tilec: compile an nn.Sequential into exact tile-by-tile training code."""
+    """tilec: compile a PyTorch CNN into exact tile-by-tile training code."""
 
 
 @main.command("compile")
@@ -60,7 +60,8 @@ def main() -> None:
 @click.option("--attr", default="model", show_default=True, help="Model attribute (or function) in MODEL_FILE.")
 @click.option("--input-shape", help="Input shape N,C,H,W (default: the file's INPUT_SHAPE).")
 @click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4 (1x1: untiled).")
-@click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS,... over half-open layer ranges.")
+@click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS,... over half-open node ranges "
+              "(positions as `tilec inspect PLAN --nodes` lists them; 1x1 = stored, untiled).")
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB.")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Training dtype the memory prediction assumes.")
@@ -94,17 +95,20 @@ def compile_command(model_file, attr, input_shape, grid, segments, memory_budget
 
 @main.command("inspect")
 @click.argument("plan_file", type=click.Path(path_type=Path))
-@click.option("--tile", help="Tile coordinate I,J (grid row, grid column) to show per layer.")
-@click.option("--layer", type=int, help="Only this layer index.")
-@click.option("--segment", type=int, help="Segment index for --tile (default: every segment).")
-def inspect_command(plan_file, tile, layer, segment) -> None:
-    """Show a plan: its segments, or one tile's regions, halos and padding per layer."""
+@click.option("--tile", help="Tile coordinate I,J (grid row, grid column) to show per node.")
+@click.option("--node", help="Only this node (a name from --nodes).")
+@click.option("--segment", type=int, help="Segment index for --tile (default: every tiled segment).")
+@click.option("--nodes", "list_nodes", is_flag=True, help="List every node: position, op, module, shape, segment.")
+def inspect_command(plan_file, tile, node, segment, list_nodes) -> None:
+    """Show a plan: its segments, its nodes, or one tile's regions, halos and padding per node."""
     with refusals():
         plan = load(plan_file)
         coordinate = parse_tile(tile) if tile is not None else None
         # Build every table first, so a refusal prints its one line and nothing else.
-        wanted = coordinate is not None or layer is not None
-        tables = tile_table(plan, coordinate, layer, segment) if wanted else []
+        wanted = coordinate is not None or node is not None
+        tables = tile_table(plan, coordinate, node, segment) if wanted else []
+        if list_nodes:
+            tables.insert(0, node_table(plan))
     console = _console()
     console.print(describe_plan(plan))
     for table in tables:
@@ -162,15 +166,15 @@ def verify_command(model_file, attr, input_shape, grid, seed, tolerance, device)
 @click.argument("plan_file", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Picture to write: .png, .svg or .pdf.")
-@click.option("--layer", type=int, default=0, show_default=True, help="Layer whose input is drawn.")
-@click.option("--tile", help="Tile I,J to draw (default: the middle tile of the layer's segment).")
-def viz_command(plan_file, output, layer, tile) -> None:
-    """Draw one tile's share, halo, input slice and padding at a layer, and its halo growth."""
+@click.option("--node", help="Node whose input is drawn (default: the first node of the first tiled segment).")
+@click.option("--tile", help="Tile I,J to draw (default: the middle tile of the node's segment).")
+def viz_command(plan_file, output, node, tile) -> None:
+    """Draw one tile's share, halo, input slice and padding at a node, and its cone through the graph."""
     from tilec.viz import save
 
     with refusals():
         plan = load(plan_file)
-        save(plan, output, layer, parse_tile(tile) if tile is not None else None)
+        save(plan, output, node, parse_tile(tile) if tile is not None else None)
     _console().print(f"wrote {output}")
 
 

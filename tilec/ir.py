@@ -2,12 +2,21 @@
 
 Conventions:
 
-* Shapes are ``(N, C, H, W)``; rows are the H axis, columns the W axis.
+* The model is a DAG of ``NodeSpec`` s in one fixed topological (execution) order; a node
+  names its tensor inputs (other nodes, or ``"input"``) and the parameters and buffers it
+  computes with, by their ``state_dict`` names.
+* A tensor's spatial axes are ``spatial = (row_dim, col_dim)``: ``(2, 3)`` for NCHW, ``(1, 2)``
+  after a channels-last permute; ``None`` for a tensor with no image axes (after flatten).
 * Every ``Interval`` is half-open ``[start, stop)`` in the coordinates of the full (untiled)
-  tensor at that layer, serialised as ``[start, stop]``.
-* A plan stores its tiles per axis: tile ``(i, j)`` of a segment is the product of
-  ``rows[i]`` and ``cols[j]``. This keeps a 64x64 grid at 128 axis entries, not 4096 tiles.
-* Layer indices count the flattened ``nn.Sequential`` from 0.
+  tensor, serialised as ``[start, stop]``.
+* Segments are contiguous runs ``[first, stop)`` of the node order. Every tensor crossing a
+  segment boundary is materialised there.
+* A plan stores a segment's tiles per axis: tile ``(i, j)`` is the product of ``rows[i]`` and
+  ``cols[j]``. This keeps a 64x64 grid at 128 axis entries, not 4096 tiles.
+* Backward regions follow the owned-output strategy the generated code runs: a tile
+  back-propagates only its owned output gradient, so every node's output-gradient interval is
+  its forward output interval and every input-gradient interval is the interval it read
+  (overlapping input gradients are summed).
 """
 
 from __future__ import annotations
@@ -16,13 +25,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tilec.regions import Interval, Window
+from tilec.regions import Interval
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+INPUT = "input"
 
-Shape = tuple[int, int, int, int]
-AttrValue = bool | int | float | str | None | tuple[int, ...]
-Op = Literal["conv2d", "max_pool2d", "avg_pool2d", "pointwise"]
+Shape = tuple[int, ...]
+Scalar = bool | int | float | str | None
+AttrValue = Scalar | tuple[Scalar | tuple[Scalar, ...], ...]
 
 
 class Frozen(BaseModel):
@@ -30,66 +40,103 @@ class Frozen(BaseModel):
 
 
 class TensorSpec(Frozen):
-    """A parameter or buffer a layer computes with, named as in the model's ``state_dict``."""
+    """A parameter or buffer the model computes with, named as in its ``state_dict``."""
 
     name: str
     shape: tuple[int, ...]
     buffer: bool = Field(description="a buffer (no gradient) rather than a parameter")
 
 
-class LayerSpec(Frozen):
-    """One layer: what the user wrote (``attrs``) and what it means per axis (``rows``/``cols``)."""
+class Arg(Frozen):
+    """One positional argument of a node's op: a tensor value, a model tensor, or a constant.
 
-    index: int
-    path: str = Field(description="dotted path of the layer inside the model")
-    type: str = Field(description="torch.nn class name")
-    op: Op
-    fn: str | None = Field(None, description="pointwise function; None for window layers")
-    rows: Window
-    cols: Window
-    options: dict[str, AttrValue] = Field(description="normalised op arguments")
-    attrs: dict[str, AttrValue] = Field(description="module attributes, as the model reports them")
-    tensors: tuple[TensorSpec, ...]
-    in_shape: Shape
-    out_shape: Shape
+    ``kind`` is ``"node"`` (``value`` names a node or ``"input"``), ``"tensor"`` (``value`` is a
+    ``state_dict`` name), ``"nodes"`` (a list of node names, as ``cat`` takes) or ``"const"``.
+    """
+
+    kind: Literal["node", "nodes", "tensor", "const"]
+    value: AttrValue
+    keyword: str | None = Field(None, description="the argument's name when the op takes it by keyword only")
+
+
+class NodeSpec(Frozen):
+    """One op of the traced graph: what it computes and where it came from."""
+
+    name: str = Field(description="unique node name (from torch.export)")
+    op: str = Field(description="key of the op in tilec's rule table, e.g. 'conv2d', 'relu', 'add'")
+    target: str = Field(description="the functional aten overload the generated code calls")
+    path: str = Field(description="dotted path of the module the op came from ('' for the model itself)")
+    module_type: str = Field(description="class name of that module")
+    args: tuple[Arg, ...]
+    inputs: tuple[str, ...] = Field(description="tensor inputs (nodes or 'input') in argument order")
+    shape: Shape = Field(description="output shape (for ops returning a list: each element's shape)")
+    spatial: tuple[int, int] | None = Field(description="dims of the output's image rows and columns")
+    tileable: bool = Field(description="may run tile by tile; else only in a stored (untiled) segment")
+
+
+class OutputTree(Frozen):
+    """How the model's return value is built from nodes: a tensor, a tuple/list, or a dict."""
+
+    kind: Literal["tensor", "tuple", "list", "dict"]
+    node: str | None = None
+    keys: tuple[str, ...] = ()
+    items: tuple[OutputTree, ...] = ()
 
 
 class ModelFingerprint(Frozen):
     """Everything about the model a plan depends on, and its SHA-256 digest."""
 
     digest: str
-    layers: tuple[LayerSpec, ...]
+    tensors: tuple[TensorSpec, ...]
+    nodes: tuple[NodeSpec, ...]
+    output: OutputTree
+
+
+class Read(Frozen):
+    """What a node reads of one spatial input on one axis: the clipped interval, the border
+    padding ``(before, after)`` it applies in place of the clipped part, and the input-gradient
+    interval its backward produces (equal to ``read``)."""
+
+    input: str
+    read: Interval
+    pad: tuple[int, int]
+    grad: Interval
 
 
 class AxisStep(Frozen):
-    """One layer of one axis tile.
+    """One node of one axis tile: its output interval, output-gradient interval, and reads."""
 
-    ``out`` is the layer output computed, ``read`` the (clipped) input slice it reads, ``pad``
-    the border padding ``(before, after)`` the tile applies in place of the layer's own.
-    ``grad_out`` is the output-gradient interval the tile's backward consumes and ``grad_in``
-    the input-gradient interval it produces (scatter-added into the full gradient).
-    """
-
+    node: str
     out: Interval
-    read: Interval
-    pad: tuple[int, int]
     grad_out: Interval
-    grad_in: Interval
+    reads: tuple[Read, ...]
 
 
 class AxisTile(Frozen):
-    """Index ``index`` of the grid along one axis: the owned output interval and its cone."""
+    """Index ``index`` of a segment's grid along one axis.
+
+    ``inputs``: per sliced segment input (``Segment.inputs`` order), the interval the tile reads;
+    ``owned``: per segment output, the interval the tile owns (a partition over the tiles).
+    """
 
     index: int
-    owned: Interval
     shape_class: int = Field(description="tiles with equal class share generated code")
+    inputs: tuple[Interval, ...]
+    owned: tuple[Interval, ...]
     steps: tuple[AxisStep, ...]
 
 
-class Segment(Frozen):
-    """A run of layers ``[first, stop)`` with one grid; its output is materialised.
+class SegmentInput(Frozen):
+    """A tensor a segment reads from before it: sliced per tile, or passed whole (broadcast)."""
 
-    ``tiled``: forward keeps nothing but its input, backward recomputes tile by tile.
+    name: str
+    sliced: bool
+
+
+class Segment(Frozen):
+    """Nodes ``[first, stop)`` of the node order with one grid; its outputs are materialised.
+
+    ``tiled``: forward keeps nothing but its inputs, backward recomputes tile by tile.
     ``stored``: runs untiled through autograd, keeping activations (grid 1x1, no recompute).
     """
 
@@ -98,6 +145,8 @@ class Segment(Frozen):
     stop: int
     grid: tuple[int, int]
     mode: Literal["tiled", "stored"]
+    inputs: tuple[SegmentInput, ...]
+    outputs: tuple[str, ...]
     predicted_peak_bytes: int = Field(description="step peak while this segment runs (see Plan)")
     flop_overhead: float = Field(description="tiled forward FLOPs / untiled forward FLOPs - 1")
     estimated_seconds: float = Field(description="estimated time of this segment in one step")
@@ -111,15 +160,17 @@ class Plan(Frozen):
     schema_version: int = SCHEMA_VERSION
     name: str
     input_shape: Shape
-    output_shape: Shape
     dtype: Literal["float32", "float64", "bfloat16", "float16"]
     memory_budget: int | None = Field(description="bytes the plan was chosen to fit, if any")
     predicted_peak_bytes: int = Field(
         description="peak bytes the training step allocates above the input, the parameters and the "
-        "output gradient: boundary activations, output, gradients, one tile's working set"
+        "output gradient: boundary activations, outputs, gradients, one tile's working set"
     )
     model: ModelFingerprint
     segments: tuple[Segment, ...]
 
-    def segment_of(self, layer: int) -> Segment:
-        return next(s for s in self.segments if s.first <= layer < s.stop)
+    def node(self, name: str) -> NodeSpec:
+        return next(n for n in self.model.nodes if n.name == name)
+
+    def segment_of(self, position: int) -> Segment:
+        return next(s for s in self.segments if s.first <= position < s.stop)

@@ -45,8 +45,8 @@ def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, .
         except (Exception, SystemExit) as error:
             raise ModelFileError(f"{_where(path, error)}: calling {attr}() raised "
                                  f"{type(error).__name__}: {error}") from None
-    if not isinstance(model, nn.Sequential):
-        raise ModelFileError(f"{path}: {attr} is a {type(model).__name__}, not an nn.Sequential")
+    if not isinstance(model, nn.Module):
+        raise ModelFileError(f"{path}: {attr} is a {type(model).__name__}, not a torch.nn.Module")
     shape = namespace.get("INPUT_SHAPE")
     if shape is None:
         return model, None

@@ -15,7 +15,6 @@ from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.planio import dumps, write_files
 from tilec.planner import plan
-from tilec.search import choose
 from tilec.trace import trace
 
 
@@ -52,6 +51,8 @@ def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, 
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
     if memory_budget is not None:
+        from tilec.search import choose
+
         segments = choose(graph, memory_budget, dtype)
     return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 progress=progress)
@@ -64,7 +65,7 @@ def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
     return module
 
 
-def build(model: nn.Sequential, input_shape, grid=None, *, segments=None, memory_budget=None,
+def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None,
           dtype="float32", name="model", progress=False):
     """Trace, plan, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 

@@ -121,6 +121,11 @@ def loads(text: str, source: str = "plan") -> Plan:
         raise PlanError(
             f"{source} has schema_version {version}, newer than this tilec's {SCHEMA_VERSION}; upgrade tilec"
         )
+    if isinstance(version, int) and version < SCHEMA_VERSION:
+        raise PlanError(
+            f"{source} has schema_version {version}, from an older tilec (layer chains); recompile the model "
+            f"with tilec compile to get a schema {SCHEMA_VERSION} plan"
+        )
     try:
         plan = Plan.model_validate(data)
     except ValidationError as error:

@@ -1,33 +1,30 @@
-"""Frontend: ``trace`` turns an ``nn.Sequential`` and an input shape into a layer graph.
+"""Frontend: ``trace`` turns any ``nn.Module`` and an input shape into the op graph.
 
-The graph is a ``networkx.DiGraph`` whose nodes are ``"input"`` and the layer indices
-``0..n-1`` (flattened order); each layer node carries its ``LayerSpec`` under ``"spec"``.
-Edges run from producer to consumer. A Sequential gives a chain, but nothing downstream
-assumes one: the planner walks consumers before producers and merges regions by union.
+The model is captured with ``torch.export`` (non-strict) on a fake input, so shape-dependent
+Python runs as usual and a 100,000-pixel input costs no memory. The result is a
+``networkx.DiGraph`` whose nodes are ``"input"`` and the export node names; each op node
+carries its ``NodeSpec`` under ``"spec"``; edges run from producer to consumer. In-place ops
+are made functional (later readers of a mutated tensor read the op's result instead).
+Graph attributes: ``input_shape``, ``order`` (the execution order of op nodes), ``tensors``
+(every parameter and buffer, ``TensorSpec``) and ``output`` (an ``OutputTree``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Sequence
 
 import networkx as nx
+import torch
 from torch import nn
 
 from tilec.errors import ShapeError, UnsupportedLayerError
-from tilec.ir import LayerSpec, Shape, TensorSpec
-from tilec.layers import lookup
+from tilec.ir import INPUT, Arg, NodeSpec, OutputTree, Shape, TensorSpec
+from tilec.ops import KINDS, Context, is_image, tile_check
 
-INPUT = "input"
-
-
-def flatten(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
-    """Yield ``(path, module)`` for every leaf of nested Sequentials, in execution order."""
-    for name, child in model.named_children():
-        path = f"{prefix}{name}"
-        if type(child) is nn.Sequential:
-            yield from flatten(child, f"{path}.")
-        else:
-            yield path, child
+#: Ops whose result aliases their input: an in-place op on one would write through to another tensor.
+VIEWS = frozenset({"view", "reshape", "_unsafe_view", "permute", "transpose", "slice", "getitem", "chunk",
+                   "split", "split_with_sizes", "alias", "expand", "squeeze", "unsqueeze", "select"})
 
 
 def check_input_shape(shape: Sequence[int]) -> Shape:
@@ -38,86 +35,233 @@ def check_input_shape(shape: Sequence[int]) -> Shape:
     return tuple(shape)
 
 
-def _tensors(path: str, module: nn.Module) -> tuple[TensorSpec, ...]:
-    specs = []
-    for name in ("weight", "bias", "running_mean", "running_var"):
-        tensor = getattr(module, name, None)
-        if tensor is not None:
-            buffer = name.startswith("running_")
-            specs.append(TensorSpec(name=f"{path}.{name}", shape=tuple(tensor.shape), buffer=buffer))
-    return tuple(specs)
+def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        example = torch.empty(shape, dtype=dtype)
+    try:
+        return torch.export.export(model, (example,), strict=False)
+    except Exception as error:  # noqa: BLE001 - any capture failure is the user's model
+        message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+        if "size" in message.lower() or "shape" in message.lower():
+            raise ShapeError(f"the model does not run on input shape {shape}: {message}") from None
+        raise UnsupportedLayerError(f"torch.export could not capture the model: {type(error).__name__}: "
+                                    f"{message}") from None
 
 
-def _channels_in(module: nn.Module) -> int | None:
-    if isinstance(module, nn.Conv2d):
-        return module.in_channels
-    if isinstance(module, nn.BatchNorm2d):
-        return module.num_features
+def _op_name(target) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    if not isinstance(target, torch._ops.OpOverload):
+        raise UnsupportedLayerError(f"the model calls {getattr(target, '__name__', target)!r}, which is not "
+                                    f"an aten op tilec can compile")
+    return target._opname
+
+
+def _target(target) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    return f"aten.{target._opname}.{target._overloadname}"
+
+
+def _functional(target):
+    """The out-of-place twin of an in-place aten overload (``relu_`` -> ``relu``), or ``None``."""
+    if target is operator.getitem or not target._opname.endswith("_") or target._opname.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, target._opname[:-1], None)
+    return None if packet is None else getattr(packet, target._overloadname, None)
+
+
+def _const(value):
+    if isinstance(value, list | tuple):
+        return tuple(_const(v) for v in value)
+    if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
+        return f"torch.{str(value).removeprefix('torch.')}" if not isinstance(value, torch.device) else str(value)
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    raise UnsupportedLayerError(f"argument {value!r} of type {type(value).__name__} cannot be compiled")
+
+
+def _arg(value, names: dict, tensors: dict, keyword: str | None = None) -> Arg:
+    if isinstance(value, torch.fx.Node):
+        if value.name in tensors:
+            return Arg(kind="tensor", value=tensors[value.name], keyword=keyword)
+        return Arg(kind="node", value=names[value.name], keyword=keyword)
+    if isinstance(value, list | tuple) and value and all(isinstance(v, torch.fx.Node) for v in value):
+        return Arg(kind="nodes", value=tuple(names[v.name] for v in value), keyword=keyword)
+    return Arg(kind="const", value=_const(value), keyword=keyword)
+
+
+def _schema_args(node: torch.fx.Node) -> list[tuple[object, str | None]]:
+    """Every argument of ``node`` in schema order, defaults filled in; kwarg-only ones keyed."""
+    if node.target is operator.getitem:
+        return [(node.args[0], None), (node.args[1], None)]
+    result = []
+    for position, argument in enumerate(node.target._schema.arguments):
+        if position < len(node.args):
+            value = node.args[position]
+        elif argument.name in node.kwargs:
+            value = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            value = argument.default_value
+        else:
+            raise UnsupportedLayerError(f"op {_target(node.target)} misses argument {argument.name}")
+        result.append((value, argument.name if argument.kwarg_only else None))
+    return result
+
+
+def _shape(value) -> tuple[int, ...]:
+    if isinstance(value, list | tuple):
+        return _shape(value[0]) if value else ()
+    return tuple(int(n) for n in value.shape) if isinstance(value, torch.Tensor) else ()
+
+
+def _module(node: torch.fx.Node) -> tuple[str, str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", "model"
+    path, kind = list(stack.values())[-1]
+    return path, (kind.__name__ if isinstance(kind, type) else str(kind)).rsplit(".", 1)[-1]
+
+
+def _layout(op: str, args: list[Arg], inputs: list[str], shape: tuple[int, ...], context: Context):
+    """Dims of the output's image axes, from the first image input's and the op."""
+    images = [name for name in inputs if context.spatial(name) is not None]
+    if KINDS.get(op) == "pixel" and images:
+        source = images[0]
+        rows, cols = context.spatial(source)
+        ndim = len(context.shape(source))
+        if op == "permute":
+            order = [d % ndim for d in args[1].value]
+            return order.index(rows), order.index(cols)
+        if op == "transpose":
+            a, b = (d % ndim for d in (args[1].value, args[2].value))
+            swap = {a: b, b: a}
+            return swap.get(rows, rows), swap.get(cols, cols)
+        if op in ("view", "reshape", "_unsafe_view"):
+            source_shape = context.shape(source)
+            if (rows, cols) == (ndim - 2, ndim - 1) and len(shape) >= 3 and shape[-2:] == source_shape[-2:]:
+                return len(shape) - 2, len(shape) - 1
+            return None
+        if op in ("mean", "sum", "amax") and len(args) > 2 and not args[2].value and args[1].value is not None:
+            dims = args[1].value if isinstance(args[1].value, tuple) else (args[1].value,)
+            removed = {d % ndim for d in dims}
+            if removed & {rows, cols}:
+                return None
+            return tuple(d - sum(r < d for r in removed) for d in (rows, cols))
+        if op in ("squeeze", "unsqueeze"):
+            return None
+        if len(shape) == ndim:
+            return rows, cols
+        return None
+    if KINDS.get(op) is not None and op != "getitem" or len(shape) == 4:
+        return (2, 3) if len(shape) == 4 else None
+    if op == "getitem" and images:
+        return context.spatial(images[0])
     return None
 
 
-def _attr(value):
-    return tuple(value) if isinstance(value, list | tuple) else value
-
-
-def _spec(index: int, path: str, module: nn.Module, in_shape: Shape, producer: str) -> LayerSpec:
-    entry, meaning = lookup(path, module)
-    n, channels, height, width = in_shape
-    expected = _channels_in(module)
-    if expected is not None and expected != channels:
-        raise ShapeError(
-            f"layer {path} ({type(module).__name__}) expects {expected} input channels, but {producer} "
-            f"gives {channels}"
-        )
-    out_channels = module.out_channels if isinstance(module, nn.Conv2d) else channels
-    out_shape = (n, out_channels, meaning.rows.output_size(height), meaning.cols.output_size(width))
-    if out_shape[2] < 1 or out_shape[3] < 1:
-        raise ShapeError(
-            f"input is too small for the network: layer {path} ({type(module).__name__}) "
-            f"gets {height}x{width} and would output {out_shape[2]}x{out_shape[3]}"
-        )
-    return LayerSpec(
-        index=index,
-        path=path,
-        type=type(module).__name__,
-        op=meaning.op,
-        fn=meaning.fn,
-        rows=meaning.rows,
-        cols=meaning.cols,
-        options=meaning.options,
-        attrs={name: _attr(getattr(module, name)) for name in entry.attrs},
-        tensors=_tensors(path, module),
-        in_shape=in_shape,
-        out_shape=out_shape,
-    )
+def _output_tree(spec, leaves: list[str]) -> OutputTree:
+    """The export output spec (a pytree) as an ``OutputTree`` over the output node names."""
+    if spec.is_leaf():
+        return OutputTree(kind="tensor", node=leaves.pop(0))
+    kind = {tuple: "tuple", list: "list", dict: "dict"}.get(spec.type)
+    if kind is None:
+        raise UnsupportedLayerError(f"the model returns a {spec.type.__name__}; tilec handles tensors, "
+                                    f"tuples, lists and dicts of tensors")
+    items = tuple(_output_tree(child, leaves) for child in spec.children())
+    keys = tuple(str(key) for key in spec.context) if kind == "dict" else ()
+    return OutputTree(kind=kind, keys=keys, items=items)
 
 
 def trace(model: nn.Module, input_shape: Sequence[int]) -> nx.DiGraph:
-    """Build the layer graph of ``model`` for inputs of ``input_shape`` (N, C, H, W)."""
-    if not isinstance(model, nn.Sequential):
-        raise UnsupportedLayerError(f"the model must be an nn.Sequential, got {type(model).__name__}")
-    if type(model).forward is not nn.Sequential.forward:
-        raise UnsupportedLayerError(
-            f"the model is a {type(model).__name__} with its own forward(); tilec compiles the layer "
-            f"chain of a plain nn.Sequential only"
-        )
+    """Build the op graph of ``model`` for inputs of ``input_shape`` (N, C, H, W)."""
+    if not isinstance(model, nn.Module):
+        raise UnsupportedLayerError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
     shape = check_input_shape(input_shape)
+    program = _export(model, shape)
+    signature = program.graph_signature
+    state = dict(model.state_dict(keep_vars=True))
+    tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    tensor_specs = tuple(
+        TensorSpec(name=name, shape=tuple(state[name].shape), buffer=name in signature.buffers)
+        for name in sorted(set(tensors.values())) if name in state
+    )
+    user_inputs = list(signature.user_inputs)
+    if len(user_inputs) != 1:
+        raise UnsupportedLayerError(f"the model takes {len(user_inputs)} tensor inputs; tilec needs exactly one")
+    names = {user_inputs[0]: INPUT}
     graph = nx.DiGraph(input_shape=shape)
     graph.add_node(INPUT)
-    producer, source = INPUT, f"the input shape {shape}"
-    for index, (path, module) in enumerate(flatten(model)):
-        spec = _spec(index, path, module, shape, source)
-        graph.add_node(index, spec=spec)
-        graph.add_edge(producer, index)
-        producer, shape = index, spec.out_shape
-        source = f"layer {path} ({type(module).__name__})"
-    if producer == INPUT:
-        raise UnsupportedLayerError("the model has no layers")
-    graph.graph["output"] = producer
+    context = Context({}, {t.name: t.shape for t in tensor_specs}, shape)
+    order: list[str] = []
+    for fx_node in program.graph.nodes:
+        if fx_node.op != "call_function":
+            continue
+        op = _op_name(fx_node.target)
+        functional = _functional(fx_node.target) if op != "getitem" else None
+        mutated = fx_node.args[0] if functional is not None else None
+        if functional is not None and mutated.name in tensors:
+            functional = None  # a buffer update (BatchNorm's counter): kept in place, untiled
+        elif functional is not None:
+            op = functional._opname
+        args = [_arg(value, names, tensors, keyword) for value, keyword in _schema_args(fx_node)]
+        inputs = [a.value for a in args if a.kind == "node"] + [v for a in args if a.kind == "nodes" for v in a.value]
+        path, module_type = _module(fx_node)
+        out_shape = _shape(fx_node.meta.get("val"))
+        node = NodeSpec(
+            name=fx_node.name, op=op, target=_target(functional or fx_node.target), path=path,
+            module_type=module_type, args=tuple(args), inputs=tuple(dict.fromkeys(inputs)), shape=out_shape,
+            spatial=_layout(op, args, inputs, out_shape, context), tileable=False,
+        )
+        if mutated is not None and functional is not None:
+            source = names[mutated.name]
+            if source != INPUT and context.nodes[source].op in VIEWS:
+                where = f"module {path} ({module_type})" if path else f"the model's forward ({module_type})"
+                raise UnsupportedLayerError(f"op aten.{fx_node.target._opname} from {where} is not supported: "
+                                            f"it writes in place into a view of another tensor")
+            names[mutated.name] = fx_node.name  # later readers of the mutated tensor read this result
+        names[fx_node.name] = fx_node.name
+        images = [name for name in node.inputs if is_image(context, name)]
+        if images and tile_check(node, context) is None and is_image_shape(node):
+            node = node.model_copy(update={"tileable": True})
+        context.nodes[node.name] = node
+        graph.add_node(node.name, spec=node)
+        for producer in node.inputs:
+            graph.add_edge(producer, node.name)
+        order.append(node.name)
+    if not order:
+        raise UnsupportedLayerError("the model has no ops")
+    outputs = [names[n.name] if isinstance(n, torch.fx.Node) else n
+               for n in program.graph.output_node().args[0]]
+    order = _live(graph, order, outputs)
+    if any(not isinstance(name, str) or name not in context.nodes and name != INPUT for name in outputs):
+        raise UnsupportedLayerError("the model returns something other than tensors computed from its input")
+    graph.graph.update(order=tuple(order), tensors=tensor_specs,
+                       output=_output_tree(program.call_spec.out_spec, list(outputs)))
     return graph
 
 
-def layer_specs(graph: nx.DiGraph) -> tuple[LayerSpec, ...]:
-    """The layers of a traced graph in execution (topological) order."""
-    order = nx.lexicographical_topological_sort(graph, key=lambda node: -1 if node == INPUT else node)
-    return tuple(graph.nodes[node]["spec"] for node in order if node != INPUT)
+def _live(graph: nx.DiGraph, order: list[str], outputs: list) -> list[str]:
+    """Drop ops whose result nothing reads (but keep in-place buffer updates)."""
+    needed = {name for name in outputs if isinstance(name, str)}
+    kept = []
+    for name in reversed(order):
+        spec = graph.nodes[name]["spec"]
+        if name in needed or spec.target.count(".") == 2 and spec.target.split(".")[1].endswith("_"):
+            kept.append(name)
+            needed.update(spec.inputs)
+        else:
+            graph.remove_node(name)
+    return kept[::-1]
+
+
+def is_image_shape(node: NodeSpec) -> bool:
+    return node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
+
+
+def nodes_in_order(graph: nx.DiGraph) -> tuple[NodeSpec, ...]:
+    """The op nodes of a traced graph in execution order."""
+    return tuple(graph.nodes[name]["spec"] for name in graph.graph["order"])

@@ -1,0 +1,71 @@
+"""Index maps of upsampling, read off PyTorch's own kernels.
+
+``resample_map(node, axis, in_size, out_size)`` runs the node's upsampling op on a 1-D probe
+(``arange(in_size)`` in float64 along one axis, size 1 along the other) with the node's own
+size and scale arguments, so the float rounding of scale factors is PyTorch's. Nearest modes
+read one input index per output; bilinear reads ``low`` and ``low + 1`` (clamped) with weight
+``frac`` on the upper one: ``y[o] = x[low] * (1 - frac) + x[high] * frac``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from tilec.ir import NodeSpec
+
+
+@dataclass(frozen=True)
+class ResampleMap:
+    """Per output index ``o``: the input indices read (``indices[o]``) and, for bilinear, the
+    weight of the upper one (``frac[o]``)."""
+
+    low: tuple[int, ...]
+    high: tuple[int, ...]
+    frac: tuple[float, ...] | None
+
+    @property
+    def indices(self) -> list[tuple[int, ...]]:
+        return [(lo,) if lo == hi else (lo, hi) for lo, hi in zip(self.low, self.high, strict=True)]
+
+    def reads(self, start: int, stop: int) -> tuple[int, int]:
+        """``[lo, hi)`` of the inputs outputs ``[start, stop)`` read."""
+        return min(self.low[start:stop]), max(self.high[start:stop]) + 1
+
+
+def _probe_args(node: NodeSpec, axis: int, in_size: int, out_size: int) -> tuple[list, list]:
+    """The node's upsampling arguments restricted to one axis (the other axis is 1 -> 1)."""
+    values = [arg.value for arg in node.args[1:]]
+    output_size, scales = values[0], values[-1]
+    one_axis_size = None if output_size is None else [out_size if a == axis else 1 for a in range(2)]
+    one_axis_scales = None if scales is None else [float(scales[axis]) if a == axis else 1.0 for a in range(2)]
+    return one_axis_size, [*values[1:-1], one_axis_scales] if len(values) > 1 else [one_axis_scales]
+
+
+@lru_cache(maxsize=256)
+def _map(target: str, args: tuple, axis: int, in_size: int, out_size: int) -> ResampleMap:
+    probe_shape = (1, 1, in_size, 1) if axis == 0 else (1, 1, 1, in_size)
+    probe = torch.arange(in_size, dtype=torch.float64).reshape(probe_shape)
+    op = torch.ops.aten
+    for part in target.split(".")[1:]:
+        op = getattr(op, part)
+    size, rest = args
+    result = op(probe, None if size is None else list(size), *[list(v) if isinstance(v, tuple) else v for v in rest])
+    values = result.reshape(-1).tolist()
+    if len(values) != out_size:
+        raise AssertionError(f"{target} probe gave {len(values)} values, expected {out_size}")
+    if "bilinear" not in target:
+        low = tuple(int(round(v)) for v in values)
+        return ResampleMap(low, low, None)
+    low = tuple(min(int(v), in_size - 1) for v in values)
+    high = tuple(min(lo + 1, in_size - 1) for lo in low)
+    frac = tuple(0.0 if hi == lo else v - lo for v, lo, hi in zip(values, low, high, strict=True))
+    return ResampleMap(low, high, frac)
+
+
+def resample_map(node: NodeSpec, axis: int, in_size: int, out_size: int) -> ResampleMap:
+    size, rest = _probe_args(node, axis, in_size, out_size)
+    frozen = tuple(tuple(v) if isinstance(v, list) else v for v in rest)
+    return _map(node.target, (None if size is None else tuple(size), frozen), axis, in_size, out_size)
