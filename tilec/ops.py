@@ -278,8 +278,9 @@ def tile_check(node: NodeSpec, context: Context) -> str | None:
     ndim = len(context.shape(first))
     kind = KINDS.get(op)
     if op in ("batch_norm",) and const(node, 5, False):
-        _fail(node, "BatchNorm in training mode needs statistics of the whole image; call .eval() on the "
-                    "BatchNorm modules (exact training-mode BatchNorm is not supported yet)")
+        _fail(node, "BatchNorm with batch statistics (training mode, or track_running_stats=False) needs "
+                    "statistics of the whole image; call .eval() on the BatchNorm modules (exact training-mode "
+                    "BatchNorm is not supported yet)")
     if op in ("dropout", "feature_dropout", "alpha_dropout") and const(node, 2, False) and const(node, 1, 0):
         _fail(node, "Dropout in training mode draws a mask over the whole image; call .eval() on it")
     if op in ("mean", "sum", "amax", "amin", "max", "std", "var", "norm"):

@@ -22,28 +22,31 @@ def _mib(count: int) -> str:
 
 
 def describe_plan(plan: Plan) -> Table:
-    """One row per segment: layers, mode, grid, shape classes, largest tile, predicted cost."""
+    """One row per segment: nodes, mode, grid, shape classes, largest tile, predicted cost."""
     budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
     table = Table(
-        title=f"plan {plan.name}: input {_shape(plan.input_shape)} -> output {_shape(plan.output_shape)}, "
-        f"{plan.dtype}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}"
+        title=f"plan {plan.name}: input {_shape(plan.input_shape)}, {len(plan.model.nodes)} nodes, {plan.dtype}, "
+        f"predicted peak {_mib(plan.predicted_peak_bytes)}{budget}"
     )
-    for column in ("segment", "layers", "mode", "grid", "shape classes", "largest input slice", "output",
+    for column in ("segment", "nodes", "mode", "grid", "shape classes", "largest input slice", "outputs",
                    "predicted peak", "FLOP overhead", "est. seconds"):
-        table.add_column(column, justify="right" if column != "layers" else "left")
-    layers = plan.model.layers
+        table.add_column(column, justify="right" if column != "nodes" else "left")
+    nodes = plan.model.nodes
     for segment in plan.segments:
+        first, last = nodes[segment.first], nodes[segment.stop - 1]
+        tiled = segment.mode == "tiled"
         classes = len({t.shape_class for t in segment.rows}) * len({t.shape_class for t in segment.cols})
-        rows = max(t.steps[0].read.length for t in segment.rows)
-        cols = max(t.steps[0].read.length for t in segment.cols)
+        rows = max((sum(i.length for i in t.inputs) for t in segment.rows), default=0)
+        cols = max((sum(i.length for i in t.inputs) for t in segment.cols), default=0)
         table.add_row(
             str(segment.index),
-            f"{segment.first}..{segment.stop - 1} ({layers[segment.first].path} .. {layers[segment.stop - 1].path})",
+            f"{segment.first}..{segment.stop - 1} ({first.name} {first.path or '-'} .. {last.name} {last.path or '-'})",
             segment.mode,
             f"{segment.grid[0]}x{segment.grid[1]}",
-            str(classes if segment.mode == "tiled" else "-"),
-            f"{rows}x{cols}",
-            _shape(layers[segment.stop - 1].out_shape),
+            str(classes) if tiled else "-",
+            f"{rows}x{cols}" if tiled else "-",
+            ", ".join(_shape(plan.node(name).shape) for name in segment.outputs[:2])
+            + (f" +{len(segment.outputs) - 2}" if len(segment.outputs) > 2 else ""),
             _mib(segment.predicted_peak_bytes),
             f"{segment.flop_overhead:+.1%}",
             f"{segment.estimated_seconds:.3f}",
@@ -102,3 +105,14 @@ def tile_table(plan: Plan, tile: tuple[int, int] | None, layer: int | None, segm
                 )
         tables.append(table)
     return tables
+
+
+def node_table(plan: Plan) -> Table:
+    """Every node: position, name, op, module path, output shape, tileable, segment."""
+    table = Table(title=f"nodes of plan {plan.name} (positions for --segments FIRST:STOP@RxC)")
+    for column in ("position", "node", "op", "module", "output", "tileable", "segment"):
+        table.add_column(column)
+    for position, node in enumerate(plan.model.nodes):
+        table.add_row(str(position), node.name, node.op, node.path or "-", _shape(node.shape),
+                      "yes" if node.tileable else "no", str(plan.segment_of(position).index))
+    return table

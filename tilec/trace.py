@@ -11,8 +11,10 @@ Graph attributes: ``input_shape``, ``order`` (the execution order of op nodes), 
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import networkx as nx
 import torch
@@ -35,6 +37,18 @@ def check_input_shape(shape: Sequence[int]) -> Shape:
     return tuple(shape)
 
 
+@contextmanager
+def _quiet_torch_logs():
+    """torch.export logs a traceback before raising on a model that fails; the error is enough."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -42,11 +56,13 @@ def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
     with FakeTensorMode(allow_non_fake_inputs=True):
         example = torch.empty(shape, dtype=dtype)
     try:
-        return torch.export.export(model, (example,), strict=False)
-    except Exception as error:  # noqa: BLE001 - any capture failure is the user's model
+        with _quiet_torch_logs():
+            return torch.export.export(model, (example,), strict=False)
+    except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
         message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
-        if "size" in message.lower() or "shape" in message.lower():
-            raise ShapeError(f"the model does not run on input shape {shape}: {message}") from None
+        raise ShapeError(f"the model does not run on input shape {shape}: {type(error).__name__}: {message}") from None
+    except Exception as error:  # noqa: BLE001 - any other capture failure is the user's model too
+        message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
         raise UnsupportedLayerError(f"torch.export could not capture the model: {type(error).__name__}: "
                                     f"{message}") from None
 
