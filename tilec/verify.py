@@ -24,6 +24,7 @@ from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.pipeline import compile_model
 from tilec.planio import load
+from tilec.trace import check_input_shape
 
 TOLERANCE = 1e-10
 
@@ -121,6 +122,7 @@ def verify(
     shape = input_shape or default_shape
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {model_path} defines no INPUT_SHAPE")
+    shape = check_input_shape(shape)
     if grid is None:
         grid = default_grid(tuple(shape))
     if not tolerance >= 0:
@@ -133,4 +135,5 @@ def verify(
         module = _import(result.module_path)
         module.check_plan(str(result.plan_path))
         checks = compare(module.TiledModel, model, shape, seed=seed, device=device)
-    return Verdict(plan=plan, grid=tuple(grid), checks=tuple(checks), tolerance=tolerance)
+    tiled = [segment.grid for segment in plan.segments if segment.mode == "tiled"]
+    return Verdict(plan=plan, grid=tiled[0] if tiled else (1, 1), checks=tuple(checks), tolerance=tolerance)
