@@ -4,7 +4,9 @@ Five levels with 64, 128, 256, 512 and 1024 channels; each level is a pair of 3x
 convolutions with BatchNorm and ReLU; 2x2 max-pooling between encoder levels; 2x2
 up-convolutions (transposed, stride 2) in the decoder, padded to the skip's size when the
 input is not a multiple of 16, concatenated with the skip, and a pair of 3x3 convolutions;
-a final 1x1 convolution to the classes. BatchNorm runs in eval mode, the mode tilec tiles.
+a final 1x1 convolution to the classes (2). BatchNorm runs in eval mode, the mode tilec tiles:
+``model`` (= ``unet``) returns ``UNet().eval()``. ``INPUT_SHAPE`` is 256x256; any size works, sizes
+not divisible by 16 go through the decoder's padding.
 """
 
 import torch
@@ -40,9 +42,9 @@ class UNet(nn.Module):
     def __init__(self, channels: int = 3, classes: int = 2):
         super().__init__()
         self.inc = DoubleConv(channels, WIDTHS[0])
-        self.down = nn.ModuleList(DoubleConv(a, b) for a, b in zip(WIDTHS[:-1], WIDTHS[1:]))
+        self.down = nn.ModuleList(DoubleConv(a, b) for a, b in zip(WIDTHS[:-1], WIDTHS[1:], strict=True))
         self.pool = nn.MaxPool2d(2)
-        self.up = nn.ModuleList(Up(a, b) for a, b in zip(WIDTHS[:0:-1], WIDTHS[-2::-1]))
+        self.up = nn.ModuleList(Up(a, b) for a, b in zip(WIDTHS[:0:-1], WIDTHS[-2::-1], strict=True))
         self.outc = nn.Conv2d(WIDTHS[0], classes, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

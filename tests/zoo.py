@@ -1,0 +1,674 @@
+"""A zoo of small real-world CNN architectures, written inline, for the exactness tests.
+
+Each entry of ``ZOO`` is a builder returning a fresh, deterministic (``torch.manual_seed``) model
+in eval mode, with non-trivial BatchNorm statistics and affine parameters, small enough (4 to 24
+channels) that a float64 forward + backward at its ``SHAPES`` entry takes milliseconds. The
+blocks are written the way torchvision and the common reference implementations write them (in
+place ``+=`` and ReLU, ``torch.cat``, ``chunk``, ``view``/``transpose`` channel shuffles,
+``permute`` + ``LayerNorm`` + ``Linear``, ``F.pad`` and ``F.interpolate`` in U-Net decoders, dict
+outputs...) so that the suite compiles the patterns it will meet in users' models. The default
+shapes are odd and uneven on purpose. Builders return float32 models: callers convert them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _finish(model: nn.Module) -> nn.Module:
+    """Random BatchNorm statistics and affine parameters (so eval BN is no identity), eval mode."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.running_mean.copy_(torch.randn_like(module.running_mean))
+                module.running_var.copy_(torch.rand_like(module.running_var) + 0.5)
+                module.weight.copy_(torch.randn_like(module.weight))
+                module.bias.copy_(torch.randn_like(module.bias))
+    return model.eval()
+
+
+def conv_bn(inputs: int, outputs: int, kernel: int = 3, stride: int = 1, padding: int | None = None,
+            groups: int = 1, activation: type[nn.Module] | None = nn.ReLU) -> nn.Sequential:
+    """Conv (no bias) + BatchNorm (+ activation): the ``Conv2dNormActivation`` of torchvision."""
+    padding = kernel // 2 if padding is None else padding
+    layers = [nn.Conv2d(inputs, outputs, kernel, stride, padding, groups=groups, bias=False), nn.BatchNorm2d(outputs)]
+    if activation is not None:
+        layers.append(activation(inplace=True) if activation in (nn.ReLU, nn.ReLU6, nn.SiLU, nn.Hardswish)
+                      else activation())
+    return nn.Sequential(*layers)
+
+
+# --------------------------------------------------------------------------------------------
+# ResNets
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes: int, width: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, width * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(width * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+def _downsample(inputs: int, outputs: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False), nn.BatchNorm2d(outputs))
+
+
+class ResNetBasic(nn.Module):
+    """3x3 stem, a BasicBlock, a stride-2 BasicBlock with a 1x1 conv + BN shortcut."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.layer1 = BasicBlock(8, 8)
+        self.layer2 = BasicBlock(8, 16, stride=2, downsample=_downsample(8, 16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        return self.layer2(self.layer1(x))
+
+
+class ResNetHead(ResNetBasic):
+    """ResNetBasic with torchvision's classifier head: global average pool, flatten, linear."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = super().forward(x)
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        return self.fc(x)
+
+
+class ResNetBottleneck(nn.Module):
+    """ResNet-50's 7x7/2 stem and 3x3/2 max-pool, then Bottleneck blocks (expansion 4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.layer1 = nn.Sequential(Bottleneck(8, 4, downsample=_downsample(8, 16, 1)), Bottleneck(16, 4))
+        self.layer2 = nn.Sequential(Bottleneck(16, 4, stride=2, downsample=_downsample(16, 16, 2)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.layer2(self.layer1(x))
+
+
+class PreActBlock(nn.Module):
+    """Pre-activation block (He et al. 2016): BN-ReLU-conv, BN-ReLU-conv, add."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int = 1):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(inputs)
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+        self.shortcut = None
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(x))
+        shortcut = self.shortcut(out) if self.shortcut is not None else x
+        out = self.conv1(out)
+        out = self.conv2(F.relu(self.bn2(out)))
+        return out + shortcut
+
+
+class PreActResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.layer1 = PreActBlock(8, 8)
+        self.layer2 = PreActBlock(8, 12, stride=2)
+        self.layer3 = PreActBlock(12, 12)
+        self.bn = nn.BatchNorm2d(12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.conv1(x))))
+        return F.relu(self.bn(x))
+
+
+# --------------------------------------------------------------------------------------------
+# MobileNet V2 / V3, EfficientNet, squeeze-and-excitation
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 block: expand 1x1, depthwise 3x3, linear project 1x1; residual if shapes allow."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int, expand_ratio: int):
+        super().__init__()
+        hidden = inputs * expand_ratio
+        self.use_res_connect = stride == 1 and inputs == outputs
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(conv_bn(inputs, hidden, 1, activation=nn.ReLU6))
+        layers += [
+            conv_bn(hidden, hidden, 3, stride, groups=hidden, activation=nn.ReLU6),
+            nn.Conv2d(hidden, outputs, 1, bias=False),
+            nn.BatchNorm2d(outputs),
+        ]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_res_connect:
+            return x + self.conv(x)
+        return self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, stride=2, activation=nn.ReLU6)
+        self.blocks = nn.Sequential(
+            InvertedResidual(8, 8, 1, 1),
+            InvertedResidual(8, 12, 2, 2),
+            InvertedResidual(12, 12, 1, 2),
+        )
+        self.last = conv_bn(12, 16, 1, activation=nn.ReLU6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(self.blocks(self.stem(x)))
+
+
+class SqueezeExcitation(nn.Module):
+    """Global average pool, 1x1 reduce, activation, 1x1 expand, gate, rescale."""
+
+    def __init__(self, channels: int, squeeze: int, activation: type[nn.Module] = nn.ReLU,
+                 gate: type[nn.Module] = nn.Sigmoid):
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.activation = activation()
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+        self.gate = gate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = F.adaptive_avg_pool2d(x, 1)
+        scale = self.gate(self.fc2(self.activation(self.fc1(scale))))
+        return x * scale
+
+
+class SqueezeExciteNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block1 = conv_bn(3, 8, 3)
+        self.se1 = SqueezeExcitation(8, 4)
+        self.block2 = conv_bn(8, 16, 3, stride=2)
+        self.se2 = SqueezeExcitation(16, 4)
+        self.block3 = conv_bn(16, 16, 3)
+        self.se3 = SqueezeExcitation(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.se1(self.block1(x))
+        x = self.se2(self.block2(x))
+        return x + self.se3(self.block3(x))
+
+
+class MBConv(nn.Module):
+    """EfficientNet block: expand 1x1, depthwise kxk, SE (SiLU / Sigmoid), project 1x1; residual."""
+
+    def __init__(self, inputs: int, outputs: int, kernel: int, stride: int, expand_ratio: int):
+        super().__init__()
+        hidden = inputs * expand_ratio
+        self.use_res_connect = stride == 1 and inputs == outputs
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(conv_bn(inputs, hidden, 1, activation=nn.SiLU))
+        layers += [
+            conv_bn(hidden, hidden, kernel, stride, groups=hidden, activation=nn.SiLU),
+            SqueezeExcitation(hidden, max(1, inputs // 4), activation=nn.SiLU, gate=nn.Sigmoid),
+            conv_bn(hidden, outputs, 1, activation=None),
+        ]
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        if self.use_res_connect:
+            out = out + x
+        return out
+
+
+class EfficientNet(nn.Module):
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, stride=2, activation=nn.SiLU)
+        self.blocks = nn.Sequential(
+            MBConv(8, 8, 3, 1, 1),
+            MBConv(8, 12, 5, 2, 2),
+            MBConv(12, 12, 3, 1, 2),
+        )
+        self.head_conv = conv_bn(12, 16, 1, activation=nn.SiLU)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.head_dropout = nn.Dropout(0.2)
+        self.classifier = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.head_conv(self.blocks(self.stem(x)))
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.classifier(self.head_dropout(x))
+
+
+class MobileNetV3Block(nn.Module):
+    """Hardswish stem, an inverted residual with a Hardsigmoid SE, then a 1x1 conv + Mish."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, activation=nn.Hardswish)
+        self.expand = conv_bn(8, 16, 1, activation=nn.Hardswish)
+        self.depthwise = conv_bn(16, 16, 3, groups=16, activation=nn.Hardswish)
+        self.se = SqueezeExcitation(16, 4, activation=nn.ReLU, gate=nn.Hardsigmoid)
+        self.project = conv_bn(16, 8, 1, activation=None)
+        self.last = nn.Conv2d(8, 8, 1)
+        self.mish = nn.Mish()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        out = self.project(self.se(self.depthwise(self.expand(x))))
+        return self.mish(self.last(out + x))
+
+
+# --------------------------------------------------------------------------------------------
+# DenseNet, Inception, ConvNeXt, ShuffleNet
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, inputs: int, growth: int, bn_size: int):
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(inputs)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(inputs, bn_size * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.cat(features, 1)
+        x = self.conv1(self.relu1(self.norm1(x)))
+        return self.conv2(self.relu2(self.norm2(x)))
+
+
+class DenseNet(nn.Module):
+    def __init__(self, growth: int = 4, layers: int = 3):
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.dense = nn.ModuleList(DenseLayer(8 + i * growth, growth, 2) for i in range(layers))
+        channels = 8 + layers * growth
+        self.transition = nn.Sequential(
+            nn.BatchNorm2d(channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(channels, channels // 2, 1, bias=False),
+            nn.AvgPool2d(2, 2),
+        )
+        self.norm = nn.BatchNorm2d(channels // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [self.conv0(x)]
+        for layer in self.dense:
+            features.append(layer(features))
+        x = self.transition(torch.cat(features, 1))
+        return F.relu(self.norm(x))
+
+
+class InceptionBlock(nn.Module):
+    def __init__(self, inputs: int):
+        super().__init__()
+        self.branch1 = conv_bn(inputs, 4, 1)
+        self.branch2 = nn.Sequential(conv_bn(inputs, 4, 1), conv_bn(4, 6, 3))
+        self.branch3 = nn.Sequential(conv_bn(inputs, 2, 1), conv_bn(2, 4, 5, padding=2))
+        self.branch4 = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1, ceil_mode=True), conv_bn(inputs, 4, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
+
+
+class Inception(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3)
+        self.inception = InceptionBlock(8)
+        self.pool = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+        self.last = conv_bn(18, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(self.pool(self.inception(self.stem(x))))
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.dwconv = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = nn.LayerNorm(channels)
+        self.pwconv1 = nn.Linear(channels, 4 * channels)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * channels, channels)
+        self.gamma = nn.Parameter(torch.rand(channels) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        x = self.dwconv(x)
+        x = x.permute(0, 2, 3, 1)
+        x = self.norm(x)
+        x = self.pwconv2(self.act(self.pwconv1(x)))
+        x = self.gamma * x
+        x = x.permute(0, 3, 1, 2)
+        return identity + x
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 2, stride=2)
+        self.blocks = nn.Sequential(ConvNeXtBlock(8), ConvNeXtBlock(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    n, c, h, w = x.size()
+    x = x.view(n, groups, c // groups, h, w)
+    x = x.transpose(1, 2).contiguous()
+    return x.view(n, c, h, w)
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2 unit; stride 1 splits the channels in two, stride 2 downsamples both branches."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        branch = outputs // 2
+        if stride > 1:
+            self.branch1 = nn.Sequential(
+                conv_bn(inputs, inputs, 3, stride, groups=inputs, activation=None),
+                conv_bn(inputs, branch, 1),
+            )
+        else:
+            self.branch1 = nn.Sequential()
+        branch_in = inputs if stride > 1 else branch
+        self.branch2 = nn.Sequential(
+            conv_bn(branch_in, branch, 1),
+            conv_bn(branch, branch, 3, stride, groups=branch, activation=None),
+            conv_bn(branch, branch, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3)
+        self.stage = nn.Sequential(ShuffleUnit(8, 8, 1), ShuffleUnit(8, 16, 2), ShuffleUnit(16, 16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stage(self.stem(x))
+
+
+# --------------------------------------------------------------------------------------------
+# U-Nets
+
+
+class DoubleConv(nn.Sequential):
+    def __init__(self, inputs: int, outputs: int, padding: int = 1):
+        super().__init__(
+            nn.Conv2d(inputs, outputs, 3, padding=padding, bias=False),
+            nn.BatchNorm2d(outputs),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(outputs, outputs, 3, padding=padding, bias=False),
+            nn.BatchNorm2d(outputs),
+            nn.ReLU(inplace=True),
+        )
+
+
+def pad_to(x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    """Pad ``x`` to ``skip``'s spatial size, the odd pixel at the bottom / right (milesial's U-Net)."""
+    dy = skip.size(2) - x.size(2)
+    dx = skip.size(3) - x.size(3)
+    return F.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
+
+
+class UpTransposed(nn.Module):
+    def __init__(self, inputs: int, outputs: int):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(inputs, inputs // 2, 2, stride=2)
+        self.conv = DoubleConv(inputs, outputs)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = pad_to(self.up(x), skip)
+        return self.conv(torch.cat([skip, x], 1))
+
+
+class UpNearest(nn.Module):
+    def __init__(self, inputs: int, outputs: int):
+        super().__init__()
+        self.reduce = nn.Conv2d(inputs, inputs // 2, 1)
+        self.conv = DoubleConv(inputs, outputs)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = self.reduce(F.interpolate(x, scale_factor=2, mode="nearest"))
+        x = pad_to(x, skip)
+        return self.conv(torch.cat([skip, x], 1))
+
+
+class UpBilinear(nn.Module):
+    def __init__(self, inputs: int, skip_channels: int, outputs: int, align_corners: bool):
+        super().__init__()
+        self.align_corners = align_corners
+        self.conv = DoubleConv(inputs + skip_channels, outputs)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=self.align_corners)
+        return self.conv(torch.cat([skip, x], 1))
+
+
+class UNet(nn.Module):
+    """Three resolution levels (4, 8, 16 channels); ``up``: how the decoder upsamples."""
+
+    def __init__(self, up: str, classes: int = 2):
+        super().__init__()
+        self.inc = DoubleConv(3, 4)
+        self.down1 = DoubleConv(4, 8)
+        self.down2 = DoubleConv(8, 16)
+        self.pool = nn.MaxPool2d(2)
+        if up == "transposed":
+            self.up1, self.up2 = UpTransposed(16, 8), UpTransposed(8, 4)
+        elif up == "nearest":
+            self.up1, self.up2 = UpNearest(16, 8), UpNearest(8, 4)
+        else:
+            self.up1 = UpBilinear(16, 8, 8, align_corners=False)
+            self.up2 = UpBilinear(8, 4, 4, align_corners=True)
+        self.outc = nn.Conv2d(4, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.inc(x)
+        x2 = self.down1(self.pool(x1))
+        x3 = self.down2(self.pool(x2))
+        x = self.up1(x3, x2)
+        x = self.up2(x, x1)
+        return self.outc(x)
+
+
+def center_crop(skip: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    h, w = like.shape[2], like.shape[3]
+    dy = (skip.shape[2] - h) // 2
+    dx = (skip.shape[3] - w) // 2
+    return skip[:, :, dy:dy + h, dx:dx + w]
+
+
+class UNetCrop(nn.Module):
+    """Ronneberger's original U-Net: valid convolutions, skips center-cropped to the upsampled size."""
+
+    def __init__(self, classes: int = 2):
+        super().__init__()
+        self.inc = DoubleConv(3, 4, padding=0)
+        self.down1 = DoubleConv(4, 8, padding=0)
+        self.down2 = DoubleConv(8, 16, padding=0)
+        self.pool = nn.MaxPool2d(2)
+        self.up1 = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.conv1 = DoubleConv(16, 8, padding=0)
+        self.up2 = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.conv2 = DoubleConv(8, 4, padding=0)
+        self.outc = nn.Conv2d(4, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.inc(x)
+        x2 = self.down1(self.pool(x1))
+        x = self.down2(self.pool(x2))
+        x = self.up1(x)
+        x = self.conv1(torch.cat([center_crop(x2, x), x], 1))
+        x = self.up2(x)
+        x = self.conv2(torch.cat([center_crop(x1, x), x], 1))
+        return self.outc(x)
+
+
+# --------------------------------------------------------------------------------------------
+# dict outputs, Sequential
+
+
+class Heads(nn.Module):
+    """A conv trunk returning a dict: classifier logits and the full-resolution features."""
+
+    def __init__(self, num_classes: int = 5):
+        super().__init__()
+        self.trunk = nn.Sequential(conv_bn(3, 8, 3), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.trunk(x)
+        logits = self.fc(features.mean((2, 3)))
+        return {"logits": logits, "features": features}
+
+
+def plain_chain() -> nn.Module:
+    torch.manual_seed(0)
+    return _finish(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(8, 12, 3), nn.BatchNorm2d(12), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1),
+        nn.Conv2d(12, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+    ))
+
+
+# --------------------------------------------------------------------------------------------
+# the zoo
+
+
+def _builder(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return _finish(factory())
+
+    return build
+
+
+def efficientnet_train_head() -> nn.Module:
+    """EfficientNet in eval mode except its head's Dropout, which stays in training mode."""
+    model = ZOO["efficientnet"]()
+    model.head_dropout.train()
+    return model
+
+
+ZOO: dict[str, Callable[[], nn.Module]] = {
+    "resnet_basic": _builder(ResNetBasic),
+    "resnet_bottleneck": _builder(ResNetBottleneck),
+    "resnet_head": _builder(ResNetHead),
+    "preact_resnet": _builder(PreActResNet),
+    "mobilenetv2": _builder(MobileNetV2),
+    "densenet": _builder(DenseNet),
+    "inception": _builder(Inception),
+    "convnext": _builder(ConvNeXt),
+    "shufflenet": _builder(ShuffleNet),
+    "squeeze_excite": _builder(SqueezeExciteNet),
+    "efficientnet": _builder(EfficientNet),
+    "efficientnet_train_head": efficientnet_train_head,
+    "mobilenetv3_block": _builder(MobileNetV3Block),
+    "unet_transposed": _builder(lambda: UNet("transposed")),
+    "unet_nearest": _builder(lambda: UNet("nearest")),
+    "unet_bilinear": _builder(lambda: UNet("bilinear")),
+    "unet_crop": _builder(UNetCrop),
+    "heads": _builder(Heads),
+    "plain_chain": plain_chain,
+}
+
+#: Default input shapes (N, C, H, W): odd and uneven, so that borders, strides and pads all show.
+SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "resnet_basic": (2, 3, 23, 29),
+    "resnet_bottleneck": (2, 3, 37, 43),
+    "resnet_head": (2, 3, 23, 29),
+    "preact_resnet": (2, 3, 21, 27),
+    "mobilenetv2": (2, 3, 29, 35),
+    "densenet": (2, 3, 23, 29),
+    "inception": (2, 3, 23, 29),
+    "convnext": (2, 3, 31, 41),
+    "shufflenet": (2, 3, 23, 29),
+    "squeeze_excite": (2, 3, 25, 19),
+    "efficientnet": (2, 3, 29, 37),
+    "efficientnet_train_head": (2, 3, 29, 37),
+    "mobilenetv3_block": (2, 3, 21, 27),
+    "unet_transposed": (1, 3, 39, 47),
+    "unet_nearest": (1, 3, 39, 47),
+    "unet_bilinear": (1, 3, 37, 45),
+    "unet_crop": (1, 3, 53, 61),
+    "heads": (2, 3, 19, 23),
+    "plain_chain": (2, 3, 27, 31),
+}
