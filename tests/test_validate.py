@@ -1,157 +1,320 @@
-"""Plan loading rejects bad plans with one ``PlanError`` line; random mutations never crash it."""
+"""Plan loading rejects inconsistent plans with one ``PlanError`` line; random mutations never crash it."""
 
 from __future__ import annotations
 
 import copy
 import json
+import time
 
 import pytest
-from hardening import rich_model, run, small_model
+import torch
+from hardening import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_validate_models import grid_plan, segment_plan
 from torch import nn
 
-from tilec.codegen import render
 from tilec.errors import PlanError
 from tilec.ir import SCHEMA_VERSION, Plan
-from tilec.pipeline import load_source
-from tilec.planio import dumps, load, loads
-from tilec.planner import plan
+from tilec.pipeline import plan_for
+from tilec.planio import dumps, loads
+from tilec.planner import fingerprint
 from tilec.trace import trace
+from tilec.validate import check_version, graph_of, validate
 
-SHAPE = (1, 3, 23, 19)
-SEGMENTS = [(0, 4, (3, 2)), (4, 7, (2, 2))]
-
-#: Keys whose integers the structure determines: changing one by a nonzero amount is always caught.
-STRUCTURAL = {"owned", "out", "read", "pad", "grad_out", "grad_in", "first", "stop", "grid", "index",
-              "input_shape", "output_shape", "in_shape", "out_shape", "shape", "kernel", "stride",
-              "dilation", "pad_before", "pad_after", "in_channels", "out_channels", "kernel_size",
-              "padding", "groups", "schema_version"}
+#: Two segments cutting the residual block (two outputs cross) and the U-Net skip.
+SPLIT = {"residual": ((0, 4, (3, 2)), (4, 8, (2, 2))), "unet": ((0, 3, (2, 2)), (3, 10, (3, 2)))}
 
 
-def _plan() -> Plan:
-    return plan(trace(rich_model(), SHAPE), name="rich", segments=SEGMENTS)
+def plans() -> dict[str, Plan]:
+    found = {f"{name} 3x2": grid_plan(name) for name in ("residual", "unet", "se")}
+    found.update({f"{name} split": segment_plan(name, segments) for name, segments in SPLIT.items()})
+    found["unet 7x5"] = grid_plan("unet", (7, 5))
+    return found
 
 
-PLAN = _plan()
-TEXT = dumps(PLAN)
-DATA = json.loads(TEXT)
+@pytest.mark.parametrize("name", list(plans()))
+def test_valid_plans_pass_and_round_trip(name):
+    plan = plans()[name]
+    assert validate(plan, "p") is plan
+    text = dumps(plan)
+    assert loads(text) == plan
+    assert dumps(loads(text)) == text
 
 
-def mutated(edit) -> str:
-    data = copy.deepcopy(DATA)
-    edit(data)
-    return json.dumps(data)
+@pytest.mark.parametrize("grid", [(7, 7), (4, 4), (1, 4)])
+def test_tiles_that_read_only_padding_are_valid(grid):
+    """A tile may read only a node's border padding (empty read), or compute nothing (empty out)."""
+    model = nn.Sequential(nn.Conv2d(1, 2, 1, padding=1), nn.ReLU(), nn.Conv2d(2, 1, 1, padding=1))
+    plan = plan_for(trace(model, (1, 1, 5, 5)), "pad", grid=grid)
+    segment = plan.segments[0]
+    reads = [read for tile in segment.rows + segment.cols for step in tile.steps for read in step.reads]
+    assert any(read.read.length == 0 for read in reads)
+    assert loads(dumps(plan)) == plan
 
 
-def refused(text: str) -> str:
+# -- versions -----------------------------------------------------------------------------------
+
+#: The start of a schema-1 plan: a chain of layers.
+SCHEMA_1 = {
+    "schema_version": 1, "name": "vgg", "input_shape": [1, 3, 8, 8], "output_shape": [1, 4, 8, 8],
+    "dtype": "float32", "memory_budget": None, "predicted_peak_bytes": 1,
+    "model": {"digest": "0" * 64, "layers": [{"index": 0, "path": "0", "type": "Conv2d", "op": "conv2d"}]},
+    "segments": [{"index": 0, "first": 0, "stop": 1, "grid": [1, 1], "rows": [], "cols": []}],
+}
+
+
+def refused(text: str, *words: str) -> str:
     with pytest.raises(PlanError) as caught:
         loads(text, "p.json")
     message = str(caught.value)
     assert "\n" not in message and message.startswith("p.json"), message
+    for word in words:
+        assert word in message, f"{word!r} not in {message!r}"
     return message
 
 
-def test_valid_plan_round_trips():
-    assert loads(TEXT) == PLAN
-    assert dumps(loads(TEXT)) == TEXT
+def test_schema_1_plan_is_refused_with_the_recompile_message():
+    refused(json.dumps(SCHEMA_1), "older tilec", "recompile", "tilec compile")
 
 
-@pytest.mark.parametrize("grid", [(9, 9), (4, 4), (1, 4)])
-def test_tiles_that_read_only_padding_are_valid(grid):
-    """A tile may read only a layer's border padding (empty read), or compute nothing (empty out)."""
-    model = nn.Sequential(nn.Conv2d(1, 2, 1, padding=1), nn.ReLU(), nn.Conv2d(2, 1, 1, padding=1))
-    the_plan = plan(trace(model, (1, 1, 5, 5)), name="pad", grid=grid)
-    segment = the_plan.segments[0]
-    steps = [step for tile in segment.rows + segment.cols for step in tile.steps]
-    assert any(step.read.length == 0 for step in steps)
-    assert loads(dumps(the_plan)) == the_plan
+@pytest.mark.parametrize("data, words", [
+    (SCHEMA_1, ["schema_version 1", "older tilec", "`tilec compile`"]),
+    ({k: v for k, v in SCHEMA_1.items() if k != "schema_version"}, ["model.layers", "older tilec", "recompile"]),
+    ({"schema_version": 0}, ["schema_version 0", "older tilec"]),
+    ({"schema_version": SCHEMA_VERSION + 1}, ["newer", "upgrade tilec"]),
+])
+def test_check_version_refuses_other_versions(data, words):
+    with pytest.raises(PlanError) as caught:
+        check_version(data, "p.json")
+    assert str(caught.value).startswith("p.json") and all(word in str(caught.value) for word in words)
 
 
-def _set(path, value):
-    def edit(data):
-        node = data
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-    return edit
+@pytest.mark.parametrize("data", [{"schema_version": SCHEMA_VERSION}, {}, {"schema_version": True},
+                                  {"model": {"nodes": [], "layers": []}}])
+def test_check_version_leaves_the_rest_to_the_schema(data):
+    check_version(data, "p.json")
 
 
-ROW0 = ["segments", 0, "rows", 0]
-
-CASES = [
-    ("not JSON", lambda: "{not json", ["is not JSON", "line 1"]),
-    ("empty", lambda: "", ["is not JSON"]),
-    ("top-level list", lambda: "[1, 2]", ["not a plan", "not an object"]),
-    ("deeply nested", lambda: "[" * 100000 + "]" * 100000, ["JSON"]),
-    ("huge integer", lambda: '{"schema_version": ' + "9" * 5000 + "}", ["JSON"]),
-    ("future version", lambda: mutated(_set(["schema_version"], SCHEMA_VERSION + 1)), ["newer", "upgrade tilec"]),
-    ("old version", lambda: mutated(_set(["schema_version"], 0)), ["schema_version 0", "recompile"]),
-    ("missing field", lambda: mutated(lambda d: d.pop("segments")), ["plan schema", "segments", "Field required"]),
-    ("wrong type", lambda: mutated(_set(["input_shape"], "1x3")), ["plan schema", "input_shape"]),
-    ("unknown field in a step", lambda: mutated(_set(ROW0 + ["steps", 0, "halo"], 1)), ["plan schema", "halo"]),
-    ("owned gap", lambda: mutated(_set(ROW0 + ["owned"], [0, DATA["segments"][0]["rows"][0]["owned"][1] - 1])),
-     ["segment 0 rows tile 1", "must partition the output [0, 12)"]),
-    ("owned short", lambda: mutated(lambda d: d["segments"][0]["cols"][-1].update(owned=[10, 18])),
-     ["segment 0 cols tile 1 owns [10, 18)"]),
-    ("owned overlap", lambda: mutated(lambda d: d["segments"][1]["cols"][1].update(owned=[1, 3])),
-     ["segment 1 cols tile 1 owns [1, 3)", "partition"]),
-    ("read out of bounds", lambda: mutated(_set(ROW0 + ["steps", 0, "read"], [-1, 9])),
-     ["rows tile 0", "layer 0 (0, Conv2d)", "read [-1, 9)", "outside the input [0, 23)"]),
-    ("read past the end", lambda: mutated(lambda d: d["segments"][0]["rows"][-1]["steps"][0].update(read=[14, 24])),
-     ["read [14, 24)", "outside the input [0, 23)"]),
-    ("read not the window", lambda: mutated(lambda d: d["segments"][0]["rows"][0]["steps"][0].update(
-        read=[0, 10], grad_in=[0, 10])), ["read [0, 10) is not the window of out [0, 8), which is [0, 9)"]),
-    ("pad not the clipped amount", lambda: mutated(_set(ROW0 + ["steps", 0, "pad"], [0, 0])),
-     ["pad (0, 0) does not match the clipped amount (1, 0)"]),
-    ("grad_in differs", lambda: mutated(lambda d: d["segments"][0]["rows"][0]["steps"][1].update(grad_in=[0, 1])),
-     ["grad_out/grad_in"]),
-    ("chain broken", lambda: mutated(lambda d: d["segments"][0]["rows"][0]["steps"][1].update(
-        out=[0, 7], grad_out=[0, 7])), ["out [0, 7) is not what the next layer reads [0, 8)"]),
-    ("grid differs", lambda: mutated(_set(["segments", 0, "grid"], [2, 2])), ["grid 2x2", "3 row tiles"]),
-    ("segments gap", lambda: mutated(_set(["segments", 1, "first"], 5)), ["segment 1 covers layers [5, 7)"]),
-    ("segments short", lambda: mutated(lambda d: d["segments"].pop()), ["cover layers [0, 4)", "7 layers"]),
-    ("shape class lies", lambda: mutated(_set(["segments", 0, "rows", 1, "shape_class"], 0)), ["shape_class 0"]),
-    ("layer edited", lambda: mutated(_set(["model", "layers", 2, "attrs", "negative_slope"], 0.2)),
-     ["digest", "edited"]),
-    ("digest edited", lambda: mutated(_set(["model", "digest"], "0" * 64)), ["digest"]),
-    ("layer shapes break", lambda: mutated(_set(["model", "layers", 4, "in_shape"], [1, 4, 12, 11])),
-     ["layer 4", "(1, 4, 12, 11)", "(1, 4, 12, 10)"]),
-    ("zero stride", lambda: mutated(_set(["model", "layers", 4, "rows", "stride"], 0)), ["stride", "at least 1"]),
-    ("output shape", lambda: mutated(_set(["output_shape"], [1, 2, 3, 4])), ["output_shape"]),
-    ("no layers", lambda: mutated(_set(["model", "layers"], [])), ["model.layers is empty"]),
-]
+def test_validate_refuses_a_plan_object_of_another_version():
+    plan = grid_plan("residual").model_copy(update={"schema_version": 1})
+    with pytest.raises(PlanError, match="^p: .*older tilec"):
+        validate(plan, "p:")
 
 
-@pytest.mark.parametrize("case, make, words", CASES, ids=[c[0] for c in CASES])
-def test_loads_refuses(case, make, words):
-    message = refused(make())
-    for word in words:
-        assert word in message, f"{word!r} not in {message!r}"
+# -- single-field mutations ---------------------------------------------------------------------
 
 
-def test_load_refuses_unreadable_files(tmp_path):
-    with pytest.raises(PlanError, match="cannot read plan .*missing.json"):
-        load(tmp_path / "missing.json")
-    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(PlanError, match="cannot read plan"):
-        load(tmp_path / "binary.json")
-    with pytest.raises(PlanError, match="cannot read plan"):
-        load(tmp_path)
+def data_of(plan: Plan) -> dict:
+    return json.loads(dumps(plan))
 
 
-@pytest.mark.parametrize("case, make, words", [CASES[0], CASES[5], CASES[10], CASES[13], CASES[16]],
-                         ids=["not JSON", "future", "partition", "out of bounds", "padding"])
-def test_inspect_refuses(tmp_path, case, make, words):
+def redigest(data: dict) -> None:
+    """Give a mutated plan the digest of its (mutated) model, so the later checks are reached."""
+    plan = Plan.model_validate(data)
+    data["model"]["digest"] = fingerprint(graph_of(plan)).digest
+
+
+def node_index(data: dict, name: str) -> int:
+    return next(k for k, node in enumerate(data["model"]["nodes"]) if node["name"] == name)
+
+
+def step_of(data: dict, segment: int, axis: str, tile: int, node: str) -> dict:
+    return next(s for s in data["segments"][segment][axis][tile]["steps"] if s["node"] == node)
+
+
+def shift(interval: list, delta: int, end: int = 1) -> None:
+    interval[end] += delta
+
+
+def _swap_classes(data):
+    rows = data["segments"][0]["rows"]
+    rows[0]["shape_class"], rows[1]["shape_class"] = rows[1]["shape_class"], rows[0]["shape_class"]
+
+
+def _merge_classes(data):
+    data["segments"][0]["rows"][1]["shape_class"] = 0
+
+
+def _rename_read(data):
+    step_of(data, 0, "rows", 0, "add")["reads"][0]["input"] = "conv2d"
+
+
+def _drop_node(data):
+    del data["model"]["nodes"][node_index(data, "batch_norm")]
+
+
+def _swap_nodes(data):
+    nodes = data["model"]["nodes"]
+    nodes[1], nodes[2] = nodes[2], nodes[1]
+
+
+def _edit_const(data):
+    data["model"]["nodes"][node_index(data, "conv2d_1")]["args"][4]["value"] = [1, 1]
+
+
+def _uneven_owned(data):
+    rows = data["segments"][0]["rows"]
+    rows[0]["owned"][0][1] += 1
+    rows[1]["owned"][0][0] += 1
+
+
+def _owned_gap(data):
+    data["segments"][0]["cols"][0]["owned"][0][1] -= 1
+
+
+def _boundary(data):
+    data["segments"][1]["first"] -= 1
+
+
+def _stored_gets_tiles(data):
+    data["segments"][1]["grid"] = [2, 1]
+
+
+def _stored_tiled(data):
+    data["segments"][1]["mode"] = "tiled"
+
+
+def _unslice(data):
+    data["segments"][2]["inputs"][0]["sliced"] = False
+
+
+def _drop_output(data):
+    data["segments"][0]["outputs"] = data["segments"][0]["outputs"][:1]
+
+
+def _flip_tileable(data):
+    data["model"]["nodes"][node_index(data, "mul")]["tileable"] = False
+    redigest(data)
+
+
+def _unknown_tensor(data):
+    data["model"]["nodes"][0]["args"][1]["value"] = "nowhere.weight"
+    redigest(data)
+
+
+def _wrong_inputs(data):
+    data["model"]["nodes"][node_index(data, "add")]["inputs"] = ["relu"]
+    redigest(data)
+
+
+def _twice(data):
+    data["model"]["nodes"][1]["name"] = data["model"]["nodes"][0]["name"]
+    redigest(data)
+
+
+def _forged_stride(data):
+    data["model"]["nodes"][node_index(data, "conv2d_1")]["args"][3]["value"] = "two"
+    redigest(data)
+
+
+def _forged_output(data):
+    data["model"]["output"]["node"] = "ghost"
+    redigest(data)
+
+
+def _dropped_and_redigested(data):
+    _drop_node(data)
+    redigest(data)
+
+
+#: (plan, edit, words in the message). The residual plan is "residual 3x2", one segment of 8 nodes.
+CASES = {
+    "out shifted": ("residual 3x2", lambda d: shift(step_of(d, 0, "rows", 1, "relu")["out"], 1),
+                    ["segment 0 rows tile 1, node relu", "hull of its consumers' reads"]),
+    "out shifted back": ("residual 3x2", lambda d: shift(step_of(d, 0, "cols", 0, "conv2d")["out"], -1, 0),
+                         ["segment 0 cols tile 0, node conv2d", "out [-1, "]),
+    "read shifted": ("residual 3x2", lambda d: shift(step_of(d, 0, "rows", 0, "conv2d_1")["reads"][0]["read"], -1),
+                     ["node conv2d_1", "is not what its rule needs"]),
+    "read past the input": ("residual 3x2", lambda d: shift(step_of(d, 0, "rows", 2, "conv2d")["reads"][0]["read"],
+                                                            1), ["rows tile 2, node conv2d", "clipped to the input"]),
+    "pad changed": ("residual 3x2", lambda d: step_of(d, 0, "rows", 0, "conv2d")["reads"][0].update(pad=[0, 0]),
+                    ["node conv2d: pad (0, 0) of input", "clipped amount (1, 0)"]),
+    "pad on a pointwise read": ("residual 3x2", lambda d: step_of(d, 0, "cols", 1, "relu")["reads"][0].update(
+        pad=[0, 1]), ["node relu: pad (0, 1)", "(0, 0)"]),
+    "grad in differs": ("residual 3x2", lambda d: shift(step_of(d, 0, "rows", 0, "add")["reads"][1]["grad"], 1),
+                        ["node add: grad", "differs from read"]),
+    "grad out differs": ("residual 3x2", lambda d: shift(step_of(d, 0, "cols", 1, "max_pool2d")["grad_out"], -1),
+                         ["node max_pool2d: grad_out"]),
+    "tile input shifted": ("residual 3x2", lambda d: shift(d["segments"][0]["rows"][1]["inputs"][0], 1),
+                           ["rows tile 1 reads", "of input input", "hull of its readers' reads"]),
+    "read input renamed": ("residual 3x2", _rename_read, ["node add reads ['conv2d', 'conv2d_1']", "its rule reads"]),
+    "step node renamed": ("residual 3x2", lambda d: step_of(d, 0, "rows", 0, "relu_1").update(node="relu"),
+                          ["has a step for node relu where", "relu_1"]),
+    "shape classes swapped": ("residual 3x2", _swap_classes, ["rows tile", "shape_class"]),
+    "shape classes merged": ("residual 3x2", _merge_classes, ["rows tile 1 shares shape_class 0 with tile 0"]),
+    "tile index": ("residual 3x2", lambda d: d["segments"][0]["cols"][1].update(index=0),
+                   ["cols tile 1 has index 0"]),
+    "owned uneven": ("residual 3x2", _uneven_owned, ["rows tile 0 owns [0, 5) of output conv2d_2", "even split"]),
+    "owned gap": ("residual 3x2", _owned_gap, ["cols tile 1 owns [5, 10)", "must partition [0, 10)"]),
+    "owned short": ("residual 3x2", lambda d: shift(d["segments"][0]["cols"][1]["owned"][0], -1),
+                    ["owned parts of output conv2d_2 cover [0, 9), not [0, 10)"]),
+    "grid": ("residual 3x2", lambda d: d["segments"][0].update(grid=[2, 2]), ["grid 2x2", "3 row tiles"]),
+    "node dropped": ("residual 3x2", _drop_node, ["node relu reads 'batch_norm'", "earlier node"]),
+    "node dropped and redigested": ("residual 3x2", _dropped_and_redigested, ["earlier node"]),
+    "nodes swapped": ("residual 3x2", _swap_nodes, ["reads 'batch_norm'", "execution order"]),
+    "node edited": ("residual 3x2", _edit_const, ["digest", "edited"]),
+    "digest changed": ("residual 3x2", lambda d: d["model"].update(digest="0" * 64), ["model.digest"]),
+    "input taller": ("residual 3x2", lambda d: shift(d["input_shape"], 1, 2),
+                     ["node conv2d (aten.conv2d) has rows size 23", "gives 24"]),
+    "input narrower": ("unet 3x2", lambda d: shift(d["input_shape"], -1, 3), ["cols size 19", "gives 18"]),
+    "negative peak": ("se 3x2", lambda d: d["segments"][2].update(predicted_peak_bytes=-1),
+                      ["segment 2 has predictions out of range"]),
+    "budget zero": ("se 3x2", lambda d: d.update(memory_budget=0), ["memory_budget 0"]),
+    "input 3-D": ("residual 3x2", lambda d: d.update(input_shape=[3, 23, 19]), ["input_shape (3, 23, 19)"]),
+    "segment boundary": ("se 3x2", _boundary, ["segment 1 covers nodes [1, 7)", "starting at 2"]),
+    "segment end": ("se 3x2", lambda d: d["segments"][2].update(stop=10), ["segment 2 covers nodes [7, 10)"]),
+    "segments short": ("se 3x2", lambda d: d["segments"].pop(), ["cover nodes [0, 7)", "9 nodes"]),
+    "segment index": ("se 3x2", lambda d: d["segments"][1].update(index=2), ["segment 1 has index 2"]),
+    "stored with a grid": ("se 3x2", _stored_gets_tiles, ["segment 1 is stored", "grid 2x1"]),
+    "untileable node tiled": ("se 3x2", _stored_tiled, ["segment 1 is tiled", "adaptive_avg_pool2d"]),
+    "input not sliced": ("se 3x2", _unslice, ["segment 2 has inputs [relu (whole), sigmoid (whole)]"]),
+    "output dropped": ("unet split", _drop_output, ["segment 0 has outputs ['relu']", "['relu', 'max_pool2d']"]),
+    "owned of a second output": ("unet split", lambda d: shift(d["segments"][0]["rows"][0]["owned"][1], 1),
+                                 ["of output max_pool2d"]),
+    "tileable flipped": ("se 3x2", _flip_tileable, ["node mul (aten.mul) is marked tileable=False"]),
+    "unknown tensor": ("residual 3x2", _unknown_tensor, ["'nowhere.weight', which is not in model.tensors"]),
+    "inputs differ from args": ("residual 3x2", _wrong_inputs, ["node add lists inputs ['relu']"]),
+    "name twice": ("residual 3x2", _twice, ["'conv2d' is used twice"]),
+    "forged stride": ("residual 3x2", _forged_stride, ["node conv2d_1 (aten.conv2d) cannot be evaluated"]),
+    "forged output": ("residual 3x2", _forged_output, ["output tree's tensor 'ghost'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_single_mutations_are_refused(case):
+    name, edit, words = CASES[case]
+    data = data_of(plans()[name])
+    edit(data)
+    refused(json.dumps(data), "p.json is inconsistent: ", *words)
+
+
+def test_inspect_refuses_an_inconsistent_plan_in_one_line(tmp_path):
+    data = data_of(plans()["residual 3x2"])
+    step_of(data, 0, "rows", 0, "conv2d")["reads"][0].update(pad=[0, 0])
     path = tmp_path / "p.plan.json"
-    path.write_text(make())
+    path.write_text(json.dumps(data))
     result = run(["inspect", str(path)])
-    assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and result.output.startswith("Error: ")
-    assert all(word in result.output for word in words) and "Traceback" not in result.output
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "Traceback" not in result.output
+    assert result.output.startswith("Error: ")
+    assert "is inconsistent: segment 0 rows tile 0, node conv2d" in result.output
+
+
+def test_refusal_names_the_segment_axis_tile_and_node():
+    data = data_of(plans()["unet split"])
+    shift(step_of(data, 1, "cols", 1, "upsample_bilinear2d")["reads"][0]["read"], 1, 0)
+    refused(json.dumps(data), "segment 1 cols tile 1, node upsample_bilinear2d: read")
 
 
 # -- property tests -----------------------------------------------------------------------------
+
+PLAN = plans()["se 3x2"]
+TEXT = dumps(PLAN)
+DATA = json.loads(TEXT)
+
+#: Integers validation does not constrain: predictions, and the input's batch and channels (tiles
+#: depend on the image sizes only; the generated module checks the whole input shape).
+FREE = {("predicted_peak_bytes",), ("input_shape", 0), ("input_shape", 1)}
 
 
 def _paths(node, prefix=()):
@@ -171,45 +334,8 @@ def _get(data, path):
 
 
 PATHS = list(_paths(DATA))[1:]
-#: Integers (not bools) under a structural key, e.g. ("segments", 0, "rows", 1, "owned", 0).
-INT_PATHS = [p for p in PATHS if any(isinstance(k, str) and k in STRUCTURAL for k in p[-2:])
-             and type(_get(DATA, p)) is int]
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-@st.composite
-def mutations(draw):
-    data = copy.deepcopy(DATA)
-    for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(PATHS))
-        try:
-            parent, key = _get(data, path[:-1]), path[-1]
-            parent[key]
-        except (KeyError, IndexError, TypeError):
-            continue  # an earlier mutation removed or reshaped it
-        kind = draw(st.sampled_from(["replace", "delete", "perturb", "duplicate", "add key", "swap"]))
-        value = parent[key]
-        if kind == "replace":
-            parent[key] = draw(json_values)
-        elif kind == "delete":
-            del parent[key]
-        elif kind == "perturb" and isinstance(value, int | float):
-            parent[key] = value + draw(st.sampled_from([-1, 1, -value - 1, 2**31, -(2**62)]))
-        elif kind == "duplicate" and isinstance(value, list) and value:
-            value.insert(draw(st.integers(0, len(value))), copy.deepcopy(draw(st.sampled_from(value))))
-        elif kind == "add key" and isinstance(value, dict):
-            value[draw(st.text(max_size=6))] = draw(json_values)
-        elif kind == "swap" and isinstance(parent, list) and len(parent) > 1:
-            other = draw(st.integers(0, len(parent) - 1))
-            parent[key], parent[other] = parent[other], parent[key]
-        else:
-            parent[key] = draw(json_values)
-    return json.dumps(data)
+INT_PATHS = [p for p in PATHS if type(_get(DATA, p)) is int and p[-1] != "predicted_peak_bytes"
+             and p not in FREE]
 
 
 def _loads_or_plan_error(text: str) -> Plan | None:
@@ -220,25 +346,66 @@ def _loads_or_plan_error(text: str) -> Plan | None:
         return None
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_integer_paths_reach_every_region_field():
+    keys = {k for p in INT_PATHS for k in p if isinstance(k, str)}
+    assert {"owned", "out", "read", "pad", "grad_out", "grad", "inputs", "first", "stop", "grid", "shape_class",
+            "index", "input_shape", "shape"} <= keys
+    assert len(INT_PATHS) > 300
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from(INT_PATHS), st.sampled_from([-2, -1, 1, 3]))
+def test_structural_integer_changes_are_always_caught(path, delta):
+    data = copy.deepcopy(DATA)
+    _get(data, path[:-1])[path[-1]] += delta
+    assert _loads_or_plan_error(json.dumps(data)) is None, f"{path} += {delta} was accepted"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _mutate(draw, data) -> None:
+    path = draw(st.sampled_from(PATHS))
+    try:
+        parent, key = _get(data, path[:-1]), path[-1]
+        value = parent[key]
+    except (KeyError, IndexError, TypeError):
+        return  # an earlier mutation removed or reshaped it
+    kind = draw(st.sampled_from(["replace", "delete", "perturb", "duplicate", "swap"]))
+    if kind == "delete":
+        del parent[key]
+    elif kind == "perturb" and type(value) is int:
+        parent[key] = value + draw(st.sampled_from([-1, 1, -value - 1, 2**31]))
+    elif kind == "duplicate" and isinstance(value, list) and value:
+        value.insert(draw(st.integers(0, len(value))), copy.deepcopy(draw(st.sampled_from(value))))
+    elif kind == "swap" and isinstance(parent, list) and len(parent) > 1:
+        other = draw(st.integers(0, len(parent) - 1))
+        parent[key], parent[other] = parent[other], parent[key]
+    else:
+        parent[key] = draw(json_values)
+
+
+@st.composite
+def mutations(draw):
+    data = copy.deepcopy(DATA)
+    for _ in range(draw(st.integers(1, 3))):
+        _mutate(draw, data)
+    return json.dumps(data)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutations())
 def test_random_mutations_raise_only_plan_error(text):
     result = _loads_or_plan_error(text)
     if result is not None:
-        # What survives validation is consistent enough to compile into a module.
-        render(result)
+        assert validate(result) is result
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.sampled_from(INT_PATHS), st.sampled_from([-2, -1, 1, 2, 7]))
-def test_structural_integer_changes_are_always_caught(path, delta):
-    def edit(data):
-        parent = _get(data, path[:-1])
-        parent[path[-1]] += delta
-    assert _loads_or_plan_error(mutated(edit)) is None, f"{path} += {delta} was accepted"
-
-
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.integers(0, len(TEXT) - 1), st.sampled_from(["truncate", "flip", "insert"]), st.characters())
 def test_corrupted_text_raises_only_plan_error(position, kind, char):
     if kind == "truncate":
@@ -250,37 +417,29 @@ def test_corrupted_text_raises_only_plan_error(position, kind, char):
     _loads_or_plan_error(text)
 
 
-def test_the_property_tests_see_the_whole_plan():
-    """Sanity: the mutation paths reach the tiles, and the integer paths cover every region field."""
-    keys = {k for p in INT_PATHS for k in p if isinstance(k, str)}
-    assert {"owned", "out", "read", "pad", "grad_out", "grad_in", "first", "stop", "grid"} <= keys
-    assert len(INT_PATHS) > 500
+# -- speed ---------------------------------------------------------------------------------------
 
 
-# -- the generated module checks a plan file with the standard library only ---------------------
+class Deep(nn.Module):
+    """A stem and residual blocks: about 170 nodes at 64x64 pixels, so a 64x64 grid has 1-pixel tiles."""
+
+    def __init__(self, blocks: int = 24):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 2, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU(), nn.Conv2d(2, 2, 3, padding=1),
+                          nn.BatchNorm2d(2)) for _ in range(blocks))
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        return x
 
 
-def test_generated_module_checks_plan_files(tmp_path):
-    module = load_source(render(PLAN), "rich_tiled")
-    good = tmp_path / "good.json"
-    good.write_text(TEXT)
-    module.check_plan(str(good))
-    other = plan(trace(rich_model(), SHAPE), name="rich", grid=(2, 2))
-    small = plan(trace(small_model(), (1, 3, 16, 16)), name="rich", grid=(2, 2))
-    cases = {
-        "other grid": (dumps(other), "segments"),
-        "other model": (dumps(small), "digest"),
-        "other shape": (mutated(_set(["input_shape"], [2, 3, 23, 19])), "input shape"),
-        "future": (mutated(_set(["schema_version"], 99)), "schema_version 99"),
-        "no digest": (mutated(lambda d: d["model"].pop("digest")), "'digest'"),
-        "bad segments": (mutated(_set(["segments"], [1])), "malformed segments"),
-        "not JSON": ("{", "cannot read plan"),
-        "top-level list": ("[]", "no 'schema_version'"),
-    }
-    for name, (text, words) in cases.items():
-        path = tmp_path / f"{name}.json"
-        path.write_text(text)
-        with pytest.raises(ValueError, match=words):
-            module.check_plan(str(path))
-    with pytest.raises(ValueError, match="cannot read plan"):
-        module.check_plan(str(tmp_path / "missing.json"))
+def test_a_64x64_grid_on_170_nodes_validates_fast():
+    plan = plan_for(trace(Deep().eval(), (1, 3, 64, 64)), "deep", grid=(64, 64))
+    assert len(plan.model.nodes) >= 165 and plan.segments[0].grid == (64, 64)
+    start = time.perf_counter()
+    validate(plan)
+    assert time.perf_counter() - start < 1.5

@@ -1,100 +1,201 @@
-"""``tilec viz`` draws a non-trivial picture, and refuses bad layers, tiles and outputs."""
+"""``tilec viz`` and the ``tilec inspect`` tables: pictures and tables of DAG plans, and their refusals."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
-from hardening import rich_model, run, snapshot
+from hardening import run, snapshot
 from matplotlib import image
+from rich.console import Console
+from test_validate_models import grid_plan, segment_plan
 
+from tilec.errors import OutputError, TilecError
 from tilec.planio import dumps
-from tilec.planner import plan
-from tilec.regions import split
-from tilec.trace import trace
-from tilec.viz import draw, share_bounds
+from tilec.regions import Interval, split
+from tilec.report import describe_plan, node_table, tile_table
+from tilec.viz import cone, context_of, draw, pick, save, share_bounds
 
-SEGMENTS = [(0, 4, (3, 2)), (4, 7, (2, 2))]
-
-
-@pytest.fixture(scope="module")
-def the_plan():
-    return plan(trace(rich_model(), (1, 3, 23, 19)), name="rich", segments=SEGMENTS)
+UNET_SPLIT = ((0, 3, (2, 2)), (3, 10, (3, 2)))
 
 
 @pytest.fixture
-def plan_file(the_plan, tmp_path, monkeypatch):
+def folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = tmp_path / "rich.plan.json"
-    path.write_text(dumps(the_plan))
+    return tmp_path
+
+
+def plan_file(folder, plan):
+    path = folder / f"{plan.name}.plan.json"
+    path.write_text(dumps(plan))
     return path
 
 
-def test_png_is_produced_and_non_trivial(plan_file):
-    result = run(["viz", str(plan_file), "-o", "pictures/tiles.png"])
+def test_png_of_a_residual_model_is_non_trivial(folder):
+    result = run(["viz", str(plan_file(folder, grid_plan("residual"))), "-o", "pictures/tiles.png"])
     assert result.exit_code == 0, result.output
-    path = plan_file.parent / "pictures" / "tiles.png"
+    path = folder / "pictures" / "tiles.png"
     assert path.stat().st_size > 20_000
     pixels = image.imread(path)
-    assert pixels.shape[0] > 400 and pixels.shape[1] > 800
-    colours = np.unique(pixels.reshape(-1, pixels.shape[-1]).round(2), axis=0)
-    assert len(colours) > 20
+    assert pixels.shape[0] > 800 and pixels.shape[1] > 1200
+    rgb = (pixels[..., :3] * 255).round().astype(np.uint32)
+    assert len(np.unique(rgb[..., 0] << 16 | rgb[..., 1] << 8 | rgb[..., 2])) > 20
 
 
-def test_svg_at_a_later_layer_and_tile(plan_file):
-    result = run(["viz", str(plan_file), "-o", "tiles.svg", "--layer", "5", "--tile", "0,1"])
+def test_svg_of_a_unet_piece_at_a_node_and_tile(folder):
+    path = plan_file(folder, segment_plan("unet", UNET_SPLIT))
+    result = run(["viz", str(path), "-o", "tiles.svg", "--node", "cat", "--tile", "2,1"])
     assert result.exit_code == 0, result.output
-    text = (plan_file.parent / "tiles.svg").read_text()
+    text = (folder / "tiles.svg").read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text and len(text) > 20_000
-    assert "tile 0,1" in text or "tile 0,1".replace(" ", "") in text.replace(" ", "")
 
 
-def test_same_plan_same_svg(plan_file):
-    assert run(["viz", str(plan_file), "-o", "a.svg"]).exit_code == 0
-    assert run(["viz", str(plan_file), "-o", "b.svg"]).exit_code == 0
-    assert (plan_file.parent / "a.svg").read_bytes() == (plan_file.parent / "b.svg").read_bytes()
+def test_same_plan_same_svg(folder):
+    path = plan_file(folder, grid_plan("residual"))
+    assert run(["viz", str(path), "-o", "a.svg"]).exit_code == 0
+    assert run(["viz", str(path), "-o", "b.svg"]).exit_code == 0
+    assert (folder / "a.svg").read_bytes() == (folder / "b.svg").read_bytes()
 
 
-def test_shares_partition_each_layer_input(the_plan):
-    """The projected tile grid is a partition of every layer's input, ending at the owned split."""
-    for segment in the_plan.segments:
-        for axis in range(2):
-            tiles = segment.rows if axis == 0 else segment.cols
-            last = the_plan.model.layers[segment.stop - 1]
-            for layer in range(segment.first, segment.stop):
-                bounds = share_bounds(the_plan, segment, axis, layer)
-                assert bounds[0] == 0 and bounds[-1] == the_plan.model.layers[layer].in_shape[2 + axis]
-                assert bounds == sorted(bounds) and len(bounds) == len(tiles) + 1
-            size = last.out_shape[2 + axis]
-            assert [t.owned for t in tiles] == list(split(size, len(tiles)))
+def test_draw_defaults_to_the_middle_tile_at_the_first_tiled_node():
+    figure = draw(grid_plan("se"))
+    regions, growth, rows, cols = figure.axes
+    assert "node conv2d" in regions.get_title() and "tile 1,1" in regions.get_title()
+    assert "segment 0" in growth.get_title() and len(growth.get_lines()) >= 2
+    assert [label.get_text() for label in rows.get_yticklabels()] == ["input", "conv2d", "relu"]
 
 
-def test_draw_defaults_to_the_middle_tile(the_plan):
-    figure = draw(the_plan)
-    left, right = figure.axes[:2]
-    assert "tile 1,1" in left.get_title() and "layer 0" in left.get_title()
-    assert len(right.get_lines()) >= 3
+def test_picking_a_node_picks_its_segment():
+    choice = pick(grid_plan("se"), "mul", (0, 1))
+    assert (choice.segment.index, choice.position, choice.step, choice.tile) == (2, 7, 0, (0, 1))
+
+
+def test_shares_of_an_output_are_its_owned_parts():
+    plan = segment_plan("unet", UNET_SPLIT)
+    context = context_of(plan)
+    for segment in plan.segments:
+        for axis, tiles in enumerate((segment.rows, segment.cols)):
+            for k, name in enumerate(segment.outputs):
+                size = context.size(name, axis)
+                bounds = share_bounds([t.owned[k] for t in tiles], size)
+                assert [Interval(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)] == list(
+                    split(size, len(tiles)))
+
+
+@pytest.mark.parametrize("intervals, size, bounds", [
+    ([Interval(0, 9), Interval(7, 17), Interval(15, 23)], 23, [0, 8, 16, 23]),
+    ([Interval(0, 0), Interval(0, 5)], 5, [0, 0, 5]),
+    ([Interval(0, 12), Interval(0, 12)], 12, [0, 6, 12]),
+])
+def test_share_bounds_cut_overlaps_in_the_middle(intervals, size, bounds):
+    assert share_bounds(intervals, size) == bounds
+
+
+def test_cone_shows_the_hull_of_a_skip_connection():
+    """relu_1 feeds the transposed conv and the bilinear upsampling: the tile computes the hull of both reads."""
+    plan = segment_plan("unet", UNET_SPLIT)
+    segment = plan.segments[1]
+    for axis in range(2):
+        for index in range(segment.grid[axis]):
+            lines = {line.name: line for line in cone(plan, segment, axis, index, context_of(plan))}
+            assert list(lines)[:2] == ["max_pool2d", "relu"]  # the sliced segment inputs come first
+            skip = lines["relu_1"]
+            assert [consumer for consumer, _ in skip.reads] == ["conv_transpose2d", "upsample_bilinear2d"]
+            reads = [read for _, read in skip.reads]
+            hull = Interval(min(r.start for r in reads), max(r.stop for r in reads))
+            assert skip.intervals[index] == hull
 
 
 @pytest.mark.parametrize("args, words", [
     (["-o", "t.jpg"], ["t.jpg", ".png, .svg or .pdf"]),
-    (["-o", "rich.plan.json/t.png"], ["cannot write", "rich.plan.json/t.png"]),
-    (["-o", "t.png", "--layer", "7"], ["--layer 7", "0..6"]),
-    (["-o", "t.png", "--layer", "-1"], ["--layer -1"]),
-    (["-o", "t.png", "--layer", "4", "--tile", "2,0"], ["--tile 2,0", "segment 1", "2x2"]),
+    (["-o", "se.plan.json/t.png"], ["cannot write", "se.plan.json/t.png"]),
+    (["-o", "t.png", "--node", "nope"], ["no node 'nope'", "tilec inspect PLAN --nodes"]),
+    (["-o", "t.png", "--node", "sigmoid"], ["node sigmoid", "segment 1", "stored"]),
+    (["-o", "t.png", "--node", "mul", "--tile", "3,0"], ["--tile 3,0", "segment 2", "3x2"]),
+    (["-o", "t.png", "--tile", "0,2"], ["--tile 0,2", "segment 0", "3x2"]),
     (["-o", "t.png", "--tile", "one"], ["--tile", "'one'"]),
 ])
-def test_viz_refuses(plan_file, args, words):
-    before = snapshot(plan_file.parent)
-    result = run(["viz", str(plan_file), *args])
+def test_viz_refuses(folder, args, words):
+    path = plan_file(folder, grid_plan("se"))
+    before = snapshot(folder)
+    result = run(["viz", str(path), *args])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("Error: ") and result.output.count("\n") == 1
     assert all(word in result.output for word in words), result.output
-    assert snapshot(plan_file.parent) == before
+    assert snapshot(folder) == before
 
 
-def test_viz_refuses_bad_plans(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text("{")
-    result = run(["viz", str(bad), "-o", str(tmp_path / "t.png")])
+def test_viz_refuses_a_plan_without_tiles(folder):
+    with pytest.raises(TilecError, match="no tiled segment"):
+        save(grid_plan("residual", (1, 1)), folder / "t.png")
+    with pytest.raises(OutputError, match="must end in"):
+        save(grid_plan("residual"), folder / "t.gif")
+    assert not list(folder.iterdir())
+
+
+def test_viz_refuses_bad_plans(folder):
+    (folder / "bad.json").write_text("{")
+    result = run(["viz", "bad.json", "-o", "t.png"])
     assert result.exit_code == 2 and "is not JSON" in result.output
-    assert not (tmp_path / "t.png").exists()
+    assert not (folder / "t.png").exists()
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+
+def text(*tables) -> str:
+    console = Console(record=True, width=250, file=io.StringIO())
+    for table in tables:
+        console.print(table)
+    return console.export_text()
+
+
+def test_describe_plan_has_a_row_per_segment():
+    out = text(describe_plan(grid_plan("se")))
+    assert "input 1x3x23x19" in out and "float32" in out and "predicted peak" in out
+    assert "0..1: conv2d (conv) .. relu (-)" in out and "7..8: mul (-) .. conv2d_3 (out)" in out
+    assert "stored" in out and "1, largest 1x4x1x1" in out and "(input)" in out
+
+
+def test_node_table_lists_positions_and_segments():
+    out = text(node_table(grid_plan("se")))
+    lines = [line for line in out.splitlines() if "adaptive_avg_pool2d" in line]
+    assert len(lines) == 1 and "2 " in lines[0] and "no" in lines[0] and "1 (stored)" in lines[0]
+
+
+def test_tile_table_shows_every_read_of_a_node():
+    plan = segment_plan("unet", UNET_SPLIT)
+    (table,) = tile_table(plan, (2, 1), None, None)
+    assert table.row_count == 7 + 2  # seven nodes, cat reads three tensors
+    out = text(table)
+    assert "segment 1 (grid 3x2), tile 2,1" in out and "upsample_bilinear2d" in out
+    (table,) = tile_table(plan, None, "cat", None)
+    assert table.row_count == 6 * 3  # every tile of the 3x2 grid, three reads each
+
+
+def test_tile_table_shows_the_tile_in_every_segment_holding_it():
+    plan = segment_plan("unet", UNET_SPLIT)
+    assert len(tile_table(plan, (1, 1), None, None)) == 2
+    assert len(tile_table(plan, (2, 0), None, None)) == 1
+
+
+@pytest.mark.parametrize("tile, node, segment, words", [
+    (None, "ghost", None, ["no node 'ghost'", "--nodes"]),
+    (None, "sigmoid", None, ["node sigmoid", "stored"]),
+    ((0, 0), None, 1, ["segment 1 is stored"]),
+    ((0, 0), None, 5, ["--segment 5", "3 segment(s)"]),
+    ((0, 0), "mul", 0, ["node mul is in segment 2, not segment 0"]),
+    ((3, 0), None, None, ["--tile 3,0", "segment 0 3x2", "segment 2 3x2"]),
+])
+def test_tile_table_refuses(tile, node, segment, words):
+    with pytest.raises(TilecError) as caught:
+        tile_table(grid_plan("se"), tile, node, segment)
+    message = str(caught.value)
+    assert "\n" not in message and all(word in message for word in words), message
+
+
+def test_inspect_shows_a_node_of_every_tile(folder):
+    result = run(["inspect", str(plan_file(folder, grid_plan("residual"))), "--node", "add", "--nodes"])
+    assert result.exit_code == 0, result.output
+    assert "every tile, node add" in result.output and "positions for --segments" in result.output

@@ -23,7 +23,7 @@ import jinja2
 from tilec import __version__
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
-from tilec.ops import Context, conv_padding, const, pad_amounts, window_args
+from tilec.ops import Context, const, window_args
 from tilec.regions import Interval
 
 #: Arguments that switch a module between training and eval behaviour: (op, argument index).

@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from tilec.errors import OutputError, PlanError
-from tilec.ir import SCHEMA_VERSION, Plan
-from tilec.validate import validate
+from tilec.ir import Plan
+from tilec.validate import check_version, validate
 
 
 def _flat(value) -> bool:
@@ -116,16 +116,7 @@ def loads(text: str, source: str = "plan") -> Plan:
         raise PlanError(f"{source} is not JSON tilec can read: {error}") from None
     if not isinstance(data, dict):
         raise PlanError(f"{source} is not a plan: the top level is not an object")
-    version = data.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise PlanError(
-            f"{source} has schema_version {version}, newer than this tilec's {SCHEMA_VERSION}; upgrade tilec"
-        )
-    if isinstance(version, int) and version < SCHEMA_VERSION:
-        raise PlanError(
-            f"{source} has schema_version {version}, from an older tilec (layer chains); recompile the model "
-            f"with tilec compile to get a schema {SCHEMA_VERSION} plan"
-        )
+    check_version(data, source)
     try:
         plan = Plan.model_validate(data)
     except ValidationError as error:

@@ -1,11 +1,17 @@
-"""Human-readable views of a plan (rich tables) for ``tilec compile`` and ``tilec inspect``."""
+"""Human-readable views of a plan (rich tables) for ``tilec compile`` and ``tilec inspect``.
+
+Intervals print half-open, ``[start, stop)``, in the coordinates of the full tensor; a 2-D
+region prints as ``rows x cols``; padding prints as ``top/bottom/left/right``.
+"""
 
 from __future__ import annotations
+
+import math
 
 from rich.table import Table
 
 from tilec.errors import TilecError
-from tilec.ir import AxisStep, Plan, Segment
+from tilec.ir import AxisStep, NodeSpec, Plan, Read, Segment
 from tilec.regions import Interval
 
 
@@ -13,16 +19,43 @@ def _interval(interval: Interval) -> str:
     return f"[{interval.start}, {interval.stop})"
 
 
+def _region(rows: Interval, cols: Interval) -> str:
+    return f"{_interval(rows)} x {_interval(cols)}"
+
+
 def _shape(shape) -> str:
-    return "x".join(str(n) for n in shape)
+    return "x".join(str(n) for n in shape) or "scalar"
 
 
 def _mib(count: int) -> str:
     return f"{count / 2**20:,.1f} MiB"
 
 
+def _where(node: NodeSpec) -> str:
+    return f"{node.name} ({node.path or '-'})"
+
+
+def _largest_slice(segment: Segment) -> str:
+    """The largest input slice of any tile: per sliced input, the longest row interval times the
+    longest column interval (tile ``(i, j)`` reads ``rows[i]`` x ``cols[j]``)."""
+    sliced = [i.name for i in segment.inputs if i.sliced]
+    best = None
+    for k, name in enumerate(sliced):
+        rows = max(t.inputs[k].length for t in segment.rows)
+        cols = max(t.inputs[k].length for t in segment.cols)
+        if best is None or rows * cols > best[0] * best[1]:
+            best = (rows, cols, name)
+    return "-" if best is None else f"{best[0]}x{best[1]} ({best[2]})"
+
+
+def _outputs(plan: Plan, segment: Segment) -> str:
+    """How many tensors the segment materialises, and the largest."""
+    largest = max((plan.node(name) for name in segment.outputs), key=lambda n: math.prod(n.shape), default=None)
+    return "-" if largest is None else f"{len(segment.outputs)}, largest {_shape(largest.shape)}"
+
+
 def describe_plan(plan: Plan) -> Table:
-    """One row per segment: nodes, mode, grid, shape classes, largest tile, predicted cost."""
+    """One row per segment: nodes, mode, grid, shape classes, largest slice, outputs, predicted cost."""
     budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
     table = Table(
         title=f"plan {plan.name}: input {_shape(plan.input_shape)}, {len(plan.model.nodes)} nodes, {plan.dtype}, "
@@ -30,23 +63,19 @@ def describe_plan(plan: Plan) -> Table:
     )
     for column in ("segment", "nodes", "mode", "grid", "shape classes", "largest input slice", "outputs",
                    "predicted peak", "FLOP overhead", "est. seconds"):
-        table.add_column(column, justify="right" if column != "nodes" else "left")
+        table.add_column(column, justify="left" if column in ("nodes", "outputs") else "right")
     nodes = plan.model.nodes
     for segment in plan.segments:
-        first, last = nodes[segment.first], nodes[segment.stop - 1]
         tiled = segment.mode == "tiled"
         classes = len({t.shape_class for t in segment.rows}) * len({t.shape_class for t in segment.cols})
-        rows = max((sum(i.length for i in t.inputs) for t in segment.rows), default=0)
-        cols = max((sum(i.length for i in t.inputs) for t in segment.cols), default=0)
         table.add_row(
             str(segment.index),
-            f"{segment.first}..{segment.stop - 1} ({first.name} {first.path or '-'} .. {last.name} {last.path or '-'})",
+            f"{segment.first}..{segment.stop - 1}: {_where(nodes[segment.first])} .. {_where(nodes[segment.stop - 1])}",
             segment.mode,
             f"{segment.grid[0]}x{segment.grid[1]}",
             str(classes) if tiled else "-",
-            f"{rows}x{cols}" if tiled else "-",
-            ", ".join(_shape(plan.node(name).shape) for name in segment.outputs[:2])
-            + (f" +{len(segment.outputs) - 2}" if len(segment.outputs) > 2 else ""),
+            _largest_slice(segment) if tiled else "-",
+            _outputs(plan, segment),
             _mib(segment.predicted_peak_bytes),
             f"{segment.flop_overhead:+.1%}",
             f"{segment.estimated_seconds:.3f}",
@@ -54,65 +83,95 @@ def describe_plan(plan: Plan) -> Table:
     return table
 
 
-def _pad(row: AxisStep, col: AxisStep) -> str:
-    top, bottom = row.pad
-    left, right = col.pad
-    return f"{top}/{bottom}/{left}/{right}"
+def node_position(plan: Plan, name: str) -> int:
+    """Position of node ``name`` in the node order; a one-line ``TilecError`` if there is none."""
+    for position, node in enumerate(plan.model.nodes):
+        if node.name == name:
+            return position
+    raise TilecError(f"no node {name!r} in the plan; `tilec inspect PLAN --nodes` lists every node")
 
 
-def _padded_input(row: AxisStep, col: AxisStep) -> str:
-    """Size of the tile's input after border padding: what the layer's kernel runs on."""
-    return f"{row.read.length + sum(row.pad)}x{col.read.length + sum(col.pad)}"
-
-
-def _segments(plan: Plan, segment: int | None) -> list[Segment]:
-    if segment is None:
-        return list(plan.segments)
-    if not 0 <= segment < len(plan.segments):
+def _chosen_segments(plan: Plan, node: int | None, segment: int | None) -> list[Segment]:
+    """The tiled segments to show: ``segment``, the one holding ``node``, or every tiled one."""
+    if segment is not None and not 0 <= segment < len(plan.segments):
         raise TilecError(f"--segment {segment} is out of range: the plan has {len(plan.segments)} segment(s)")
-    return [plan.segments[segment]]
+    if node is not None:
+        holder, name = plan.segment_of(node), plan.model.nodes[node].name
+        if segment is not None and segment != holder.index:
+            raise TilecError(f"node {name} is in segment {holder.index}, not segment {segment}")
+        if holder.mode != "tiled":
+            raise TilecError(f"node {name} is in segment {holder.index}, which is stored: it runs untiled, "
+                             f"so it has no tiles to show")
+        segment = holder.index
+    if segment is not None:
+        chosen = plan.segments[segment]
+        if chosen.mode != "tiled":
+            raise TilecError(f"segment {segment} is stored: it runs untiled, so it has no tiles to show")
+        return [chosen]
+    return [s for s in plan.segments if s.mode == "tiled"]
 
 
-def tile_table(plan: Plan, tile: tuple[int, int] | None, layer: int | None, segment: int | None) -> list[Table]:
-    """Per-layer regions of one tile, or of every tile at one layer."""
-    if layer is not None and not 0 <= layer < len(plan.model.layers):
-        raise TilecError(f"--layer {layer} is out of range: the plan has {len(plan.model.layers)} layers")
+def _tiles(segments: list[Segment], tile: tuple[int, int] | None, explicit: bool) -> list[tuple[Segment, list]]:
+    """Per segment, the tile coordinates to show: ``tile`` where it is in the grid, else all."""
+    if tile is None:
+        return [(s, [(i, j) for i in range(s.grid[0]) for j in range(s.grid[1])]) for s in segments]
+    inside = [s for s in segments if 0 <= tile[0] < s.grid[0] and 0 <= tile[1] < s.grid[1]]
+    if not inside or (explicit and len(inside) != len(segments)):
+        grids = ", ".join(f"segment {s.index} {s.grid[0]}x{s.grid[1]}" for s in segments) or "no tiled segment"
+        raise TilecError(f"--tile {tile[0]},{tile[1]} is outside the grid ({grids})")
+    return [(s, [tile]) for s in inside]
+
+
+def _read_cells(row: Read, col: Read) -> list[str]:
+    return [row.input, _interval(row.read), _interval(col.read),
+            f"{row.pad[0]}/{row.pad[1]}/{col.pad[0]}/{col.pad[1]}", _region(row.grad, col.grad)]
+
+
+def _step_rows(node: NodeSpec, row: AxisStep, col: AxisStep) -> list[list[str]]:
+    """One table row per read of ``node`` (rows and cols steps of one tile; a tileable node reads at
+    least one image); the node's own cells on the first."""
+    head = [node.name, node.op, node.path or "-", _interval(row.out), _interval(col.out),
+            _region(row.grad_out, col.grad_out)]
+    pairs = zip(row.reads, col.reads, strict=True)
+    return [(head if k == 0 else [""] * len(head)) + _read_cells(r, c) for k, (r, c) in enumerate(pairs)]
+
+
+def tile_table(plan: Plan, tile: tuple[int, int] | None, node: str | None, segment: int | None) -> list[Table]:
+    """Per node of a tile: output interval, and per read the input, read interval, padding and gradients.
+
+    ``tile``: one tile ``(i, j)`` (else every tile); ``node``: only that node (else every node of the
+    segment); ``segment``: only that segment (else the node's, or every tiled segment holding the
+    tile). One table per segment shown; bad choices raise one-line ``TilecError`` s.
+    """
+    position = node_position(plan, node) if node is not None else None
+    segments = _chosen_segments(plan, position, segment)
     tables = []
-    for seg in _segments(plan, segment):
-        if layer is not None and not seg.first <= layer < seg.stop:
-            continue
-        if tile is not None and not (tile[0] < seg.grid[0] and tile[1] < seg.grid[1]):
-            raise TilecError(f"--tile {tile[0]},{tile[1]} is outside segment {seg.index}'s "
-                             f"{seg.grid[0]}x{seg.grid[1]} grid")
-        coordinates = [tile] if tile is not None else [(i, j) for i in range(seg.grid[0]) for j in range(seg.grid[1])]
-        title = f"segment {seg.index}" + (f", tile {tile[0]},{tile[1]}" if tile else f", layer {layer}")
+    for seg, coordinates in _tiles(segments, tile, explicit=segment is not None or position is not None):
+        title = f"segment {seg.index} (grid {seg.grid[0]}x{seg.grid[1]})"
+        title += f", tile {tile[0]},{tile[1]}" if tile is not None else ", every tile"
+        title += f", node {node}" if node is not None else ""
         table = Table(title=title + "  (rows x cols, half-open; pad = top/bottom/left/right)")
-        for column in ("tile", "layer", "type", "output rows", "output cols", "reads rows", "reads cols",
-                       "padded input", "pad", "grad out", "grad in"):
+        for column in ("tile", "node", "op", "module", "out rows", "out cols", "grad out", "reads", "read rows",
+                       "read cols", "pad", "grad in"):
             table.add_column(column)
+        members = range(seg.first, seg.stop) if position is None else [position]
         for i, j in coordinates:
             rows, cols = seg.rows[i], seg.cols[j]
-            for position, spec in enumerate(plan.model.layers[seg.first:seg.stop]):
-                if layer is not None and spec.index != layer:
-                    continue
-                r, c = rows.steps[position], cols.steps[position]
-                table.add_row(
-                    f"{i},{j}", f"{spec.index} ({spec.path})", spec.type,
-                    _interval(r.out), _interval(c.out), _interval(r.read), _interval(c.read),
-                    _padded_input(r, c), _pad(r, c),
-                    f"{_interval(r.grad_out)}x{_interval(c.grad_out)}",
-                    f"{_interval(r.grad_in)}x{_interval(c.grad_in)}",
-                )
+            for index in members:
+                k = index - seg.first
+                for n, cells in enumerate(_step_rows(plan.model.nodes[index], rows.steps[k], cols.steps[k])):
+                    table.add_row(f"{i},{j}" if n == 0 else "", *cells)
         tables.append(table)
     return tables
 
 
 def node_table(plan: Plan) -> Table:
-    """Every node: position, name, op, module path, output shape, tileable, segment."""
-    table = Table(title=f"nodes of plan {plan.name} (positions for --segments FIRST:STOP@RxC)")
+    """Every node: position (for ``--segments FIRST:STOP@RxC``), name, op, module, shape, tileable, segment."""
+    table = Table(title=f"nodes of plan {plan.name} (positions for --segments FIRST:STOP@RxC, STOP exclusive)")
     for column in ("position", "node", "op", "module", "output", "tileable", "segment"):
-        table.add_column(column)
+        table.add_column(column, justify="right" if column == "position" else "left")
     for position, node in enumerate(plan.model.nodes):
+        segment = plan.segment_of(position)
         table.add_row(str(position), node.name, node.op, node.path or "-", _shape(node.shape),
-                      "yes" if node.tileable else "no", str(plan.segment_of(position).index))
+                      "yes" if node.tileable else "no", f"{segment.index} ({segment.mode})")
     return table

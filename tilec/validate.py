@@ -1,9 +1,400 @@
-"""Structural checks of a schema-valid plan: ``validate`` raises one ``PlanError`` line or returns."""
+"""Structural checks of a schema-valid plan: ``validate`` raises one ``PlanError`` line or returns.
+
+The schema (pydantic) only knows types. A plan the generated code can execute exactly must also
+be internally consistent, and ``validate`` checks that it is, in this order (the first
+difference is reported, naming the segment, axis, tile and node):
+
+* ``schema_version`` is this tilec's (``check_version`` refuses older and newer plans on the raw
+  JSON object, before the schema sees fields it does not know);
+* ``input_shape`` is N, C, H, W with positive sizes (tiles depend on H and W only, so N and C
+  are left to the generated module's own input check); predictions (peaks, FLOP overhead,
+  seconds) and the budget are in range;
+* the nodes are in a topological order: unique names (none called ``"input"``), every ``node``
+  or ``nodes`` argument names an earlier node or ``"input"``, every ``tensor`` argument names a
+  model tensor, ``inputs`` lists exactly the node arguments in order without repeats, shapes are
+  not negative and ``spatial`` names two distinct dims of the shape; the output tree names nodes;
+* ``model.digest`` is the digest of the nodes, tensors and output (``tilec.planner.fingerprint``);
+* every node's ``tileable`` flag is what tracing gives it (``tilec.ops.tile_check``), and the
+  image sizes of tileable nodes follow their rule from their input's sizes (so ``input_shape``
+  agrees with the nodes);
+* segments cover the node positions ``0..n-1`` contiguously; each segment's inputs and outputs
+  are what ``tilec.planner.Boundaries`` computes; a stored segment has grid 1x1 and no tiles; a
+  tiled one holds only tileable nodes and one axis tile per grid row and column;
+* per tiled segment and axis, each output's owned intervals partition ``[0, size)`` in order
+  without empty parts, and every axis tile equals the one the planner builds
+  (``tilec.planner._cone``): the even owned split, one step per node in order, every read the
+  op's rule clipped to the input with the clipped amount as padding (none for rules without
+  padding), ``grad_out == out`` and ``Read.grad == read``, every ``out`` the hull of its
+  consumers' reads and its owned parts, every sliced input interval the hull of its reads;
+* shape classes are numbered in order of first appearance, one per distinct ``class_key``
+  (tiles of one class share generated code).
+
+The name and dtype are not checked. Each axis tile is rebuilt once, so validation costs about
+what planning the tiles costs.
+"""
 
 from __future__ import annotations
 
-from tilec.ir import Plan
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import networkx as nx
+
+from tilec.errors import PlanError, TilecError
+from tilec.ir import INPUT, SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
+from tilec.ops import (
+    KINDS,
+    Context,
+    const,
+    conv_padding,
+    pad_amounts,
+    slice_start,
+    sliced_inputs,
+    tile_check,
+    transpose_args,
+    window_args,
+)
+from tilec.planner import Boundaries, _cone, class_key, fingerprint
+from tilec.regions import Interval, Window
+from tilec.trace import is_image_shape
+
+AXES = ("rows", "cols")
+
+#: What evaluating a forged node's arguments (a wrong type, a missing constant) can raise, torch included.
+_EVALUATION_ERRORS = (TilecError, LookupError, TypeError, ValueError, ArithmeticError, AttributeError, RuntimeError)
+
+
+class _Inconsistent(Exception):
+    pass
+
+
+def _fail(message: str):
+    raise _Inconsistent(message)
+
+
+@contextmanager
+def _evaluating(what: str) -> Iterator[None]:
+    """Report a rule or check that cannot run on the plan's data as an inconsistency of ``what``."""
+    try:
+        yield
+    except _EVALUATION_ERRORS as error:
+        detail = " ".join(str(error).split()) or type(error).__name__
+        _fail(f"{what} cannot be evaluated ({type(error).__name__}: {detail})")
+
+
+def _interval(interval: Interval) -> str:
+    return f"[{interval.start}, {interval.stop})"
+
+
+def check_version(data: dict, source: str = "plan") -> None:
+    """Refuse the raw JSON object of a plan from another tilec before the schema parses it.
+
+    A schema-1 plan (layer chains: ``model.layers``, no ``model.nodes``) or any version below
+    this one asks for recompiling; a newer version asks for upgrading tilec.
+    """
+    version = data.get("schema_version")
+    model = data.get("model")
+    numeric = isinstance(version, int) and not isinstance(version, bool)
+    if numeric and version > SCHEMA_VERSION:
+        raise PlanError(f"{source} has schema_version {version}, newer than this tilec's {SCHEMA_VERSION}; "
+                        f"upgrade tilec")
+    chain = isinstance(model, dict) and "layers" in model and "nodes" not in model
+    if (numeric and version < SCHEMA_VERSION) or chain:
+        found = f"schema_version {version}" if numeric else "model.layers"
+        raise PlanError(f"{source} is a plan from an older tilec ({found}: layer chains); recompile the model "
+                        f"with `tilec compile` to get a schema {SCHEMA_VERSION} plan")
+
+
+def _check_predictions(plan: Plan) -> None:
+    """Predictions are estimates, so only their range is checked: bytes and seconds not negative,
+    FLOP overhead at least -1 (a ratio minus one), all finite; a budget, if any, positive."""
+    if plan.predicted_peak_bytes < 0 or (plan.memory_budget is not None and plan.memory_budget < 1):
+        _fail(f"predicted_peak_bytes {plan.predicted_peak_bytes} or memory_budget {plan.memory_budget} is out of range")
+    for segment in plan.segments:
+        seconds, overhead = segment.estimated_seconds, segment.flop_overhead
+        if segment.predicted_peak_bytes < 0 or not (0 <= seconds < math.inf and -1 <= overhead < math.inf):
+            _fail(f"segment {segment.index} has predictions out of range: peak {segment.predicted_peak_bytes} bytes, "
+                  f"{seconds} s, FLOP overhead {overhead}")
+
+
+def _check_input(plan: Plan) -> None:
+    shape = tuple(plan.input_shape)
+    if len(shape) != 4 or any(n < 1 for n in shape):
+        _fail(f"input_shape {shape} is not four positive sizes N, C, H, W")
+
+
+def _check_args(node: NodeSpec, known: set[str], tensors: set[str]) -> None:
+    expected: dict[str, None] = {}
+    for arg in node.args:
+        names = [arg.value] if arg.kind == "node" else arg.value if arg.kind == "nodes" else []
+        if arg.kind == "nodes" and not isinstance(arg.value, tuple):
+            _fail(f"node {node.name} has a 'nodes' argument that is not a list of names: {arg.value!r}")
+        for name in names:
+            if not isinstance(name, str) or name not in known:
+                _fail(f"node {node.name} reads {name!r}, which is neither 'input' nor an earlier node "
+                      f"(the nodes must be in execution order)")
+            expected.setdefault(name)
+        if arg.kind == "tensor" and arg.value not in tensors:
+            _fail(f"node {node.name} computes with tensor {arg.value!r}, which is not in model.tensors")
+    if tuple(node.inputs) != tuple(expected):
+        _fail(f"node {node.name} lists inputs {list(node.inputs)}, but its arguments read {list(expected)}")
+
+
+def _check_shape(node: NodeSpec) -> None:
+    if any(n < 0 for n in node.shape):
+        _fail(f"node {node.name} has a negative size in its shape {tuple(node.shape)}")
+    if node.spatial is not None:
+        rows, cols = node.spatial
+        if rows == cols or not (0 <= rows < len(node.shape) and 0 <= cols < len(node.shape)):
+            _fail(f"node {node.name} has spatial dims {tuple(node.spatial)}, not two distinct dims of its "
+                  f"shape {tuple(node.shape)}")
+
+
+def _check_output(tree: OutputTree, known: set[str]) -> None:
+    if tree.kind == "tensor":
+        if tree.node not in known or tree.items or tree.keys:
+            _fail(f"the output tree's tensor {tree.node!r} is not a node (or has items or keys)")
+        return
+    if tree.node is not None or (tree.kind == "dict") != bool(tree.keys) or (
+            tree.kind == "dict" and len(tree.keys) != len(tree.items)):
+        _fail(f"the output tree's {tree.kind} has a node {tree.node!r} or {len(tree.keys)} keys for "
+              f"{len(tree.items)} items")
+    for item in tree.items:
+        _check_output(item, known)
+
+
+def _check_nodes(plan: Plan) -> None:
+    nodes = plan.model.nodes
+    if not nodes:
+        _fail("model.nodes is empty")
+    tensors = [t.name for t in plan.model.tensors]
+    if len(set(tensors)) != len(tensors):
+        _fail("model.tensors names a tensor twice")
+    if any(n < 0 for t in plan.model.tensors for n in t.shape):
+        _fail("a model tensor has a negative size")
+    known, names = {INPUT}, set(tensors)
+    for node in nodes:
+        if node.name in known:
+            _fail(f"node name {node.name!r} is used twice (or is 'input')")
+        _check_args(node, known, names)
+        _check_shape(node)
+        known.add(node.name)
+    _check_output(plan.model.output, known)
+
+
+def graph_of(plan: Plan) -> nx.DiGraph:
+    """The traced graph (``tilec.trace`` conventions) a plan's model fingerprint describes."""
+    graph = nx.DiGraph(input_shape=tuple(plan.input_shape), order=tuple(n.name for n in plan.model.nodes),
+                       tensors=plan.model.tensors, output=plan.model.output)
+    graph.add_node(INPUT)
+    for node in plan.model.nodes:
+        graph.add_node(node.name, spec=node)
+        for producer in node.inputs:
+            graph.add_edge(producer, node.name)
+    return graph
+
+
+def _check_digest(plan: Plan, graph: nx.DiGraph) -> None:
+    if fingerprint(graph).digest != plan.model.digest:
+        _fail("model.digest is not the digest of model.nodes, model.tensors and model.output (the model was "
+              "edited; recompile it with `tilec compile`)")
+
+
+def _expected_size(node: NodeSpec, axis: int, context: Context) -> int | None:
+    """The output size on ``axis`` a tileable node's rule implies from its input, or ``None`` where the
+    output size is free (upsampling, pointwise ops: ``tile_check`` compares those)."""
+    kind = KINDS[node.op]
+    if kind in ("pixel", "upsample"):
+        return None
+    size = context.size(node.inputs[0], axis)
+    if kind == "window" and node.op == "conv2d":
+        weight = context.tensor_shapes[node.args[1].value]
+        args = window_args(node, weight)
+        before, after = conv_padding(node, weight)[axis]
+        return Window(args.kernel[axis], args.stride[axis], args.dilation[axis], before, after).output_size(size)
+    if kind == "window":
+        return window_args(node).axis(axis).output_size(size)
+    if kind == "conv_transpose":
+        args = transpose_args(node, context.tensor_shapes[node.args[1].value])
+        kernel, stride, padding, output_padding, dilation = (args[k][axis] for k in (
+            "kernel", "stride", "padding", "output_padding", "dilation"))
+        return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
+    if kind == "pad":
+        return size + sum(pad_amounts(node, axis))
+    return _slice_size(node, axis, size, context)
+
+
+def _slice_size(node: NodeSpec, axis: int, size: int, context: Context) -> int:
+    source = node.inputs[0]
+    dim = const(node, 1, 0) % len(context.shape(source))
+    if dim != context.spatial(source)[axis]:
+        return size
+    stop = const(node, 3, None)
+    stop = size if stop is None else stop + size if stop < 0 else stop
+    return max(0, min(stop, size) - slice_start(node, context))
+
+
+def _tileable(node: NodeSpec, context: Context) -> bool:
+    """The flag tracing gives ``node``: it reads an image, has a rule here, and outputs an image."""
+    return bool(sliced_inputs(node, context)) and tile_check(node, context) is None and is_image_shape(node)
+
+
+def _check_tileable(plan: Plan, context: Context) -> None:
+    for node in plan.model.nodes:
+        with _evaluating(f"node {node.name} (aten.{node.op})"):
+            tileable = _tileable(node, context)
+            sizes = [_expected_size(node, axis, context) for axis in range(2)] if tileable else []
+        if node.tileable != tileable:
+            _fail(f"node {node.name} (aten.{node.op}) is marked tileable={node.tileable}, but its op and "
+                  f"shapes make it {tileable}")
+        for axis, size in enumerate(sizes):
+            if size is not None and size != context.size(node.name, axis):
+                _fail(f"node {node.name} (aten.{node.op}) has {AXES[axis]} size {context.size(node.name, axis)}, "
+                      f"but its input {node.inputs[0]!r} of size {context.size(node.inputs[0], axis)} gives {size}")
+
+
+def _check_cover(plan: Plan) -> None:
+    count, expected = len(plan.model.nodes), 0
+    if not plan.segments:
+        _fail("the plan has no segments")
+    for position, segment in enumerate(plan.segments):
+        if segment.index != position:
+            _fail(f"segment {position} has index {segment.index}, expected {position}")
+        if segment.first != expected or not segment.first < segment.stop <= count:
+            _fail(f"segment {position} covers nodes [{segment.first}, {segment.stop}), expected a non-empty "
+                  f"range starting at {expected} and ending by {count}")
+        expected = segment.stop
+    if expected != count:
+        _fail(f"the segments cover nodes [0, {expected}), but the model has {count} nodes")
+
+
+def _names(inputs: Sequence[SegmentInput]) -> str:
+    return "[" + ", ".join(f"{i.name}{'' if i.sliced else ' (whole)'}" for i in inputs) + "]"
+
+
+def _check_segment(segment: Segment, bounds: Boundaries) -> None:
+    where = f"segment {segment.index}"
+    first, stop = segment.first, segment.stop
+    inputs, outputs = bounds.inputs(first, stop), bounds.outputs(first, stop)
+    if tuple(segment.inputs) != inputs:
+        _fail(f"{where} has inputs {_names(segment.inputs)}, but its nodes read {_names(inputs)} from before it")
+    if tuple(segment.outputs) != outputs:
+        _fail(f"{where} has outputs {list(segment.outputs)}, but {list(outputs)} are read after it or returned")
+    grid = tuple(segment.grid)
+    if segment.mode == "stored":
+        if grid != (1, 1) or segment.rows or segment.cols:
+            _fail(f"{where} is stored but has grid {grid[0]}x{grid[1]} and {len(segment.rows)}x{len(segment.cols)} "
+                  f"axis tiles; a stored segment runs untiled (grid 1x1, no tiles)")
+        return
+    blocker = next((n for n in bounds.members(first, stop) if not n.tileable), None)
+    if blocker is not None:
+        _fail(f"{where} is tiled but node {blocker.name} (aten.{blocker.op}) cannot run tile by tile")
+    if grid[0] < 1 or grid[1] < 1 or (len(segment.rows), len(segment.cols)) != grid:
+        _fail(f"{where} has grid {grid[0]}x{grid[1]} but {len(segment.rows)} row tiles and "
+              f"{len(segment.cols)} column tiles")
+
+
+def _check_owned(segment: Segment, axis: int, context: Context) -> None:
+    tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
+    where = f"segment {segment.index} {AXES[axis]}"
+    for number, tile in enumerate(tiles):
+        if tile.index != number:
+            _fail(f"{where} tile {number} has index {tile.index}, expected {number}")
+        if len(tile.owned) != len(segment.outputs):
+            _fail(f"{where} tile {number} owns {len(tile.owned)} intervals for {len(segment.outputs)} outputs")
+    for k, name in enumerate(segment.outputs):
+        size, position = context.size(name, axis), 0
+        for number, tile in enumerate(tiles):
+            owned = tile.owned[k]
+            if owned.start != position or not owned.start < owned.stop <= size:
+                _fail(f"{where} tile {number} owns {_interval(owned)} of output {name}: the owned parts must "
+                      f"partition [0, {size}) in order without empty parts (next part starts at {position})")
+            position = owned.stop
+        if position != size:
+            _fail(f"{where}: the owned parts of output {name} cover [0, {position}), not [0, {size})")
+
+
+def _compare_step(step: AxisStep, expected: AxisStep, where: str) -> None:
+    here = f"{where}, node {expected.node}"
+    if step.node != expected.node:
+        _fail(f"{where} has a step for node {step.node} where the segment's node order has {expected.node}")
+    if step.out != expected.out:
+        _fail(f"{here}: out {_interval(step.out)} is not the hull of its consumers' reads and its owned parts, "
+              f"{_interval(expected.out)}")
+    if step.grad_out != step.out:
+        _fail(f"{here}: grad_out {_interval(step.grad_out)} differs from out {_interval(step.out)}")
+    if [r.input for r in step.reads] != [r.input for r in expected.reads]:
+        _fail(f"{here} reads {[r.input for r in step.reads]}, but its rule reads {[r.input for r in expected.reads]}")
+    for read, want in zip(step.reads, expected.reads, strict=True):
+        if read.read != want.read:
+            _fail(f"{here}: read {_interval(read.read)} of {read.input} is not what its rule needs for out "
+                  f"{_interval(step.out)}, clipped to the input: {_interval(want.read)}")
+        if tuple(read.pad) != tuple(want.pad):
+            _fail(f"{here}: pad {tuple(read.pad)} of {read.input} is not the clipped amount {tuple(want.pad)}")
+        if read.grad != read.read:
+            _fail(f"{here}: grad {_interval(read.grad)} of {read.input} differs from read {_interval(read.read)}")
+
+
+def _compare(tile: AxisTile, expected: AxisTile, segment: Segment, where: str) -> None:
+    """The first field where ``tile`` differs from the planner's, consumers before producers."""
+    for name, owned, want in zip(segment.outputs, tile.owned, expected.owned, strict=True):
+        if owned != want:
+            _fail(f"{where} owns {_interval(owned)} of output {name}, not the even split's {_interval(want)}")
+    if len(tile.steps) != len(expected.steps):
+        _fail(f"{where} has {len(tile.steps)} steps for the segment's {len(expected.steps)} nodes")
+    for step, want in reversed(list(zip(tile.steps, expected.steps, strict=True))):
+        _compare_step(step, want, where)
+    sliced = [i.name for i in segment.inputs if i.sliced]
+    if len(tile.inputs) != len(sliced):
+        _fail(f"{where} has {len(tile.inputs)} input intervals for the {len(sliced)} sliced inputs {sliced}")
+    for name, interval, want in zip(sliced, tile.inputs, expected.inputs, strict=True):
+        if interval != want:
+            _fail(f"{where} reads {_interval(interval)} of input {name}, not the hull of its readers' reads "
+                  f"{_interval(want)}")
+
+
+def _check_axis(segment: Segment, axis: int, bounds: Boundaries) -> None:
+    tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
+    _check_owned(segment, axis, bounds.context)
+    members = bounds.members(segment.first, segment.stop)
+    first_of_class: dict[int, tuple[int, tuple]] = {}
+    numbering: dict[tuple, int] = {}
+    for number, tile in enumerate(tiles):
+        where = f"segment {segment.index} {AXES[axis]} tile {number}"
+        with _evaluating(f"the rules of {where}"):
+            expected = _cone(bounds, members, segment.inputs, segment.outputs, axis, number, len(tiles))
+        _compare(tile, expected, segment, where)
+        with _evaluating(f"the class key of {where}"):
+            key = class_key(tile, bounds, segment.inputs, segment.outputs, axis)
+        first, first_key = first_of_class.setdefault(tile.shape_class, (number, key))
+        if first_key != key:
+            _fail(f"{where} shares shape_class {tile.shape_class} with tile {first}, but their generated code "
+                  f"differs (lengths, pads, offsets or op constants)")
+        canonical = numbering.setdefault(key, len(numbering))
+        if tile.shape_class != canonical:
+            _fail(f"{where} has shape_class {tile.shape_class}, expected {canonical} (one class per distinct "
+                  f"code shape, numbered in order of first appearance)")
 
 
 def validate(plan: Plan, source: str = "plan") -> Plan:
+    """Return ``plan`` if it is internally consistent, else raise one ``PlanError`` line."""
+    if plan.schema_version != SCHEMA_VERSION:
+        check_version({"schema_version": plan.schema_version}, source)
+    try:
+        _check_input(plan)
+        _check_predictions(plan)
+        _check_nodes(plan)
+        graph = graph_of(plan)
+        _check_digest(plan, graph)
+        bounds = Boundaries(graph)
+        _check_tileable(plan, bounds.context)
+        _check_cover(plan)
+        for segment in plan.segments:
+            _check_segment(segment, bounds)
+            if segment.mode == "tiled":
+                for axis in range(2):
+                    _check_axis(segment, axis, bounds)
+    except _Inconsistent as error:
+        raise PlanError(f"{source} is inconsistent: {error}") from None
     return plan

@@ -1,0 +1,92 @@
+"""Small DAG models and their plans, shared by the validation and picture tests (no tests here).
+
+Every model has a branch that joins again: a residual add, a U-Net skip concatenated after a
+transposed convolution, a squeeze-and-excitation scale (global pooling: an untiled segment
+between two tiled ones). BatchNorm runs in eval mode. Odd input sizes make the border tiles
+differ from the inner ones.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from tilec.ir import Plan
+from tilec.pipeline import plan_for
+from tilec.trace import trace
+
+SHAPE = (1, 3, 23, 19)
+
+
+class Residual(nn.Module):
+    """conv-bn-relu, a residual block (conv + skip add), a ceil-mode pool, a 1x1 head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.conv = nn.Conv2d(4, 4, 3, padding=2, dilation=2)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.stem(x)))
+        y = torch.relu(y + self.conv(y))
+        return self.head(self.pool(y))
+
+
+class UNetPiece(nn.Module):
+    """Down (pool), up (transposed conv and bilinear upsampling), concatenated with the skip."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Conv2d(3, 4, 3, padding=1)
+        self.down = nn.MaxPool2d(2)
+        self.mid = nn.Conv2d(4, 4, 3, padding=1)
+        self.up = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.dec = nn.Conv2d(12, 2, 3, padding=1)
+
+    def forward(self, x):
+        skip = torch.relu(self.enc(x))
+        low = torch.relu(self.mid(self.down(skip)))
+        up = functional.pad(self.up(low), (0, 1, 0, 1))
+        smooth = functional.interpolate(low, size=skip.shape[2:], mode="bilinear", align_corners=False)
+        return self.dec(torch.cat([skip, up, smooth], 1))
+
+
+class SqueezeExcite(nn.Module):
+    """conv, an SE scale (global pool, two 1x1 convs, sigmoid), the scaled map, a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc1 = nn.Conv2d(4, 2, 1)
+        self.fc2 = nn.Conv2d(2, 4, 1)
+        self.out = nn.Conv2d(4, 2, 3, stride=2)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        scale = torch.sigmoid(self.fc2(torch.relu(self.fc1(functional.adaptive_avg_pool2d(y, 1)))))
+        return self.out(y * scale)
+
+
+MODELS = {"residual": Residual, "unet": UNetPiece, "se": SqueezeExcite}
+
+
+@cache
+def graph(name: str, shape: tuple[int, ...] = SHAPE):
+    torch.manual_seed(0)
+    return trace(MODELS[name]().eval(), shape)
+
+
+@cache
+def grid_plan(name: str, grid: tuple[int, int] = (3, 2)) -> Plan:
+    return plan_for(graph(name), name, grid=grid)
+
+
+@cache
+def segment_plan(name: str, segments: tuple) -> Plan:
+    return plan_for(graph(name), name, segments=list(segments))
