@@ -15,8 +15,9 @@ torch.set_num_threads(1)
 def poisoned_empty(monkeypatch):
     """Fill tensors from ``torch.empty_like`` / ``Tensor.new_empty`` with NaN (floating dtypes).
 
-    The generated code leaves outputs and input gradients uninitialised where tiles write them
-    in full; fresh pages are zero, which would hide a region no tile writes. NaN makes it fail.
+    The generated code allocates each tiled segment's outputs with ``new_empty`` and relies on
+    its tiles' owned parts covering every element; fresh pages are zero, which would hide a region
+    no tile writes. NaN makes the exactness checks fail there instead.
     """
     empty_like, new_empty = torch.empty_like, torch.Tensor.new_empty
 

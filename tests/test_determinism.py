@@ -1,4 +1,8 @@
-"""Compiling is deterministic: the same model gives byte-identical plan and module everywhere."""
+"""Compiling is deterministic: the same model gives byte-identical plan and module everywhere.
+
+The model is a DAG whose traced graph has fan-out, fan-in, a dict output and several segment
+inputs and outputs: everything a set or dict iteration order could leak into.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +14,45 @@ from pathlib import Path
 
 import pytest
 
+from tilec.codegen import render
 from tilec.config import CompileConfig
-from tilec.pipeline import compile_model
+from tilec.modelfile import load_model
+from tilec.pipeline import compile_model, plan_for
+from tilec.planio import dumps
+from tilec.trace import trace
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = textwrap.dedent(
     """
+    import torch
+    import torch.nn.functional as F
     from torch import nn
 
     INPUT_SHAPE = (1, 3, 29, 27)
 
-    model = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4).eval(), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
-        nn.Sequential(nn.Conv2d(4, 4, (3, 1), padding="same", groups=2), nn.GELU()),
-        nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True),
-        nn.Conv2d(4, 2, 1, padding=1, bias=False), nn.Hardswish(),
-    )
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
+            self.a = nn.Conv2d(4, 4, 3, padding=1)
+            self.b = nn.Conv2d(4, 4, (3, 1), padding=(1, 0), groups=2)
+            self.pool = nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)
+            self.avg = nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True)
+            self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+            self.se = nn.Conv2d(4, 4, 1)
+            self.out = nn.Conv2d(8, 2, 1, bias=False)
+
+        def forward(self, x):
+            x = self.stem(x)
+            y = torch.cat([self.pool(self.a(x)), self.avg(F.gelu(self.b(x)))], 1)
+            y = F.pad(self.up(y), [0, -1, 0, -1])
+            y = y + x * torch.sigmoid(self.se(x.mean((2, 3), keepdim=True)))
+            z = F.interpolate(y, scale_factor=1.5, mode="bilinear")
+            return {"main": self.out(torch.cat([y, x], 1)), "aux": z, "score": z.mean()}
+
+
+    model = Net().eval()
     """
 )
 
@@ -35,8 +61,8 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
 
 
-def _compile_in_process(model_file: Path, out: Path) -> dict[str, bytes]:
-    compile_model(CompileConfig(model_path=model_file, grid=(3, 4), name="det", out_dir=out, plan_dir=out))
+def _compile_in_process(model_file: Path, out: Path, grid=(3, 4)) -> dict[str, bytes]:
+    compile_model(CompileConfig(model_path=model_file, grid=grid, name="det", out_dir=out, plan_dir=out))
     return _files(out)
 
 
@@ -45,6 +71,19 @@ def model_file(tmp_path) -> Path:
     path = tmp_path / "det_model.py"
     path.write_text(MODEL, encoding="utf-8")
     return path
+
+
+def test_plan_and_source_are_the_same_for_the_same_inputs(model_file):
+    model, shape = load_model(model_file)
+    texts = set()
+    for _ in range(2):
+        the_plan = plan_for(trace(model, shape), "det", grid=(3, 4))
+        texts.add((dumps(the_plan), render(the_plan)))
+    assert len(texts) == 1
+    # a freshly built model of the same architecture and another grid: also stable
+    model, _ = load_model(model_file)
+    plans = {dumps(plan_for(trace(model, shape), "det", grid=(5, 2))) for _ in range(2)}
+    assert len(plans) == 1 and plans != {text for text, _ in texts}
 
 
 def test_twice_in_two_directories(model_file, tmp_path):
@@ -62,10 +101,10 @@ def test_fresh_subprocesses_with_other_hash_seeds(model_file, tmp_path):
         "compile_model(CompileConfig(model_path=Path(sys.argv[1]), grid=(3, 4), name='det', "
         "out_dir=Path(sys.argv[2]), plan_dir=Path(sys.argv[2])))"
     )
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for seed in ("0", "12345"):
         out = tmp_path / f"subprocess-{seed}"
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": path}
         subprocess.run([sys.executable, "-c", script, str(model_file), str(out)], check=True, env=env, cwd=tmp_path,
-                       timeout=120)
+                       timeout=120, capture_output=True)
         assert _files(out) == expected, f"PYTHONHASHSEED={seed}"

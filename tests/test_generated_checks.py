@@ -1,118 +1,157 @@
-"""The generated module refuses models and inputs its plan does not fit, naming what differs."""
+"""The generated module refuses models, inputs and plans it was not built for, naming what differs.
+
+``check_model`` (parameters, buffers and modules), ``check_input`` (type, shape, dtype against the
+model's tensors), ``check_modes`` (eval-only modules of tiled segments) and ``check_plan`` (a plan
+JSON file) all raise ``ValueError`` with a one-line message.
+"""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from torch import nn
 
 from tilec.codegen import render
-from tilec.pipeline import load_source
-from tilec.planner import plan
-from tilec.trace import trace
+from tilec.pipeline import load_source, plan_for
+from tilec.planio import dumps
+from tilec.trace import nodes_in_order, trace
 
 SHAPE = (1, 3, 15, 13)
 
 
-def _model(**changes) -> nn.Sequential:
-    kernel = changes.get("kernel", 3)
-    width = changes.get("width", 4)
-    layers = [
-        nn.Conv2d(3, width, kernel, padding=1, bias=changes.get("bias", True)),
-        nn.BatchNorm2d(width),
-        nn.ReLU(),
-        nn.Sequential(nn.Dropout(0.2), nn.MaxPool2d(2)),
-        nn.Conv2d(width, 2, 3),
-    ]
-    layers += changes.get("extra", [])
-    return nn.Sequential(*layers).eval()
+class Net(nn.Module):
+    """conv + BN + ReLU, a residual block with an (eval) Dropout inside, pool, head conv."""
+
+    def __init__(self, width: int = 4, kernel: int = 3, bias: bool = True, activation=nn.ReLU):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, kernel, padding=kernel // 2, bias=bias), nn.BatchNorm2d(width),
+                                  activation())
+        self.block = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.Dropout(0.2), nn.ReLU())
+        self.pool = nn.MaxPool2d(2)
+        self.last = nn.Conv2d(width, 2, 3)
+        self.eval()
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.last(self.pool(x + self.block(x)))
+
+
+def _plan(model=None, shape=SHAPE, **options):
+    return plan_for(trace((model or Net()).eval(), shape), "checked", **(options or {"grid": (2, 2)}))
 
 
 @pytest.fixture(scope="module")
-def generated():
-    return load_source(render(plan(trace(_model(), SHAPE), name="checked", grid=(2, 2))), "checked_tiled")
+def plan():
+    return _plan()
+
+
+@pytest.fixture(scope="module")
+def generated(plan):
+    return load_source(render(plan), "checked_tiled")
+
+
+# --- check_model ---------------------------------------------------------------------------------
+
+
+class Renamed(nn.Module):
+    """Net's tensors, but the block lives at another path."""
+
+    def __init__(self):
+        super().__init__()
+        net = Net()
+        self.stem, self.other, self.pool, self.last = net.stem, net.block, net.pool, net.last
+        self.eval()
 
 
 @pytest.mark.parametrize(
-    ("model", "message"),
+    ("make_model", "message"),
     [
-        (_model(kernel=5), r"layer 0 \(Conv2d\): kernel_size is \(5, 5\), plan 'checked' has \(3, 3\)"),
-        (_model(width=6), r"layer 0 \(Conv2d\): out_channels is 6, plan 'checked' has 4"),
-        (_model(bias=False), r"layer 0 \(Conv2d\): tensors .*'weight'.* differ .*'bias': \(4,\)"),
-        (_model(extra=[nn.ReLU()]), r"the model has 7 layers, plan 'checked' has 6"),
-        (nn.Sequential(*list(_model())[:-1]), r"the model has 5 layers, plan 'checked' has 6"),
-        (nn.Sequential(*list(_model())[:2], nn.ReLU6(), *list(_model())[3:]).eval(),
-         r"layer 2 \(ReLU\): the model has 2 \(ReLU6\) there"),
-        (nn.Sequential(*list(_model())[:3], nn.Dropout(0.2), nn.MaxPool2d(2), nn.Conv2d(4, 2, 3)).eval(),
-         r"layer 3.0 \(Dropout\): the model has 3 \(Dropout\) there"),
-        (nn.Sequential(
-            nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4, eps=1e-3), nn.ReLU(),
-            nn.Sequential(nn.Dropout(0.2), nn.MaxPool2d(2)), nn.Conv2d(4, 2, 3)).eval(),
-         r"layer 1 \(BatchNorm2d\): eps is 0.001, plan 'checked' has 1e-05"),
-        (nn.Sequential(
-            nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-            nn.Sequential(nn.Dropout(0.2), nn.MaxPool2d(2, ceil_mode=True)), nn.Conv2d(4, 2, 3)).eval(),
-         r"layer 3.1 \(MaxPool2d\): ceil_mode is True, plan 'checked' has False"),
-        (nn.Conv2d(3, 4, 3), r"needs an nn.Sequential, got Conv2d"),
+        (lambda: Net(width=6), r"^block\.0\.bias has shape \(6,\), plan 'checked' has \(4,\)$"),
+        (lambda: Net(kernel=5), r"^stem\.0\.weight has shape \(4, 3, 5, 5\), plan 'checked' has \(4, 3, 3, 3\)$"),
+        (lambda: Net(bias=False), r"^the model has no parameter or buffer 'stem\.0\.bias', which plan 'checked' uses$"),
+        (Renamed, r"^the model has no parameter or buffer 'block\.0\.bias', which plan 'checked' uses$"),
+        (lambda: Net(activation=nn.ReLU6), r"^module stem\.2 is a ReLU6, plan 'checked' has a ReLU$"),
+        (lambda: nn.Conv2d(3, 4, 3), r"^the model has no parameter or buffer 'block\.0\.bias'"),
+        (lambda: 42, r"^plan 'checked' needs a torch\.nn\.Module, got int$"),
     ],
-    ids=["kernel_size", "channels", "missing_bias", "extra_layer", "missing_layer", "other_type", "flattened_path",
-         "bn_eps", "pool_ceil_mode", "not_sequential"],
+    ids=["channels", "kernel_size", "missing_bias", "other_path", "module_type", "other_model", "not_a_module"],
 )
-def test_mismatched_model_is_refused(generated, model, message):
+def test_mismatched_model_is_refused(generated, make_model, message):
     with pytest.raises(ValueError, match=message):
-        generated.TiledModel(model)
+        generated.check_model(make_model())
+    with pytest.raises(ValueError, match=message):
+        generated.TiledModel(make_model())
+
+
+def test_missing_parameter_free_module_is_refused(generated):
+    model = Net()
+    del model.pool
+    model.add_module("pool2", nn.MaxPool2d(2))
+    with pytest.raises(ValueError, match=r"^the model has no module 'pool' \(MaxPool2d\), which plan 'checked' uses$"):
+        generated.check_model(model)
 
 
 def test_matching_model_is_accepted(generated):
-    model = _model()
+    model = Net()
+    generated.check_model(model)
     tiled = generated.TiledModel(model)
     assert tiled.model is model
     assert set(dict(tiled.named_parameters())) == {f"model.{name}" for name, _ in model.named_parameters()}
 
 
+# --- check_input ---------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("make_input", "message"),
     [
-        (lambda: torch.randn(1, 3, 16, 13), r"input has shape \(1, 3, 16, 13\), plan 'checked' needs \(N, 3, 15, 13\)"),
-        (lambda: torch.randn(1, 3, 15, 12), r"input has shape \(1, 3, 15, 12\).*\(N, 3, 15, 13\)"),
-        (lambda: torch.randn(1, 2, 15, 13), r"input has shape \(1, 2, 15, 13\).*\(N, 3, 15, 13\)"),
-        (lambda: torch.randn(3, 15, 13), r"input has shape \(3, 15, 13\)"),
-        (lambda: torch.ones(1, 3, 15, 13, dtype=torch.int64), r"input dtype torch.int64 is not a floating-point type"),
-        (lambda: torch.randn(1, 3, 15, 13, dtype=torch.float64),
-         r"input is torch.float64 .* tensors are torch.float32"),
-        (lambda: torch.randn(1, 3, 15, 13, dtype=torch.bfloat16), r"input is torch.bfloat16 .* torch.float32"),
-        (lambda: [[0.0]], r"input must be a torch.Tensor, got list"),
+        (lambda: torch.randn(1, 3, 16, 13),
+         r"^input has shape \(1, 3, 16, 13\), plan 'checked' needs \(1, 3, 15, 13\)$"),
+        (lambda: torch.randn(1, 3, 15, 12), r"^input has shape \(1, 3, 15, 12\), plan 'checked' needs"),
+        (lambda: torch.randn(1, 2, 15, 13), r"^input has shape \(1, 2, 15, 13\)"),
+        (lambda: torch.randn(2, 3, 15, 13), r"^input has shape \(2, 3, 15, 13\)"),
+        (lambda: torch.randn(3, 15, 13), r"^input has shape \(3, 15, 13\)"),
+        (lambda: torch.ones(SHAPE, dtype=torch.int64), r"^input dtype torch\.int64 is not a floating-point type$"),
+        (lambda: torch.randn(SHAPE, dtype=torch.float64), r"^input is torch\.float64 on cpu but the model's tensors "
+                                                          r"are torch\.float32 on cpu; move one to match the other$"),
+        (lambda: torch.randn(SHAPE, dtype=torch.bfloat16), r"^input is torch\.bfloat16 .* torch\.float32"),
+        (lambda: [[0.0]], r"^input must be a torch\.Tensor, got list$"),
     ],
-    ids=["height", "width", "channels", "three_dims", "int_dtype", "float64_vs_float32", "bfloat16_vs_float32", "list"],
+    ids=["height", "width", "channels", "batch", "three_dims", "int_dtype", "float64_vs_float32",
+         "bfloat16_vs_float32", "list"],
 )
 def test_mismatched_input_is_refused(generated, make_input, message):
-    tiled = generated.TiledModel(_model())
+    model = Net()
     with pytest.raises(ValueError, match=message):
-        tiled(make_input())
+        generated.check_input(make_input(), generated.model_tensors(model))
+    with pytest.raises(ValueError, match=message):
+        generated.TiledModel(model)(make_input())
 
 
-def test_params_in_other_dtype_than_input_are_refused(generated):
-    tiled = generated.TiledModel(_model().double())
-    with pytest.raises(ValueError, match=r"input is torch.float32 .* tensors are torch.float64"):
+def test_model_in_another_dtype_than_the_input_is_refused(generated):
+    tiled = generated.TiledModel(Net().eval().double())
+    with pytest.raises(ValueError, match=r"input is torch\.float32 .* tensors are torch\.float64"):
         tiled(torch.randn(SHAPE))
     assert tiled(torch.randn(SHAPE, dtype=torch.float64)).dtype == torch.float64
 
 
-def test_other_batch_size_is_accepted(generated):
-    assert generated.TiledModel(_model())(torch.randn(4, *SHAPE[1:])).shape == (4, 2, 5, 4)
+# --- check_modes ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("switch", "message"),
     [
-        (lambda model: model[1].train(), r"layer 1 \(BatchNorm2d\) is in training mode.*\.eval\(\)"),
-        (lambda model: model[3][0].train(), r"layer 3.0 \(Dropout\) is in training mode"),
-        (lambda model: model.train(), r"layer 1 \(BatchNorm2d\) is in training mode"),
+        (lambda model: model.stem[1].train(),
+         r"^module stem\.1 \(BatchNorm2d\) is in training mode; .*\.eval\(\) on it$"),
+        (lambda model: model.block[1].train(), r"^module block\.1 \(Dropout\) is in training mode"),
+        (lambda model: model.train(), r"^module (stem\.1 \(BatchNorm2d\)|block\.1 \(Dropout\)) is in training mode"),
     ],
     ids=["batch_norm", "dropout", "whole_model"],
 )
 def test_training_mode_at_forward_time_is_refused(generated, switch, message):
-    model = _model()
+    model = Net().eval()
     tiled = generated.TiledModel(model)
     tiled(torch.randn(SHAPE))  # fine in eval mode
     switch(model)
@@ -124,15 +163,91 @@ def test_training_mode_at_forward_time_is_refused(generated, switch, message):
 
 def test_dropout_with_p_zero_may_stay_in_training_mode():
     model = nn.Sequential(nn.Conv2d(1, 1, 3), nn.Dropout(0.0), nn.ReLU())
-    tiled = load_source(render(plan(trace(model, (1, 1, 9, 9)), name="p0", grid=(2, 2)))).TiledModel(model)
+    generated = load_source(render(plan_for(trace(model, (1, 1, 9, 9)), "p0", grid=(2, 2))))
     x = torch.randn(1, 1, 9, 9)
-    torch.testing.assert_close(tiled(x), model(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(generated.TiledModel(model)(x), model(x), rtol=0, atol=1e-6)
+
+
+# --- check_plan ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def plan_file(plan, tmp_path):
+    path = tmp_path / "checked.plan.json"
+    path.write_text(dumps(plan), encoding="utf-8")
+    return path
+
+
+def _edit(path, change) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_the_plan_it_was_built_from_is_accepted(generated, plan_file):
+    generated.check_plan(plan_file)
+    generated.check_plan(str(plan_file))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(schema_version=1), r"has schema_version 1, this module has 2$"),
+        (lambda d: d.update(schema_version="2"), r"has schema_version '2', this module has 2$"),
+        (lambda d: d["model"].update(digest="0" * 64), r"is for model digest '0{64}', this module for '[0-9a-f]{64}'$"),
+        (lambda d: d.update(input_shape=[1, 3, 15, 14]),
+         r"has input shape \[1, 3, 15, 14\], this module \(1, 3, 15, 13\)$"),
+        (lambda d: d["segments"][0].update(grid=[3, 2]),
+         r"has segments \(first, stop, grid\) \(\(0, \d+, \(3, 2\)\),\).*this module \(\(0, \d+, \(2, 2\)\),\)$"),
+        (lambda d: d["segments"][0].pop("grid"), r"has malformed segments: KeyError\('grid'\)$"),
+        (lambda d: d.update(segments=[3]), r"has malformed segments: TypeError"),
+        (lambda d: d.pop("input_shape"), r"has no 'input_shape' field$"),
+        (lambda d: d.update(model=[]), r"has no 'digest' field$"),
+    ],
+    ids=["old_schema", "schema_as_string", "digest", "input_shape", "grid", "missing_grid", "segment_not_object",
+         "missing_field", "model_not_object"],
+)
+def test_another_plan_is_refused(generated, plan_file, change, message):
+    _edit(plan_file, change)
+    with pytest.raises(ValueError, match=rf"^plan {plan_file} " + message):
+        generated.check_plan(plan_file)
+
+
+def test_another_segmentation_is_refused(generated, tmp_path):
+    count = len(nodes_in_order(trace(Net().eval(), SHAPE)))
+    path = tmp_path / "other.plan.json"
+    path.write_text(dumps(_plan(segments=[(0, 3, (2, 2)), (3, count, (2, 2))])), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"has segments \(first, stop, grid\) \(\(0, 3, \(2, 2\)\), \(3, {count}, "
+                                         rf"\(2, 2\)\)\), this module \(\(0, {count}, \(2, 2\)\),\)$"):
+        generated.check_plan(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, r"cannot read plan .*: \[Errno 2\]"), ("{not json", r"cannot read plan .*: Expecting property name"),
+     ("[1, 2]", r"has no 'schema_version' field$"), ("", r"cannot read plan .*: Expecting value")],
+    ids=["missing_file", "bad_json", "not_an_object", "empty"],
+)
+def test_unreadable_plan_is_refused(generated, tmp_path, content, message):
+    path = tmp_path / "broken.plan.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        generated.check_plan(path)
+
+
+def test_check_plan_reports_a_directory(generated, tmp_path):
+    with pytest.raises(ValueError, match=r"cannot read plan .*"):
+        generated.check_plan(tmp_path)
+
+
+# --- progress ------------------------------------------------------------------------------------
 
 
 def test_progress_reports_every_tile(capsys):
     model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU())
     x = torch.randn(1, 1, 9, 9, requires_grad=True)
-    generated = load_source(render(plan(trace(model, (1, 1, 9, 9)), name="loud", grid=(2, 3))))
+    generated = load_source(render(plan_for(trace(model, (1, 1, 9, 9)), "loud", grid=(2, 3))))
     generated.TiledModel(model, progress=True)(x).sum().backward()
     err = capsys.readouterr().err
     assert "tilec loud segment 0 forward: tile 6/6\n" in err

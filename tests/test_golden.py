@@ -15,11 +15,12 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from exactness import TOLERANCE, randomise_buffers
+from exactness import TOLERANCE
+from torch.utils._pytree import tree_flatten
 
 from tilec.modelfile import load_model
 from tilec.pipeline import compile_model, load_source
-from tilec.planio import load
+from tilec.planio import dumps, load
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -35,9 +36,10 @@ REGEN = _regenerate_module()
 
 
 def _assert_same(committed: Path, fresh: Path) -> None:
-    want, got = committed.read_text(encoding="utf-8"), fresh.read_text(encoding="utf-8")
+    want, got = committed.read_bytes(), fresh.read_bytes()
     if want != got:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(committed), "fresh", n=1))
+        diff = "".join(difflib.unified_diff(want.decode().splitlines(True), got.decode().splitlines(True),
+                                            str(committed), "fresh", n=1))
         raise AssertionError(
             f"{committed.name} differs from a fresh compile. If the change is intended, run "
             f"`{REGEN.COMMAND}` from the repository root and commit the result.\n{diff[:4000]}"
@@ -54,40 +56,50 @@ def test_golden_files_are_byte_identical(tmp_path):
 
 def test_golden_plan_describes_the_model():
     plan = load(REGEN.PLAN_FILE)
-    assert plan.name == "small" and plan.input_shape == (1, 3, 13, 11) and plan.output_shape == (1, 5, 4, 3)
-    (segment,) = plan.segments
-    assert segment.grid == REGEN.GRID
-    assert [layer.type for layer in plan.model.layers] == [
-        "Conv2d", "ReLU", "MaxPool2d", "Conv2d", "BatchNorm2d", "LeakyReLU"]
+    assert dumps(plan) == REGEN.PLAN_FILE.read_text(encoding="utf-8")  # loads and dumps back unchanged
+    assert plan.schema_version == 2 and plan.name == "small" and plan.input_shape == (1, 3, 13, 11)
+    assert [(s.first, s.stop, s.grid) for s in plan.segments] == [tuple(s) for s in REGEN.SEGMENTS]
+    assert [s.mode for s in plan.segments] == ["tiled", "tiled", "stored"]
+    ops = [node.op for node in plan.model.nodes]
+    assert {"conv2d", "add", "cat", "conv_transpose2d", "pad", "max_pool2d", "mean", "linear"} <= set(ops)
+    # the residual block's skip (the stem's ReLU) crosses the first cut, and so does the block's first half
+    first, second, head = plan.segments
+    crossing = {i.name for i in second.inputs}
+    assert set(first.outputs) == crossing and len(crossing) == 2
+    assert [i.name for i in head.inputs] == [second.outputs[-1]]
+    assert plan.model.output.kind == "dict" and plan.model.output.keys == ("mask", "logits")
 
 
 def test_golden_module_runs_exactly():
-    """The committed module, executed as is, matches the untiled model in float64."""
+    """The committed module, executed as is, matches the untiled model in float64: both outputs,
+    the input gradient and every parameter gradient."""
     model, shape = load_model(REGEN.MODEL_FILE)
     model = model.double()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        randomise_buffers(model, generator)
     tiled = load_source(REGEN.MODULE_FILE.read_text(encoding="utf-8"), "small_tiled").TiledModel(model)
-    for batch in (shape[0], 3):
-        x = torch.randn(batch, *shape[1:], dtype=torch.float64, generator=generator)
-        params = list(model.parameters())
-        x_ref = x.clone().requires_grad_()
-        y_ref = model(x_ref)
-        grad_out = torch.randn(y_ref.shape, dtype=torch.float64, generator=generator)
-        want = (y_ref, *torch.autograd.grad(y_ref, [x_ref, *params], grad_out))
-        x_tiled = x.clone().requires_grad_()
-        y = tiled(x_tiled)
-        got = (y, *torch.autograd.grad(y, [x_tiled, *params], grad_out))
-        errors = [(a - b).abs().max().item() for a, b in zip(want, got, strict=True)]
-        assert max(errors) <= TOLERANCE, errors
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64, generator=generator)
+    params = list(model.parameters())
+    results = []
+    grads_out = None
+    for forward in (model, tiled):
+        x_leaf = x.clone().requires_grad_()
+        leaves, _ = tree_flatten(forward(x_leaf))
+        if grads_out is None:
+            grads_out = [torch.randn(leaf.shape, dtype=torch.float64, generator=generator) for leaf in leaves]
+        results.append((*leaves, *torch.autograd.grad(leaves, [x_leaf, *params], grads_out)))
+    errors = [(a - b).abs().max().item() for a, b in zip(*results, strict=True)]
+    assert len(errors) == 2 + 1 + len(params)
+    assert max(errors) <= TOLERANCE, errors
 
 
-def test_golden_module_is_an_importable_file(tmp_path, monkeypatch):
+def test_golden_module_is_an_importable_file():
     """The file on disk imports as a regular module, not only through ``load_source``."""
     spec = importlib.util.spec_from_file_location("small_tiled_file", REGEN.MODULE_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model, _ = load_model(REGEN.MODEL_FILE)
-    assert module.PLAN_NAME == "small" and module.OUTPUT_SHAPE == (1, 5, 4, 3)
-    assert module.TiledModel(model)(torch.randn(1, 3, 13, 11)).shape == (1, 5, 4, 3)
+    assert module.PLAN_NAME == "small" and module.INPUT_SHAPE == (1, 3, 13, 11)
+    module.check_plan(REGEN.PLAN_FILE)
+    out = module.TiledModel(model)(torch.randn(1, 3, 13, 11))
+    assert set(out) == {"mask", "logits"}
+    assert out["mask"].shape == (1, 5, 13, 11) and out["logits"].shape == (1, 3)

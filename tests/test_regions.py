@@ -382,7 +382,8 @@ def check_rule(module: nn.Module, shape, *, pads: bool, seed: int = 0, slack: in
             depends = _dependence(y, x, axis, out)
             where = f"{node.target} {[a.value for a in node.args[1:]]}, axis {axis}, output {tuple(out)}"
             if not depends:
-                assert axis in loose or clipped.length == 0, f"{where}: rule reads {tuple(clipped)}, the output depends on nothing"
+                assert axis in loose or clipped.length == 0, (
+                    f"{where}: rule reads {tuple(clipped)}, the output depends on nothing")
                 continue
             hull = Interval(min(depends), max(depends) + 1)
             assert clipped.start <= hull.start and hull.stop <= clipped.stop, (

@@ -210,7 +210,8 @@ class _TileEmitter:
         source = reads[node.inputs[0]]
         override = const(node, 6, None)
         if (rb, ra, cb, ca) == (0, 0, 0, 0):
-            return f"aten.avg_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, (0, 0), False, True, {override!r})"
+            return (f"aten.avg_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, (0, 0), False, True, "
+                    f"{override!r})")
         source = f"aten.constant_pad_nd.default({source}, {(cb, ca, rb, ra)!r}, 0.0)"
         rows = avg_divisors(node, row, 0, self.context)
         cols = avg_divisors(node, col, 1, self.context)

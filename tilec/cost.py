@@ -1,14 +1,86 @@
-"""Cost model (placeholder until the DAG estimator lands)."""
+"""Cost model: FLOPs, time and peak bytes of one training step of a segmented plan.
+
+Memory convention (``predicted_peak_bytes``): bytes the step allocates above the input, the
+parameters and the final output gradient. The input is assumed not to need a gradient (images).
+
+Step timeline. Segments run in order in forward, then in reverse in backward. Every segment
+output (a boundary tensor) stays alive from its creation until the backward of its last reader;
+the gradient of a boundary tensor exists from the backward of its last reader until the backward
+of its producer. While segment ``k`` runs:
+
+* forward: the kept bytes of earlier segments + ``forward_local`` (its outputs at full size and
+  its working set);
+* backward: the kept bytes of earlier segments + ``backward_local`` + every parameter gradient.
+  ``backward_local`` is the gradients of the tensors crossing its stop cut and of its inputs, the
+  model outputs produced from its first node on (the caller holds them), a tiled segment's own
+  parameter-gradient buffers, and its working set.
+
+``kept``: a tiled segment keeps its outputs until its backward; a stored segment (untiled,
+through autograd) also keeps what autograd saves for its backward.
+
+Working sets are simulated op by op on the tensors alive (``_simulate``). A tiled segment's
+forward runs each tile without autograd: a fresh tensor per op (views and identity copies are
+free), a padded copy where a border tile pads asymmetrically, intermediates freed after their
+last use. Its backward re-runs each tile under autograd, each op keeping what its backward reads
+(``SAVES_*``), then back-propagates the tile: gradients of the tile's tensors, and of its slice
+of each sliced input. A stored segment runs the same ops untiled. Convolutions take a kernel
+workspace on top (``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image axes
+replaced by the tile's lengths, times the element size. Bytes are linear in a handful of lengths
+per axis, so every distinct (row tile, column tile) pair is evaluated at once.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cache
+from math import prod
+
+import numpy as np
+
+from tilec.ir import INPUT, AxisTile, NodeSpec
+from tilec.ops import window_args
+from tilec.planner import Boundaries, model_outputs
+from tilec.trace import VIEWS as ALIASING
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+INDEX_BYTES = 8
+#: Convolution kernel workspace, in multiples of the padded input tile (measured on CPU oneDNN:
+#: about 1x in forward, 2-3x in backward, for reorders into blocked layouts).
+CONV_FORWARD_WORKSPACE = 1.0
+CONV_BACKWARD_WORKSPACE = 2.5
+#: Reference machine for the time estimate: sustained FLOP/s, and seconds per kernel call.
+FLOP_RATE = 1e11
+CALL_SECONDS = 3e-5
+#: Fixed cost of a segment (autograd node, Python), so that equal plans prefer fewer segments;
+#: and the rate at which a tiled segment assembles its output and sums its input gradient.
+SEGMENT_SECONDS = 1e-3
+COPY_RATE = 5e9
+
+#: Ops whose result aliases an input (no bytes of their own): views and identity copies.
+VIEWS = ALIASING | {"clone", "contiguous", "detach", "lift_fresh_copy", "dropout", "feature_dropout",
+                    "alpha_dropout"}
+#: Ops whose backward hands its output gradient (or views of it) to its inputs, allocating nothing.
+PASS_THROUGH = VIEWS | {"add", "cat", "pad", "constant_pad_nd"}
+#: What autograd keeps for an op's backward; any other op keeps its first input.
+SAVES_NOTHING = PASS_THROUGH | {"sub", "rsub", "neg", "mean", "sum", "upsample_nearest2d",
+                                "_upsample_nearest_exact2d", "upsample_bilinear2d"}
+SAVES_OUTPUT = frozenset({"relu", "sigmoid", "tanh", "hardtanh", "relu6", "exp", "sqrt", "rsqrt", "softmax",
+                          "_softmax", "log_softmax"})
+SAVES_INPUTS = frozenset({"mul", "div", "maximum", "minimum"})
+CONVS = frozenset({"conv2d", "conv_transpose2d"})
+#: Ops reading a window of their input: their input gradient covers the padded read.
+WINDOWS = CONVS | {"max_pool2d", "avg_pool2d"}
+#: Ops a border tile feeds a padded copy of its input (``tilec.codegen``): asymmetric padding for
+#: convolution and max-pooling (symmetric padding is passed natively), any padding for avg-pooling.
+PADDED_COPY = frozenset({"conv2d", "max_pool2d", "avg_pool2d"})
 
 
 @dataclass(frozen=True)
 class SegmentCost:
+    """What one segment choice costs; bytes are per the module docstring's timeline."""
+
     forward_local: int
     backward_local: int
     kept: int
@@ -17,13 +89,464 @@ class SegmentCost:
     seconds: float
 
 
+def flops_per_output(node: NodeSpec, shapes: dict[str, tuple[int, ...]], input_numel: int) -> float:
+    """Forward FLOPs per output element of ``node``."""
+    if node.op == "conv2d":
+        weight = shapes[node.args[1].value]
+        return 2 * weight[1] * weight[2] * weight[3]
+    if node.op == "conv_transpose2d":  # every input element meets Cout/groups * kh * kw weights
+        weight = shapes[node.args[1].value]
+        return 2 * weight[1] * weight[2] * weight[3] * input_numel / prod(node.shape)
+    if node.op == "linear":
+        return 2 * shapes[node.args[1].value][1]
+    if node.op in ("layer_norm", "batch_norm", "_native_batch_norm_legit_no_training", "group_norm"):
+        return 5
+    if node.op in ("max_pool2d", "avg_pool2d"):
+        return prod(window_args(node).kernel)
+    return 1
+
+
+def backward_factor(node: NodeSpec) -> int:
+    """Backward FLOPs as a multiple of forward: input and weight gradients for convolutions."""
+    return 2 if node.op in CONVS or node.op == "linear" else 1
+
+
+class AxisArrays:
+    """One axis of the tiles of a run of nodes, as ``[tile, node]`` arrays of lengths.
+
+    Columns are node positions minus ``offset``. ``out``: output length; ``padded``: length of
+    a window op's input read plus its border padding; ``copied`` / ``copies``: length of its
+    padded copy and whether the tile makes one (1 or 0, see ``PADDED_COPY``). ``reads[name]``: per
+    input of the node, ``(input, start, stop)`` of the interval read, over ``tiles`` of the arrays
+    (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles.
+    """
+
+    def __init__(self, nodes: dict[str, NodeSpec], position: dict[str, int], offset: int, count: int, parts: int,
+                 steps: Iterable[tuple[str, np.ndarray, np.ndarray, list[tuple]]]):
+        """``steps``: per node, ``(name, out start, out stop, reads)``, each read ``(input, start,
+        stop, pad before, pad after)``; arrays over the tiles."""
+        self.parts, self.offset, self.tiles = parts, offset, slice(0, parts)
+        self.out = np.zeros((parts, count), dtype=np.int64)
+        self.padded = np.zeros((parts, count), dtype=np.int64)
+        self.copied = np.zeros((parts, count), dtype=np.int64)
+        self.copies = np.zeros((parts, count), dtype=np.int64)
+        self.reads: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+        for name, start, stop, reads in steps:
+            column = position[name] - offset
+            self.out[:, column] = stop - start
+            self.reads[name] = [(source, read_start, read_stop) for source, read_start, read_stop, _, _ in reads]
+            op = nodes[name].op
+            if op not in WINDOWS:
+                continue
+            _, read_start, read_stop, before, after = reads[0]
+            self.padded[:, column] = read_stop - read_start + before + after
+            if op in PADDED_COPY:
+                copies = before + after > 0 if op == "avg_pool2d" else before != after
+                self.copies[:, column] = copies
+                self.copied[:, column] = read_stop - read_start + np.where(copies, before + after, 0)
+        self.sums = self.out.sum(axis=0)
+
+    def window(self, start: int, stop: int) -> AxisArrays:
+        """Tiles ``[start, stop)`` only (several grids computed together, then taken apart)."""
+        part = copy.copy(self)
+        part.parts, part.tiles = stop - start, slice(start, stop)
+        part.out, part.padded, part.copied, part.copies = (a[start:stop] for a in
+                                                          (self.out, self.padded, self.copied, self.copies))
+        part.sums = part.out.sum(axis=0)
+        return part
+
+    @classmethod
+    def of_tiles(cls, bounds: Boundaries, first: int, stop: int, tiles: Sequence[AxisTile]) -> AxisArrays:
+        """The arrays of a planned segment's axis tiles."""
+        def column(values) -> np.ndarray:
+            return np.array(list(values), dtype=np.int64)
+
+        steps = []
+        for index, name in enumerate(bounds.order[first:stop]):
+            at = [tile.steps[index] for tile in tiles]
+            reads = [(read.input, column(s.reads[k].read.start for s in at), column(s.reads[k].read.stop for s in at),
+                      column(s.reads[k].pad[0] for s in at), column(s.reads[k].pad[1] for s in at))
+                     for k, read in enumerate(at[0].reads)]
+            steps.append((name, column(s.out.start for s in at), column(s.out.stop for s in at), reads))
+        return cls(bounds.context.nodes, bounds.position, first, stop - first, len(tiles), steps)
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """Bytes alive at each allocation of one simulated run, linear in the quantities' bytes.
+
+    The run is a sequence of changes (quantity ``change_quantity`` comes alive or dies, by
+    ``change_sign``); event ``e`` happens after the first ``events[e]`` changes, with transient
+    extras (``transient_*``: event, quantity, multiple) and a constant (weight gradients).
+    """
+
+    change_quantity: np.ndarray
+    change_sign: np.ndarray
+    events: np.ndarray
+    transient_event: np.ndarray
+    transient_quantity: np.ndarray
+    transient_multiple: np.ndarray
+    constants: np.ndarray
+
+    def peak(self, sizes: np.ndarray) -> int:
+        """The largest event over rows of ``sizes`` (``[pairs, quantities]`` bytes); 0 without events."""
+        if not len(self.events):
+            return 0
+        alive = np.zeros((len(sizes), len(self.change_quantity) + 1))
+        np.cumsum(sizes[:, self.change_quantity] * self.change_sign, axis=1, out=alive[:, 1:])
+        at = alive[:, self.events] + self.constants
+        np.add.at(at, (slice(None), self.transient_event), sizes[:, self.transient_quantity] * self.transient_multiple)
+        return round(float(at.max()))
+
+
+class _Run:
+    """Storages alive during one simulated run; a storage dies when its last holder lets go.
+
+    ``mark()`` records where the run is (after a node); ``trace(mark)`` gives the events up to
+    there, and ``fork(mark)`` a run that goes on from there another way.
+    """
+
+    def __init__(self):
+        self.holders: dict[int, int] = {}
+        self.quantity: list[int] = []
+        self.changes: list[tuple[int, int]] = []
+        self.events: list[int] = []
+        self.transients: list[tuple[int, int, float]] = []
+        self.constants: list[float] = []
+
+    def new(self, quantity: int) -> int:
+        self.quantity.append(quantity)
+        self.holders[len(self.quantity) - 1] = 1
+        self.changes.append((quantity, 1))
+        return len(self.quantity) - 1
+
+    def hold(self, storage: int | None) -> None:
+        if storage is not None:
+            self.holders[storage] += 1
+
+    def drop(self, storage: int | None) -> None:
+        if storage is None:
+            return
+        self.holders[storage] -= 1
+        if not self.holders[storage]:
+            del self.holders[storage]
+            self.changes.append((self.quantity[storage], -1))
+
+    def event(self, transient: dict[int, float] | None = None, constant: float = 0.0) -> None:
+        if transient:
+            self.transients.extend((len(self.events), quantity, multiple) for quantity, multiple in transient.items())
+        self.events.append(len(self.changes))
+        self.constants.append(constant)
+
+    def mark(self, snapshot: bool) -> tuple:
+        return len(self.changes), len(self.events), len(self.transients), dict(self.holders) if snapshot else None
+
+    def trace(self, mark: tuple | None = None) -> _Trace:
+        changes, events, transients, _ = mark or self.mark(False)
+        change = np.array(self.changes[:changes], dtype=np.int64).reshape(-1, 2)
+        transient = np.array(self.transients[:transients], dtype=float).reshape(-1, 3)
+        return _Trace(change[:, 0], change[:, 1], np.array(self.events[:events], dtype=np.int64),
+                      transient[:, 0].astype(np.int64), transient[:, 1].astype(np.int64), transient[:, 2],
+                      np.array(self.constants[:events], dtype=float))
+
+    def alive(self, mark: tuple, count: int) -> np.ndarray:
+        """How many storages of each of ``count`` quantities are alive at ``mark``."""
+        change = np.array(self.changes[:mark[0]], dtype=np.int64).reshape(-1, 2)
+        return np.bincount(change[:, 0], weights=change[:, 1], minlength=count)[:count]
+
+    def fork(self, mark: tuple, events: bool) -> _Run:
+        """A run continuing from ``mark`` (a snapshot mark), with or without the events so far."""
+        run = _Run()
+        changes, count, transients, holders = mark
+        run.holders, run.quantity, run.changes = dict(holders), list(self.quantity), self.changes[:changes]
+        if events:
+            run.events, run.constants = self.events[:count], self.constants[:count]
+            run.transients = self.transients[:transients]
+        return run
+
+
+#: Kinds of node quantities; quantity ``slices + 4 * (position - first) + kind`` (see ``_Program``).
+OUT, PADDED, COPY, INDEX = range(4)
+
+
+@dataclass(frozen=True)
+class _Program:
+    """The simulated working set of one segment ``[first, stop)``, in a few quantities.
+
+    Quantities: first one per sliced input of the forward run (``slices``: the input's name and
+    the segment's nodes reading it), the tile's slice of it; then four per node:
+    its result (``OUT``), a window op's padded input (``PADDED``), a border tile's padded copy of
+    it (``COPY``) and max-pool indices (``INDEX``). ``kept``: how many of each are alive after a
+    stored segment's forward.
+    """
+
+    first: int
+    stop: int
+    slices: tuple[tuple[str, tuple[str, ...]], ...]
+    forward: _Trace
+    backward: _Trace
+    kept: np.ndarray | None
+
+
+class _Forward:
+    """The forward of nodes ``[first, end)``, simulated once for every segment starting at ``first``.
+
+    A shorter segment's forward is a prefix of it: a node read after the segment is its output
+    and stays alive to its end, as it does here past that point. ``marks[k]``: after node
+    ``first + k`` (with the storages alive, when ``autograd``).
+    """
+
+    def __init__(self, estimator: Estimator, first: int, end: int, tiled: bool, autograd: bool):
+        self.first, self.end, self.run = first, end, _Run()
+        self.value: dict[int, int | None] = {}
+        self.saved: dict[int, list[int | None]] = {}
+        self.marks = []
+        e, run = estimator, self.run
+        self.slices = tuple(e.bounds.position[i.name] for i in e.bounds.inputs(first, end)
+                            if i.sliced and e.grad[e.bounds.position[i.name]]) if tiled else ()
+        base = len(self.slices) - 4 * first
+        for position in range(first, end):
+            op, inputs = e.op[position], e.inputs[position]
+            if op in VIEWS:
+                self.value[position] = self.value.get(inputs[0]) if inputs else None
+                run.hold(self.value[position])
+            else:
+                copied = run.new(base + 4 * position + COPY) if tiled and op in PADDED_COPY else None
+                self.value[position] = run.new(base + 4 * position + OUT)
+                run.event({base + 4 * position + PADDED: CONV_FORWARD_WORKSPACE} if op in CONVS else None)
+                if autograd and e.grad[position]:
+                    saved = self.saved[position] = self._saves(op, position, inputs, copied, base)
+                    for storage in saved:
+                        run.hold(storage)
+                run.drop(copied)
+            for dying in e.dies_at[position]:
+                if dying >= first:
+                    run.drop(self.value[dying])
+            self.marks.append(run.mark(autograd))
+
+    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copied: int | None, base: int) -> list:
+        """Storages autograd keeps for the node's backward (``None``: a tensor of another segment)."""
+        if op in SAVES_NOTHING:
+            return []
+        if op in SAVES_OUTPUT:
+            return [self.value[position]]
+        if op in SAVES_INPUTS:
+            return [self.value.get(i) for i in inputs]
+        source = copied if copied is not None else self.value.get(inputs[0]) if inputs else None
+        if op == "max_pool2d":
+            return [source, self.run.new(base + 4 * position + INDEX)]
+        return [source]
+
+
 class Estimator:
-    def __init__(self, bounds, dtype: str):
+    """Costs of segment choices for one traced graph (see the module docstring)."""
+
+    def __init__(self, bounds: Boundaries, dtype: str):
         self.bounds = bounds
         self.element = ELEMENT_BYTES[dtype]
+        context = bounds.context
+        shapes = context.tensor_shapes
+        parameters = {t.name for t in bounds.graph.graph["tensors"] if not t.buffer}
+        order = [context.nodes[name] for name in bounds.order]
+        position = bounds.position
+        # Per node position: op, input positions (-1: the model input), whether it needs a gradient
+        # (the last entry, -1, is the model input's), bytes of its parameters, where it dies.
+        self.op = [node.op for node in order]
+        self.inputs = [tuple(position[i] for i in node.inputs) for node in order]
+        self.weights = [self.element * sum(prod(shapes[a.value]) for a in node.args
+                                           if a.kind == "tensor" and a.value in parameters) for node in order]
+        self.parameters = sum(prod(shapes[name]) for name in parameters) * self.element
+        self.grad = [False] * (len(order) + 1)
+        for p in range(len(order)):
+            self.grad[p] = self.weights[p] > 0 or any(self.grad[i] for i in self.inputs[p])
+        self.dies_at: list[list[int]] = [[] for _ in order]
+        for p, name in enumerate(bounds.order):
+            if bounds.last_use[name] < len(order):
+                self.dies_at[max(bounds.last_use[name], p)].append(p)
+        self.full = {name: prod(context.shape(name)) * self.element for name in [INPUT, *bounds.order]}
+        self.outputs = [name for name in dict.fromkeys(model_outputs(bounds.graph)) if name != INPUT]
+        rates = [flops_per_output(n, shapes, prod(context.shape(n.inputs[0])) if n.inputs else 0) for n in order]
+        self.flops = np.array([rate * prod(n.shape) for rate, n in zip(rates, order, strict=True)])
+        self.backward_flops = np.array([backward_factor(n) for n in order]) * self.flops
+        areas = [self._area(name) for name in bounds.order]
+        #: Forward FLOPs per output pixel (row x column) of each node.
+        self.pixel_flops = self.flops / np.array(areas)
+        # Bytes of each node quantity (OUT, PADDED, COPY, INDEX), in all and per tile pixel.
+        source = [n.inputs[0] if n.op in WINDOWS else n.name for n in order]
+        self.scale_full = np.array([[self.full[n.name], self.full[s], self.full[s], self.full[n.name] / self.element
+                                     * INDEX_BYTES] for n, s in zip(order, source, strict=True)])
+        self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a]
+                                                       for a, s in zip(areas, source, strict=True)])
+        self.forward = cache(self._forward)
+        self.program = cache(self._program)
+        self.stored = cache(self._stored)
+        self.gradients = cache(self._gradients)
 
-    def segment(self, first, stop, rows, cols, stored) -> SegmentCost:
-        return SegmentCost(0, 0, 0, 0, 0.0, 0.0)
+    def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
+                stored: bool) -> SegmentCost:
+        """Cost of nodes ``[first, stop)``, stored, or tiled with the given axis tiles."""
+        if stored:
+            return self.stored(first, stop)
+        return self.tiled(first, stop, AxisArrays.of_tiles(self.bounds, first, stop, rows),
+                          AxisArrays.of_tiles(self.bounds, first, stop, cols))
 
-    def step_peaks(self, spans, costs) -> list[int]:
-        return [0 for _ in spans]
+    def _stored(self, first: int, stop: int) -> SegmentCost:
+        program = self.program(first, stop, False)
+        sizes = self.scale_full[first:stop].reshape(1, -1)
+        flops = float(self.flops[first:stop].sum() + self.backward_flops[first:stop].sum())
+        return SegmentCost(
+            forward_local=program.forward.peak(sizes),
+            backward_local=self.gradients(first, stop) + program.backward.peak(sizes),
+            kept=round(float(program.kept @ sizes[0])),
+            flops=round(flops),
+            flop_overhead=0.0,
+            seconds=flops / FLOP_RATE + 2 * (stop - first) * CALL_SECONDS + SEGMENT_SECONDS,
+        )
+
+    def tiled(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> SegmentCost:
+        """Cost of nodes ``[first, stop)`` tiled; ``rows`` and ``cols`` cover at least those nodes."""
+        program = self.program(first, stop, True)
+        sizes = self._pair_bytes(program, rows, cols)
+        outputs = self.output_bytes(first, stop)
+        in_grad = sum(self.full[i.name] for i in self.bounds.inputs(first, stop) if i.sliced and self.grad[
+            self.bounds.position[i.name]])
+        tiled = float((self.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
+                       * cols.sums[first - cols.offset:stop - cols.offset]).sum())
+        untiled = float(self.flops[first:stop].sum())
+        halo = tiled / untiled if untiled else 1.0
+        flops = 2 * tiled + float(self.backward_flops[first:stop].sum()) * halo
+        calls = rows.parts * cols.parts * (stop - first) * 3
+        return SegmentCost(
+            forward_local=outputs + program.forward.peak(sizes),
+            backward_local=self.gradients(first, stop) + sum(self.weights[first:stop]) + program.backward.peak(sizes),
+            kept=outputs,
+            flops=round(flops),
+            flop_overhead=halo - 1,
+            seconds=flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS + (outputs + 2 * in_grad) / COPY_RATE,
+        )
+
+    def local(self, cost: SegmentCost) -> int:
+        """Peak bytes while a segment runs, beyond the kept bytes of earlier segments."""
+        return max(cost.forward_local, cost.backward_local + self.parameters)
+
+    def floor(self, first: int, stop: int) -> int:
+        """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
+        return max(self.output_bytes(first, stop),
+                   self.gradients(first, stop) + sum(self.weights[first:stop]) + self.parameters)
+
+    def step_peaks(self, spans: Sequence[tuple[int, int]], costs: Sequence[SegmentCost]) -> list[int]:
+        """Predicted step peak while each segment runs (forward or backward, whichever is higher)."""
+        peaks, kept = [], 0
+        for cost in costs:
+            peaks.append(kept + self.local(cost))
+            kept += cost.kept
+        return peaks
+
+    def output_bytes(self, first: int, stop: int) -> int:
+        return sum(self.full[name] for name in self.bounds.outputs(first, stop))
+
+    def _gradients(self, first: int, stop: int) -> int:
+        """Gradients alive in the segment's backward, and the model outputs held from ``first`` on."""
+        position = self.bounds.position
+        names = {*self.bounds.crossing(stop), *(i.name for i in self.bounds.inputs(first, stop))}
+        grads = sum(self.full[n] for n in names if self.grad[position[n]] and n not in self.outputs)
+        return grads + sum(self.full[n] for n in self.outputs if position[n] >= first)
+
+    def _area(self, name: str) -> int:
+        shape, spatial = self.bounds.context.shape(name), self.bounds.context.spatial(name)
+        return shape[spatial[0]] * shape[spatial[1]] if spatial else 1
+
+    def _pair_bytes(self, program: _Program, rows: AxisArrays, cols: AxisArrays) -> np.ndarray:
+        """Bytes of each quantity in each distinct (row tile, column tile) pair: ``[pairs, quantities]``."""
+        first, stop, count = program.first, program.stop, len(program.slices)
+        row_lengths, row_flags = _classes(program, rows)
+        col_lengths, col_flags = _classes(program, cols)
+        scale = np.concatenate([[self.full[name] / self._area(name) for name, _ in program.slices],
+                                self.scale_pixel[first:stop].ravel()])
+        flags = np.ones((len(row_flags), len(col_flags), count + 4 * (stop - first)))
+        flags[:, :, count + COPY::4] = np.maximum(row_flags[:, None], col_flags[None])
+        return (row_lengths[:, None] * col_lengths[None] * flags * scale).reshape(-1, len(scale))
+
+    def _forward(self, first: int, tiled: bool, autograd: bool) -> _Forward:
+        end = first
+        while end < len(self.op) and (not tiled or self.bounds.context.nodes[self.bounds.order[end]].tileable):
+            end += 1
+        return _Forward(self, first, end, tiled, autograd)
+
+    def _program(self, first: int, stop: int, tiled: bool) -> _Program:
+        """Simulate the segment: forward (a prefix of ``_forward``'s), then backward from there."""
+        ahead = self.forward(first, tiled, True)
+        mark = ahead.marks[stop - first - 1]
+        plain = self.forward(first, True, False) if tiled else ahead
+        run = ahead.run.fork(mark, events=tiled)
+        base = len(ahead.slices) - 4 * first
+        outputs = [self.bounds.position[name] for name in self.bounds.outputs(first, stop)]
+        if not tiled:
+            for p in outputs:
+                run.drop(ahead.value[p])
+        grads = {p: run.new(base + 4 * p + OUT) if tiled else None for p in outputs if self.grad[p]}
+        for p in reversed(range(first, stop)):
+            op = self.op[p]
+            if p in grads:
+                transient: dict[int, float] = {}
+                for i in self.inputs[p]:
+                    if not self.grad[i]:
+                        continue
+                    if i >= first and op in PASS_THROUGH:
+                        if i not in grads:
+                            grads[i] = grads[p]
+                            run.hold(grads[i])
+                        continue
+                    if i < first:
+                        size = ahead.slices.index(i) if i in ahead.slices else None
+                    else:
+                        size = base + 4 * p + PADDED if op in WINDOWS else base + 4 * i + OUT
+                    if size is None:
+                        grads.setdefault(i, None)
+                    elif i in grads:
+                        transient[size] = transient.get(size, 0.0) + 1.0
+                    else:
+                        grads[i] = run.new(size)
+                if op in CONVS:
+                    padded = base + 4 * p + PADDED
+                    transient[padded] = transient.get(padded, 0.0) + CONV_BACKWARD_WORKSPACE
+                if op not in PASS_THROUGH:
+                    run.event(transient, self.weights[p])
+                run.drop(grads[p])
+            for storage in ahead.saved.get(p, ()):
+                run.drop(storage)
+        count = len(ahead.slices) + 4 * (stop - first)
+        forward_mark = plain.marks[stop - first - 1]
+        kept = None if tiled else ahead.run.alive(forward_mark, count)
+        order = self.bounds.order
+        slices = tuple((order[p], tuple(order[r] for r in range(first, stop) if p in self.inputs[r]))
+                       for p in ahead.slices)
+        return _Program(first, stop, slices, plain.run.trace(forward_mark), run.trace(), kept)
+
+
+def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
+    columns = slice(program.first - arrays.offset, program.stop - arrays.offset)
+    hulls = [_hull(arrays, name, readers) for name, readers in program.slices]
+    table = np.concatenate([np.array(hulls, dtype=np.int64).reshape(-1, arrays.parts).T, arrays.out[:, columns],
+                            arrays.padded[:, columns], arrays.copied[:, columns], arrays.copies[:, columns]], axis=1)
+    table = table[list({row.tobytes(): index for index, row in enumerate(table)}.values())]
+    count, width = len(program.slices), program.stop - program.first
+    out, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(4))
+    lengths = np.concatenate([table[:, :count], np.stack([out, padded, copied, out], axis=2).reshape(len(table), -1)],
+                             axis=1)
+    return lengths, copies
+
+
+def _hull(arrays: AxisArrays, name: str, readers: Sequence[str]) -> np.ndarray:
+    """Length of the interval of ``name`` the tiles read (the hull of their non-empty reads)."""
+    start = np.full(arrays.parts, np.iinfo(np.int64).max)
+    stop = np.full(arrays.parts, np.iinfo(np.int64).min)
+    for reader in readers:
+        for source, read_start, read_stop in arrays.reads[reader]:
+            if source == name:
+                read_start, read_stop = read_start[arrays.tiles], read_stop[arrays.tiles]
+                full = read_stop > read_start
+                start = np.where(full, np.minimum(start, read_start), start)
+                stop = np.where(full, np.maximum(stop, read_stop), stop)
+    return np.maximum(stop - start, 0)

@@ -1,0 +1,267 @@
+"""Search: ``choose`` picks segments, a mode and a grid per segment for a memory budget.
+
+Dynamic programming over candidate cut points of the node order, left to right. A partial
+plan ending at a cut is summarised by (estimated seconds, bytes kept alive for later segments);
+only the Pareto front of those pairs is kept per cut, since a later segment's feasibility
+depends on the kept bytes and the objective adds up seconds. A segment ``[first, stop)`` is
+stored (untiled), or tiled when all its nodes are tileable, with a square-ish grid; finer grids
+only add time, so grids are tried from coarse to fine and the first that fits is taken.
+
+``smallest_budget`` runs the same recursion on (peak, kept bytes) instead, with the finest
+grid for tiled segments (finer tiles only shrink the working set), so an infeasible budget is
+refused at once with the smallest one that would do.
+
+Cut candidates (``cut_points``): never right before a per-pixel op reading only the node
+before it (recomputing it is cheaper than storing its input); always where tileability changes;
+and at most ``MAX_CUTS``, one per stretch of the order, where the fewest bytes cross.
+
+Speed: the axis tiles of every tiled segment ending at ``stop`` are the tail of those of the
+longest tileable run ending there (a node's region depends only on its readers, all after it),
+so they are computed once per ``stop``, axis and grid (``prefix_arrays``), for all tiles at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from math import inf
+
+import networkx as nx
+import numpy as np
+
+from tilec.cost import AxisArrays, Estimator, SegmentCost
+from tilec.errors import BudgetError
+from tilec.ir import INPUT, NodeSpec
+from tilec.ops import KINDS, RULES, Context, Need
+from tilec.planner import Boundaries, SegmentChoice, output_sizes
+from tilec.regions import Interval, split
+
+GRIDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: Share of the budget a plan's predicted peak may use. The rest is headroom for what the cost
+#: model does not count (allocator metadata, kernel scratch, Python objects): measured peaks
+#: were within -10% .. +9% of the prediction on the examples (README).
+USABLE_PERCENT = 95
+#: Most cut candidates chosen besides those where tileability changes (at least ``MIN_CUTS``).
+MAX_CUTS = 36
+MIN_CUTS = 12
+#: Rule kinds that are plain integer arithmetic on the interval bounds: evaluated once for all
+#: tiles with arrays as bounds. Others run tile by tile.
+ARRAY_RULES = frozenset({"window", "pad", "slice", "pixel"})
+
+
+def usable(budget: int) -> int:
+    """Bytes of ``budget`` a plan's predicted peak may use."""
+    return budget * USABLE_PERCENT // 100
+
+
+def format_bytes(count: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
+def cut_points(bounds: Boundaries, full: dict[str, int]) -> list[int]:
+    """Candidate cuts: positions where a segment may end (0 and the end included)."""
+    nodes, order, count = bounds.context.nodes, bounds.order, len(bounds.order)
+    crossing = np.zeros(count + 2)
+    for position, name in enumerate(order):  # name crosses cuts position+1 .. its last use
+        crossing[position + 1] += full[name]
+        crossing[min(bounds.last_use[name], count) + 1] -= full[name]
+    crossing = np.cumsum(crossing)
+    changes = {cut for cut in range(1, count) if nodes[order[cut - 1]].tileable != nodes[order[cut]].tileable}
+    allowed = [cut for cut in range(1, count) if cut in changes
+               or not (KINDS.get(nodes[order[cut]].op) == "pixel" and nodes[order[cut]].inputs == (order[cut - 1],))]
+    stretches = max(MIN_CUTS, MAX_CUTS - len(changes))
+    chosen = set(changes)
+    if len(allowed) <= stretches + len(changes):
+        chosen.update(allowed)
+    else:
+        for k in range(stretches):
+            low, high = 1 + k * (count - 1) // stretches, 1 + (k + 1) * (count - 1) // stretches
+            inside = [cut for cut in allowed if low <= cut < high]
+            if inside:
+                chosen.add(min(inside, key=lambda cut: (crossing[cut], cut)))
+    return [0, *sorted(chosen), count]
+
+
+def prefix_arrays(bounds: Boundaries, stop: int, axis: int, grids: Sequence[int]) -> dict[int, AxisArrays]:
+    """Axis arrays of the longest tileable run ending at ``stop``, planned as one segment, for
+    each number of tiles in ``grids``.
+
+    The same computation as ``tilec.planner.axis_tiles``, over arrays holding every tile of
+    every grid at once.
+    """
+    context = bounds.context
+    low = stop
+    while low > 0 and context.nodes[bounds.order[low - 1]].tileable:
+        low -= 1
+    region: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name in bounds.outputs(low, stop):
+        owned = [interval for parts in grids for interval in split(context.size(name, axis), parts)]
+        region[name] = (np.array([i.start for i in owned]), np.array([i.stop for i in owned]))
+    tiles = sum(grids)
+    empty = np.zeros(tiles, dtype=np.int64)
+    steps = []
+    for node in reversed(bounds.members(low, stop)):
+        start, stop_ = region.get(node.name, (empty, empty))
+        none = stop_ == start
+        reads = []
+        for need in _needs(node, axis, start, stop_, context):
+            size = context.size(need.input, axis)
+            lo, hi = (np.broadcast_to(bound, (tiles,)) for bound in need.interval)
+            read_start = np.minimum(np.maximum(lo, 0), size)
+            read_stop = np.where(none, read_start, np.maximum(np.maximum(np.minimum(hi, size), 0), read_start))
+            if need.pads:
+                before = np.where(none, 0, np.maximum(0, np.minimum(hi, 0) - lo))
+                after = np.where(none, 0, np.maximum(0, hi - np.maximum(lo, size)))
+            else:
+                before = after = empty
+            reads.append((need.input, read_start, read_stop, before, after))
+            if need.input != INPUT and bounds.position[need.input] >= low:
+                region[need.input] = _merged(region.get(need.input), read_start, read_stop)
+        steps.append((node.name, start, stop_, reads))
+    arrays = AxisArrays(context.nodes, bounds.position, low, stop - low, tiles, steps)
+    starts = np.cumsum([0, *grids])
+    return {parts: arrays.window(start, start + parts) for parts, start in zip(grids, starts, strict=False)}
+
+
+def _needs(node: NodeSpec, axis: int, start: np.ndarray, stop: np.ndarray, context: Context) -> list[Need]:
+    """The node's rule for every tile: on arrays at once where the rule allows it."""
+    kind = KINDS[node.op]
+    rule = RULES[kind]
+    if kind in ARRAY_RULES:
+        return rule(node, axis, Interval(start, stop), context)
+    per_tile = [rule(node, axis, Interval(int(a), int(b)), context) for a, b in zip(start, stop, strict=True)]
+    return [Need(need.input, Interval(np.array([t[k].interval.start for t in per_tile]),
+                                      np.array([t[k].interval.stop for t in per_tile])), need.pads)
+            for k, need in enumerate(per_tile[0])]
+
+
+def _merged(known, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A producer's region after one more read: the hull of the non-empty reads, per tile."""
+    if known is None:
+        return start, stop
+    known_start, known_stop = known
+    full, known_full = stop > start, known_stop > known_start
+    hull_start = np.where(known_full, np.minimum(known_start, start), start)
+    hull_stop = np.where(known_full, np.maximum(known_stop, stop), stop)
+    return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
+
+
+def _pareto(entries: list[tuple]) -> list[tuple]:
+    """Keep entries not dominated in their first two fields (both minimised)."""
+    front, best = [], inf
+    for entry in sorted(entries, key=lambda e: (e[0], e[1])):
+        if entry[1] < best:
+            front.append(entry)
+            best = entry[1]
+    return front
+
+
+class _Costs:
+    """Cached costs of the segment options of one traced model."""
+
+    def __init__(self, graph: nx.DiGraph, dtype: str):
+        self.bounds = Boundaries(graph)
+        self.estimator = Estimator(self.bounds, dtype)
+        self.cuts = cut_points(self.bounds, self.estimator.full)
+        blocked = np.cumsum([0] + [not self.bounds.context.nodes[n].tileable for n in self.bounds.order])
+        self.tileable = lambda first, stop: blocked[stop] == blocked[first]
+        self.option = cache(self._option)
+        self.grids = cache(self._grids)
+        self.prefix = cache(self._prefix)
+
+    def _option(self, first: int, stop: int, grid: tuple[int, int] | None) -> SegmentCost:
+        """Stored for ``grid=None``, else tiled with ``grid``."""
+        if grid is None:
+            return self.estimator.stored(first, stop)
+        return self.estimator.tiled(first, stop, self.prefix(stop, 0)[grid[0]], self.prefix(stop, 1)[grid[1]])
+
+    def _prefix(self, stop: int, axis: int) -> dict[int, AxisArrays]:
+        """Axis arrays for every grid a segment ending at ``stop`` may take."""
+        grids = {grid[axis] for first in self.cuts if first < stop for grid in self.grids(first, stop)}
+        return prefix_arrays(self.bounds, stop, axis, sorted(grids))
+
+    def _grids(self, first: int, stop: int) -> list[tuple[int, int]]:
+        """Distinct grids for a tiled segment, coarse to fine, clipped to its outputs' sizes."""
+        if not self.tileable(first, stop):
+            return []
+        sizes = output_sizes(self.bounds, first, stop)
+        height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
+        grids = [(min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
+        return list(dict.fromkeys(grids))
+
+    def local(self, cost: SegmentCost) -> int:
+        return self.estimator.local(cost)
+
+    def recurse(self, start: tuple, extend) -> list[tuple]:
+        """Left-to-right dynamic programming over cut points.
+
+        An entry is a tuple whose first two fields are minimised (a Pareto front is kept per
+        cut); ``extend(entry, first, stop)`` yields the entries one more segment
+        ``[first, stop)`` makes of it. Returns the front at the last cut.
+        """
+        fronts: dict[int, list[tuple]] = {0: [start]}
+        for first in self.cuts[:-1]:
+            for entry in fronts.pop(first, []):
+                for stop in (c for c in self.cuts if c > first):
+                    fronts.setdefault(stop, []).extend(extend(entry, first, stop))
+            for stop in list(fronts):
+                fronts[stop] = _pareto(fronts[stop])
+        return fronts[self.cuts[-1]]
+
+
+def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> list[SegmentChoice]:
+    """Segments ``(first, stop, (rows, cols), mode)`` minimising estimated time with every
+    predicted step peak <= ``usable(budget)`` bytes."""
+    costs = _Costs(graph, dtype)
+    smallest = _budget_for(_smallest(costs))
+    if budget < smallest:
+        raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
+                          f"feasible budget is about {format_bytes(smallest)}")
+    return _search(costs, usable(budget))
+
+
+def _budget_for(peak: int) -> int:
+    """The smallest budget whose usable part holds ``peak`` bytes."""
+    return -(-peak * 100 // USABLE_PERCENT)
+
+
+def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
+    """Least estimated seconds with every predicted peak <= ``budget`` (already the usable part)."""
+    def extend(entry: tuple, first: int, stop: int):
+        seconds, kept, choices = entry
+
+        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
+            return seconds + cost.seconds, kept + cost.kept, (*choices, (first, stop, grid, mode))
+
+        stored = costs.option(first, stop, None)
+        if kept + costs.local(stored) <= budget:
+            yield grown((1, 1), "stored", stored)
+        if costs.tileable(first, stop) and kept + costs.estimator.floor(first, stop) <= budget:
+            for grid in costs.grids(first, stop):  # finer grids only add time: the coarsest that fits
+                tiled = costs.option(first, stop, grid)
+                if kept + costs.local(tiled) <= budget:
+                    yield grown(grid, "tiled", tiled)
+                    break
+
+    return list(min(costs.recurse((0.0, 0, ()), extend))[2])
+
+
+def _smallest(costs: _Costs) -> int:
+    """Smallest predicted peak over the plans ``_search`` can build."""
+    def extend(entry: tuple, first: int, stop: int):
+        peak, kept = entry
+        options = [costs.option(first, stop, None)]
+        if costs.tileable(first, stop):
+            options.append(costs.option(first, stop, costs.grids(first, stop)[-1]))
+        for cost in options:
+            yield max(peak, kept + costs.local(cost)), kept + cost.kept
+
+    return min(peak for peak, _ in costs.recurse((0, 0), extend))
+
+
+def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:
+    """Smallest budget ``choose`` accepts: the smallest predicted peak plus the headroom."""
+    return _budget_for(_smallest(_Costs(graph, dtype)))
