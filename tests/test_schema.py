@@ -85,7 +85,8 @@ def test_schema_1_plan_is_refused_with_recompile_advice():
     [
         (lambda text: text[: len(text) // 2], "is not JSON"),
         (lambda text: "[1, 2]", "top level is not an object"),
-        (lambda text: text.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 99'), "newer than this tilec"),
+        (lambda text: text.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 99'),
+         "newer than this tilec"),
         (lambda text: text.replace('"name": "sample"', '"name": "sample", "extra": 1'), "at extra"),
         (lambda text: text.replace('"input_shape": [1, 3, 19, 23]', '"input_shape": "1, 3"'), "at input_shape"),
     ],
