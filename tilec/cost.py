@@ -249,11 +249,6 @@ class _Run:
                       transient[:, 0].astype(np.int64), transient[:, 1].astype(np.int64), transient[:, 2],
                       np.array(self.constants[:events], dtype=float))
 
-    def alive(self, mark: tuple, count: int) -> np.ndarray:
-        """How many storages of each of ``count`` quantities are alive at ``mark``."""
-        change = np.array(self.changes[:mark[0]], dtype=np.int64).reshape(-1, 2)
-        return np.bincount(change[:, 0], weights=change[:, 1], minlength=count)[:count]
-
     def fork(self, mark: tuple, events: bool) -> _Run:
         """A run continuing from ``mark`` (a snapshot mark), with or without the events so far."""
         run = _Run()
@@ -276,16 +271,15 @@ class _Program:
     Quantities: first one per sliced input of the forward run (``slices``: the input's name and
     the segment's nodes reading it), the tile's slice of it; then four per node:
     its result (``OUT``), a window op's padded input (``PADDED``), a border tile's padded copy of
-    it (``COPY``) and max-pool indices (``INDEX``). ``kept``: how many of each are alive after a
-    stored segment's forward.
+    it (``COPY``) and max-pool indices (``INDEX``). ``forward``: a tiled segment's forward (a
+    stored one's comes from ``Estimator.stored_forward``).
     """
 
     first: int
     stop: int
     slices: tuple[tuple[str, tuple[str, ...]], ...]
-    forward: _Trace
+    forward: _Trace | None
     backward: _Trace
-    kept: np.ndarray | None
 
 
 class _Forward:
@@ -380,7 +374,9 @@ class Estimator:
         self.forward = cache(self._forward)
         self.program = cache(self._program)
         self.stored = cache(self._stored)
+        self.stored_forward = cache(self._stored_forward)
         self.gradients = cache(self._gradients)
+        self.boundary = cache(self._boundary)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool) -> SegmentCost:
@@ -391,25 +387,35 @@ class Estimator:
                           AxisArrays.of_tiles(self.bounds, first, stop, cols))
 
     def _stored(self, first: int, stop: int) -> SegmentCost:
-        program = self.program(first, stop, False)
-        sizes = self.scale_full[first:stop].reshape(1, -1)
+        forward, kept = self.stored_forward(first)
+        backward = self.program(first, stop, False).backward.peak(self.scale_full[first:stop].reshape(1, -1))
         flops = float(self.flops[first:stop].sum() + self.backward_flops[first:stop].sum())
         return SegmentCost(
-            forward_local=program.forward.peak(sizes),
-            backward_local=self.gradients(first, stop) + program.backward.peak(sizes),
-            kept=round(float(program.kept @ sizes[0])),
+            forward_local=forward[stop - first - 1],
+            backward_local=self.gradients(first, stop) + backward,
+            kept=kept[stop - first - 1],
             flops=round(flops),
             flop_overhead=0.0,
             seconds=flops / FLOP_RATE + 2 * (stop - first) * CALL_SECONDS + SEGMENT_SECONDS,
         )
 
+    def _stored_forward(self, first: int) -> tuple[list[int], list[int]]:
+        """Per stop, the forward peak and the kept bytes of the stored segment ``[first, stop)``."""
+        ahead = self.forward(first, False, True)
+        trace = ahead.run.trace()
+        sizes = self.scale_full[first:].reshape(-1)
+        alive = np.concatenate([[0.0], np.cumsum(sizes[trace.change_quantity] * trace.change_sign)])
+        at = alive[trace.events] + trace.constants
+        np.add.at(at, trace.transient_event, sizes[trace.transient_quantity] * trace.transient_multiple)
+        peaks = np.maximum.accumulate(np.concatenate([[0.0], at]))
+        return ([round(float(peaks[events])) for _, events, _, _ in ahead.marks],
+                [round(float(alive[changes])) for changes, _, _, _ in ahead.marks])
+
     def tiled(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> SegmentCost:
         """Cost of nodes ``[first, stop)`` tiled; ``rows`` and ``cols`` cover at least those nodes."""
         program = self.program(first, stop, True)
         sizes = self._pair_bytes(program, rows, cols)
-        outputs = self.output_bytes(first, stop)
-        in_grad = sum(self.full[i.name] for i in self.bounds.inputs(first, stop) if i.sliced and self.grad[
-            self.bounds.position[i.name]])
+        outputs, in_grad, fixed = self.boundary(first, stop)
         tiled = float((self.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
                        * cols.sums[first - cols.offset:stop - cols.offset]).sum())
         untiled = float(self.flops[first:stop].sum())
@@ -418,21 +424,32 @@ class Estimator:
         calls = rows.parts * cols.parts * (stop - first) * 3
         return SegmentCost(
             forward_local=outputs + program.forward.peak(sizes),
-            backward_local=self.gradients(first, stop) + sum(self.weights[first:stop]) + program.backward.peak(sizes),
+            backward_local=fixed + program.backward.peak(sizes),
             kept=outputs,
             flops=round(flops),
             flop_overhead=halo - 1,
             seconds=flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS + (outputs + 2 * in_grad) / COPY_RATE,
         )
 
+    def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
+        """A tiled segment's output bytes, sliced inputs' gradient bytes, and backward bytes besides
+        its working set (``gradients`` and its own parameter-gradient buffers)."""
+        inputs = [i.name for i in self.bounds.inputs(first, stop) if i.sliced]
+        in_grad = sum(self.full[name] for name in inputs if self.grad[self.bounds.position[name]])
+        return self.output_bytes(first, stop), in_grad, self.gradients(first, stop) + sum(self.weights[first:stop])
+
     def local(self, cost: SegmentCost) -> int:
         """Peak bytes while a segment runs, beyond the kept bytes of earlier segments."""
         return max(cost.forward_local, cost.backward_local + self.parameters)
 
+    def stored_floor(self, first: int, stop: int) -> int:
+        """A lower bound of ``local`` of the segment stored, without simulating its backward."""
+        return max(self.stored_forward(first)[0][stop - first - 1], self.gradients(first, stop) + self.parameters)
+
     def floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
-        return max(self.output_bytes(first, stop),
-                   self.gradients(first, stop) + sum(self.weights[first:stop]) + self.parameters)
+        outputs, _, fixed = self.boundary(first, stop)
+        return max(outputs, fixed + self.parameters)
 
     def step_peaks(self, spans: Sequence[tuple[int, int]], costs: Sequence[SegmentCost]) -> list[int]:
         """Predicted step peak while each segment runs (forward or backward, whichever is higher)."""
@@ -477,7 +494,6 @@ class Estimator:
         """Simulate the segment: forward (a prefix of ``_forward``'s), then backward from there."""
         ahead = self.forward(first, tiled, True)
         mark = ahead.marks[stop - first - 1]
-        plain = self.forward(first, True, False) if tiled else ahead
         run = ahead.run.fork(mark, events=tiled)
         base = len(ahead.slices) - 4 * first
         outputs = [self.bounds.position[name] for name in self.bounds.outputs(first, stop)]
@@ -515,13 +531,12 @@ class Estimator:
                 run.drop(grads[p])
             for storage in ahead.saved.get(p, ()):
                 run.drop(storage)
-        count = len(ahead.slices) + 4 * (stop - first)
-        forward_mark = plain.marks[stop - first - 1]
-        kept = None if tiled else ahead.run.alive(forward_mark, count)
         order = self.bounds.order
         slices = tuple((order[p], tuple(order[r] for r in range(first, stop) if p in self.inputs[r]))
                        for p in ahead.slices)
-        return _Program(first, stop, slices, plain.run.trace(forward_mark), run.trace(), kept)
+        plain = self.forward(first, True, False) if tiled else None
+        forward = plain.run.trace(plain.marks[stop - first - 1]) if plain else None
+        return _Program(first, stop, slices, forward, run.trace())
 
 
 def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -540,13 +555,10 @@ def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndar
 
 def _hull(arrays: AxisArrays, name: str, readers: Sequence[str]) -> np.ndarray:
     """Length of the interval of ``name`` the tiles read (the hull of their non-empty reads)."""
-    start = np.full(arrays.parts, np.iinfo(np.int64).max)
-    stop = np.full(arrays.parts, np.iinfo(np.int64).min)
-    for reader in readers:
-        for source, read_start, read_stop in arrays.reads[reader]:
-            if source == name:
-                read_start, read_stop = read_start[arrays.tiles], read_stop[arrays.tiles]
-                full = read_stop > read_start
-                start = np.where(full, np.minimum(start, read_start), start)
-                stop = np.where(full, np.maximum(stop, read_stop), stop)
-    return np.maximum(stop - start, 0)
+    reads = [(start, stop) for reader in readers for source, start, stop in arrays.reads[reader] if source == name]
+    if not reads:
+        return np.zeros(arrays.parts, dtype=np.int64)
+    starts, stops = (np.array(bounds)[:, arrays.tiles] for bounds in zip(*reads, strict=True))
+    full = stops > starts
+    start, stop = np.where(full, starts, starts.max()).min(axis=0), np.where(full, stops, stops.min()).max(axis=0)
+    return np.where(full.any(axis=0), stop - start, 0)

@@ -109,7 +109,7 @@ def prefix_arrays(bounds: Boundaries, stop: int, axis: int, grids: Sequence[int]
         reads = []
         for need in _needs(node, axis, start, stop_, context):
             size = context.size(need.input, axis)
-            lo, hi = (np.broadcast_to(bound, (tiles,)) for bound in need.interval)
+            lo, hi = (bound if np.ndim(bound) else np.full(tiles, bound) for bound in need.interval)
             read_start = np.minimum(np.maximum(lo, 0), size)
             read_stop = np.where(none, read_start, np.maximum(np.maximum(np.minimum(hi, size), 0), read_start))
             if need.pads:
@@ -236,9 +236,10 @@ def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
             return seconds + cost.seconds, kept + cost.kept, (*choices, (first, stop, grid, mode))
 
-        stored = costs.option(first, stop, None)
-        if kept + costs.local(stored) <= budget:
-            yield grown((1, 1), "stored", stored)
+        if kept + costs.estimator.stored_floor(first, stop) <= budget:
+            stored = costs.option(first, stop, None)
+            if kept + costs.local(stored) <= budget:
+                yield grown((1, 1), "stored", stored)
         if costs.tileable(first, stop) and kept + costs.estimator.floor(first, stop) <= budget:
             for grid in costs.grids(first, stop):  # finer grids only add time: the coarsest that fits
                 tiled = costs.option(first, stop, grid)
@@ -250,13 +251,26 @@ def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
 
 
 def _smallest(costs: _Costs) -> int:
-    """Smallest predicted peak over the plans ``_search`` can build."""
+    """Smallest predicted peak over the plans ``_search`` can build.
+
+    Options that cannot beat the plan cutting at every candidate (a quick upper bound) are
+    not costed in full.
+    """
+    def options(first: int, stop: int, peak: int, kept: int, bound: float):
+        if max(peak, kept + costs.estimator.stored_floor(first, stop)) <= bound:
+            yield costs.option(first, stop, None)
+        if costs.tileable(first, stop) and max(peak, kept + costs.estimator.floor(first, stop)) <= bound:
+            yield costs.option(first, stop, costs.grids(first, stop)[-1])
+
+    bound, peak, kept = inf, 0, 0
+    for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
+        best = min(options(first, stop, peak, kept, inf), key=lambda cost: (kept + costs.local(cost), cost.kept))
+        peak, kept = max(peak, kept + costs.local(best)), kept + best.kept
+    bound = peak
+
     def extend(entry: tuple, first: int, stop: int):
         peak, kept = entry
-        options = [costs.option(first, stop, None)]
-        if costs.tileable(first, stop):
-            options.append(costs.option(first, stop, costs.grids(first, stop)[-1]))
-        for cost in options:
+        for cost in options(first, stop, peak, kept, bound):
             yield max(peak, kept + costs.local(cost)), kept + cost.kept
 
     return min(peak for peak, _ in costs.recurse((0, 0), extend))
