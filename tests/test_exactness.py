@@ -364,8 +364,6 @@ def test_tiled_model_refuses_a_missing_parameter_free_module(tiled_class):
 # --- known bugs -----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="tilec.ops.window_args: _pair('same') -> int('s') ValueError for conv2d with string padding")
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_conv_with_string_padding(padding):

@@ -307,9 +307,6 @@ def test_same_padding_split(kernel, dilation, expected):
     assert rows == expected
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="tilec.ops.window_args calls _pair on padding='same'/'valid' (int('s')): every conv2d "
-                          "with string padding crashes the planner's window rule and codegen's _conv")
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_window_args_of_string_padding(padding):

@@ -70,8 +70,9 @@ def window_args(node: NodeSpec, weight_shape: tuple[int, ...] | None = None) -> 
     ceil_mode, count_include_pad, divisor_override)``."""
     if node.op == "conv2d":
         kernel = tuple(weight_shape[2:])
-        stride, padding, dilation = (_pair(const(node, i, 1 if i != 4 else 0)) for i in (3, 4, 5))
-        return WindowArgs(kernel, stride, padding, dilation, False)
+        stride, dilation = (_pair(const(node, i, 1)) for i in (3, 5))
+        (rows, _), (cols, _) = conv_padding(node, weight_shape)
+        return WindowArgs(kernel, stride, (rows, cols), dilation, False)
     kernel = _pair(const(node, 1))
     stride_value = const(node, 2, ())
     stride = _pair(stride_value) if stride_value not in ((), None) else kernel
