@@ -57,7 +57,7 @@ class UNet(nn.Module):
         return self.out(self.fuse(torch.cat([skip, x], dim=1)))
 
 
-MODELS = {"residual": (Residual, (1, 3, 22, 18)), "unet": (UNet, (1, 3, 20, 24))}
+MODELS = {"residual": (Residual, (1, 3, 22, 18)), "unet": (UNet, (1, 3, 14, 16))}
 
 
 def build(name: str) -> nn.Module:
@@ -82,7 +82,8 @@ def _options(costs: _Costs, first: int, stop: int) -> list:
 
 
 def _brute_force(costs: _Costs, budget: int) -> float:
-    """Least estimated seconds over every segmentation at the cut candidates and every option."""
+    """Least estimated seconds over every segmentation at the cut candidates and every option
+    (a partial plan already slower than the best complete one is abandoned)."""
     best, last = float("inf"), costs.cuts[-1]
 
     def extend(first: int, seconds: float, kept: int) -> None:
@@ -92,7 +93,7 @@ def _brute_force(costs: _Costs, budget: int) -> float:
             return
         for stop in (c for c in costs.cuts if c > first):
             for cost in _options(costs, first, stop):
-                if kept + costs.local(cost) <= budget:
+                if kept + costs.local(cost) <= budget and seconds + cost.seconds < best:
                     extend(stop, seconds + cost.seconds, kept + cost.kept)
 
     extend(0, 0.0, 0)

@@ -188,15 +188,18 @@ class _Trace:
     transient_multiple: np.ndarray
     constants: np.ndarray
 
-    def peak(self, sizes: np.ndarray) -> int:
-        """The largest event over rows of ``sizes`` (``[pairs, quantities]`` bytes); 0 without events."""
-        if not len(self.events):
-            return 0
+    def levels(self, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes alive after each change (0 before the first) and at each event, per row of
+        ``sizes`` (``[rows, quantities]`` bytes): ``[rows, changes + 1]`` and ``[rows, events]``."""
         alive = np.zeros((len(sizes), len(self.change_quantity) + 1))
         np.cumsum(sizes[:, self.change_quantity] * self.change_sign, axis=1, out=alive[:, 1:])
         at = alive[:, self.events] + self.constants
         np.add.at(at, (slice(None), self.transient_event), sizes[:, self.transient_quantity] * self.transient_multiple)
-        return round(float(at.max()))
+        return alive, at
+
+    def peak(self, sizes: np.ndarray) -> int:
+        """The largest event over the rows of ``sizes``; 0 without events."""
+        return round(float(self.levels(sizes)[1].max())) if len(self.events) else 0
 
 
 class _Run:
@@ -291,7 +294,7 @@ class _Forward:
     """
 
     def __init__(self, estimator: Estimator, first: int, end: int, tiled: bool, autograd: bool):
-        self.first, self.end, self.run = first, end, _Run()
+        self.run = _Run()
         self.value: dict[int, int | None] = {}
         self.saved: dict[int, list[int | None]] = {}
         self.marks = []
@@ -402,11 +405,7 @@ class Estimator:
     def _stored_forward(self, first: int) -> tuple[list[int], list[int]]:
         """Per stop, the forward peak and the kept bytes of the stored segment ``[first, stop)``."""
         ahead = self.forward(first, False, True)
-        trace = ahead.run.trace()
-        sizes = self.scale_full[first:].reshape(-1)
-        alive = np.concatenate([[0.0], np.cumsum(sizes[trace.change_quantity] * trace.change_sign)])
-        at = alive[trace.events] + trace.constants
-        np.add.at(at, trace.transient_event, sizes[trace.transient_quantity] * trace.transient_multiple)
+        alive, at = (level[0] for level in ahead.run.trace().levels(self.scale_full[first:].reshape(1, -1)))
         peaks = np.maximum.accumulate(np.concatenate([[0.0], at]))
         return ([round(float(peaks[events])) for _, events, _, _ in ahead.marks],
                 [round(float(alive[changes])) for changes, _, _, _ in ahead.marks])
