@@ -44,7 +44,7 @@ def _run(forward, x: torch.Tensor, params: list[torch.Tensor], seed: int, grads_
     return leaves, spec, grads_out, grads
 
 
-def max_errors(model: nn.Module, shape, *, grid=None, segments=None, seed: int = 0,
+def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), seed: int = 0,
                tiled: nn.Module | None = None) -> dict[str, float]:
     """Max abs difference per tensor: every output leaf, the input gradient, each parameter gradient.
 
@@ -54,7 +54,7 @@ def max_errors(model: nn.Module, shape, *, grid=None, segments=None, seed: int =
     model = model.double()
     randomise_buffers(model, generator)
     if tiled is None:
-        tiled = build(model, shape, grid, segments=segments, dtype="float64")
+        tiled = build(model, shape, grid, segments=segments, recomputed=recomputed, dtype="float64")
     x = torch.randn(shape, dtype=torch.float64, generator=generator)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
@@ -86,10 +86,10 @@ def _error(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     return difference.max().item()
 
 
-def check_exact(model: nn.Module, shape, *, grid=None, segments=None, tolerance: float = TOLERANCE,
+def check_exact(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), tolerance: float = TOLERANCE,
                 seed: int = 0) -> dict[str, float]:
     """Assert tiled == untiled within ``tolerance`` (float64) for outputs and every gradient."""
-    errors = max_errors(model, shape, grid=grid, segments=segments, seed=seed)
+    errors = max_errors(model, shape, grid=grid, segments=segments, recomputed=recomputed, seed=seed)
     worst = max(errors, key=errors.get)
     assert errors[worst] <= tolerance, (
         f"tiled != untiled: worst is {worst} with max abs error {errors[worst]:.3g} > {tolerance:g}; "

@@ -114,6 +114,57 @@ def test_compile_with_segments_and_budget(tmp_path):
     assert (tmp_path / "budget_tiled.py").is_file()
 
 
+SKIP = """
+import torch
+from torch import nn
+
+INPUT_SHAPE = (1, 2, 23, 21)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU())
+        self.deep = nn.Sequential(*[nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()) for _ in range(6)])
+        self.out = nn.Conv2d(8, 3, 3, padding=1)
+
+    def forward(self, x):
+        skip = self.enc(x)
+        return self.out(torch.cat([skip, self.deep(skip)], 1))
+
+
+model = Net
+"""
+
+
+def test_compile_recomputes_a_named_skip(tmp_path):
+    model_file = _write(tmp_path, "skip.py", SKIP)
+    result = _invoke("compile", model_file, "--recompute", "relu", "--segments", "0:5@2x2,5:14@1x1,14:18@3x2",
+                     "--out-dir", tmp_path, "--plan-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "recomputed from the input by later readers instead of kept: relu (2 nodes)" in result.output
+    result = _invoke("inspect", tmp_path / "skip.plan.json", "--nodes")
+    assert "relu_recomputed0" in result.output and "conv2d_recomputed0" in result.output
+    module = _import(tmp_path / "skip_tiled.py")
+    model, shape = load_model(model_file)
+    model.double()
+    x = torch.randn(shape, dtype=torch.float64)
+    expected = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
+    got = torch.autograd.grad(module.TiledModel(model)(x).square().sum(), list(model.parameters()))
+    assert max((a - b).abs().max().item() for a, b in zip(expected, got, strict=True)) < 1e-10
+
+
+@pytest.mark.parametrize(("names", "words"), [("conv2d_3", "no reader comes"), ("relu,", "must be node names"),
+                                               ("nothing", "there is no such node")])
+def test_compile_refuses_what_cannot_be_recomputed(tmp_path, names, words):
+    model_file = _write(tmp_path, "skip.py", SKIP)
+    result = _invoke("compile", model_file, "--recompute", names, "--grid", "2x2", "--out-dir", tmp_path,
+                     "--plan-dir", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "--recompute" in result.output and len(result.output.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == [model_file]
+
+
 def test_segment_that_cannot_be_tiled_is_refused(tmp_path):
     model_file = _write(tmp_path, "net.py", RESIDUAL)
     result = _invoke("compile", model_file, "--segments", "0:8@2x2", "--out-dir", tmp_path, "--plan-dir", tmp_path)

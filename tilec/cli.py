@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_name, parse_segments, parse_shape
+from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_name, parse_names, parse_segments, parse_shape
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
@@ -62,7 +62,10 @@ def main() -> None:
 @click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4 (1x1: untiled).")
 @click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS,... over half-open node ranges "
               "(positions as `tilec inspect PLAN --nodes` lists them; 1x1 = stored, untiled).")
-@click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB.")
+@click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
+              "(recomputing long-lived tensors where that is faster than keeping them).")
+@click.option("--recompute", help="Nodes NAME,... whose late readers recompute them from the input instead of "
+              "keeping them (names as `tilec inspect PLAN --nodes` lists them; --segments then counts the copies).")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Training dtype the memory prediction assumes.")
 @click.option("--name", help="Plan and module name (default: the file's stem).")
@@ -70,7 +73,7 @@ def main() -> None:
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, dtype, name, out_dir,
+def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, recompute, dtype, name, out_dir,
                     plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
@@ -81,6 +84,7 @@ def compile_command(model_file, attr, input_shape, grid, segments, memory_budget
             grid=parse_grid(grid) if grid is not None else None,
             segments=parse_segments(segments) if segments is not None else None,
             memory_budget=parse_bytes(memory_budget) if memory_budget is not None else None,
+            recompute=parse_names(recompute) if recompute is not None else (),
             dtype=dtype,
             name=parse_name(name) if name is not None else None,
             out_dir=out_dir,

@@ -19,6 +19,7 @@ class CompileConfig:
     grid: tuple[int, int] | None = None
     segments: tuple[tuple, ...] | None = None
     memory_budget: int | None = None
+    recompute: tuple[str, ...] = ()
     dtype: str = "float32"
     name: str | None = None
     out_dir: Path = Path(".")
@@ -70,6 +71,14 @@ def parse_segments(text: str) -> tuple[tuple, ...]:
             )
         segments.append((int(match[1]), int(match[2]), parse_grid(match[3])))
     return tuple(segments)
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """``"relu_1, relu_3"`` -> ``("relu_1", "relu_3")`` (node names, as ``tilec inspect --nodes`` lists them)."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) for name in names):
+        raise GridError(f"--recompute must be node names NAME,NAME,... (see tilec inspect PLAN --nodes), got {text!r}")
+    return names
 
 
 def parse_name(text: str) -> str:

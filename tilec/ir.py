@@ -10,7 +10,8 @@ Conventions:
 * Every ``Interval`` is half-open ``[start, stop)`` in the coordinates of the full (untiled)
   tensor, serialised as ``[start, stop]``.
 * Segments are contiguous runs ``[first, stop)`` of the node order. Every tensor crossing a
-  segment boundary is materialised there.
+  segment boundary is materialised there; one that would be kept for long can instead be
+  recomputed: its producers are copied before its late readers (``NodeSpec.recomputes``).
 * A plan stores a segment's tiles per axis: tile ``(i, j)`` is the product of ``rows[i]`` and
   ``cols[j]``. This keeps a 64x64 grid at 128 axis entries, not 4096 tiles.
 * Backward regions follow the owned-output strategy the generated code runs: a tile
@@ -72,6 +73,8 @@ class NodeSpec(Frozen):
     shape: Shape = Field(description="output shape (for ops returning a list: each element's shape)")
     spatial: tuple[int, int] | None = Field(description="dims of the output's image rows and columns")
     tileable: bool = Field(description="may run tile by tile; else only in a stored (untiled) segment")
+    recomputes: str | None = Field(None, description="the node this one is a copy of, recomputed from the model "
+                                                     "input for later readers instead of kept (tilec.recompute)")
 
 
 class OutputTree(Frozen):

@@ -1,4 +1,4 @@
-"""The top-level pipeline: load -> trace -> plan -> render -> write, as a flat list of steps."""
+"""The top-level pipeline: load -> trace -> recompute -> plan -> render -> write, as a flat list of steps."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.planio import dumps, write_files
 from tilec.planner import plan
+from tilec.recompute import recompute
 from tilec.trace import trace
 
 
@@ -35,7 +36,8 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
     name = config.name or config.model_path.stem
-    the_plan = plan_for(trace(model, shape), name, grid=config.grid, segments=config.segments,
+    graph = recompute(trace(model, shape), config.recompute)
+    the_plan = plan_for(graph, name, grid=config.grid, segments=config.segments,
                         memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
@@ -46,14 +48,16 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
 
 def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, dtype="float32",
              progress=None) -> Plan:
-    """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes."""
+    """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes (the
+    search may then recompute long-lived tensors: the plan's nodes include the copies)."""
     given = [option for option in (grid, segments, memory_budget) if option is not None]
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
     if memory_budget is not None:
         from tilec.search import choose
 
-        segments = choose(graph, memory_budget, dtype)
+        choice = choose(graph, memory_budget, dtype)
+        graph, segments = choice.graph, choice.segments
     return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 progress=progress)
 
@@ -65,14 +69,15 @@ def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
     return module
 
 
-def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None,
+def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None, recomputed=(),
           dtype="float32", name="model", progress=False):
     """Trace, plan, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
+    ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
-    graph = trace(model, input_shape)
+    graph = recompute(trace(model, input_shape), recomputed)
     the_plan = plan_for(graph, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
     return load_source(render(the_plan), f"{name}_tiled").TiledModel(model, progress=progress)

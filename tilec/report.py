@@ -65,6 +65,13 @@ def describe_plan(plan: Plan) -> Table:
                    "predicted peak", "FLOP overhead", "est. seconds"):
         table.add_column(column, justify="left" if column in ("nodes", "outputs") else "right")
     nodes = plan.model.nodes
+    groups: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.recomputes is not None:  # copies are named <node>_recomputed<k>, k per recomputed tensor
+            groups.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
+    if groups:
+        table.caption = "recomputed from the input by later readers instead of kept: " + ", ".join(
+            f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values())
     for segment in plan.segments:
         tiled = segment.mode == "tiled"
         classes = len({t.shape_class for t in segment.rows}) * len({t.shape_class for t in segment.cols})
@@ -166,12 +173,13 @@ def tile_table(plan: Plan, tile: tuple[int, int] | None, node: str | None, segme
 
 
 def node_table(plan: Plan) -> Table:
-    """Every node: position (for ``--segments FIRST:STOP@RxC``), name, op, module, shape, tileable, segment."""
+    """Every node: position (for ``--segments FIRST:STOP@RxC``), name, op, module, shape, tileable, segment,
+    and the node it is a recomputed copy of."""
     table = Table(title=f"nodes of plan {plan.name} (positions for --segments FIRST:STOP@RxC, STOP exclusive)")
-    for column in ("position", "node", "op", "module", "output", "tileable", "segment"):
+    for column in ("position", "node", "op", "module", "output", "tileable", "segment", "recomputes"):
         table.add_column(column, justify="right" if column == "position" else "left")
     for position, node in enumerate(plan.model.nodes):
         segment = plan.segment_of(position)
         table.add_row(str(position), node.name, node.op, node.path or "-", _shape(node.shape),
-                      "yes" if node.tileable else "no", f"{segment.index} ({segment.mode})")
+                      "yes" if node.tileable else "no", f"{segment.index} ({segment.mode})", node.recomputes or "-")
     return table

@@ -7,6 +7,10 @@ depends on the kept bytes and the objective adds up seconds. A segment ``[first,
 stored (untiled), or tiled when all its nodes are tileable, with a square-ish grid; finer grids
 only add time, so grids are tried from coarse to fine and the first that fits is taken.
 
+Recompute: the search is run on the graph as traced and on ``variants`` of it where the
+cheapest long-lived tensors (a U-Net's skips) are recomputed from the model input by their late
+readers instead of kept (``tilec.recompute``); the fastest plan that fits wins.
+
 ``smallest_budget`` runs the same recursion on (peak, kept bytes) instead, with the finest
 grid for tiled segments (finer tiles only shrink the working set), so an infeasible budget is
 refused at once with the smallest one that would do.
@@ -26,6 +30,7 @@ known plan) by a lower bound of their peak are not costed in full.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from math import inf
 
@@ -37,6 +42,7 @@ from tilec.errors import BudgetError
 from tilec.ir import INPUT, NodeSpec
 from tilec.ops import KINDS, RULES, Context, Need
 from tilec.planner import Boundaries, SegmentChoice, output_sizes
+from tilec.recompute import candidates, recompute
 from tilec.regions import Interval, split
 
 GRIDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -48,6 +54,10 @@ USABLE_PERCENT = 95
 #: Most cut candidates chosen besides those where tileability changes (at least ``MIN_CUTS``).
 MAX_CUTS = 36
 MIN_CUTS = 12
+#: Most nodes recomputed for their late readers, and the largest share of the forward FLOPs the
+#: recomputed cone of one may cost (``variants``).
+MAX_RECOMPUTED = 3
+RECOMPUTE_SHARE = 0.25
 #: Rule kinds that are plain integer arithmetic on the interval bounds: evaluated once for all
 #: tiles with arrays as bounds. Others run tile by tile.
 ARRAY_RULES = frozenset({"window", "pad", "slice", "pixel"})
@@ -215,15 +225,39 @@ class _Costs:
         return fronts[self.cuts[-1]]
 
 
-def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> list[SegmentChoice]:
-    """Segments ``(first, stop, (rows, cols), mode)`` minimising estimated time with every
-    predicted step peak <= ``usable(budget)`` bytes."""
-    costs = _Costs(graph, dtype)
-    smallest = _budget_for(_smallest(costs))
-    if budget < smallest:
+@dataclass(frozen=True)
+class Choice:
+    """What ``choose`` picked: the graph to plan (the traced one, or with ``recomputed`` nodes
+    recomputed for their late readers, ``tilec.recompute``) and its segments."""
+
+    graph: nx.DiGraph
+    recomputed: tuple[str, ...]
+    segments: tuple[SegmentChoice, ...]
+    seconds: float
+
+
+def variants(graph: nx.DiGraph, dtype: str = "float32") -> list[tuple[tuple[str, ...], nx.DiGraph]]:
+    """The graph as traced, then with its 1, 2, ... ``MAX_RECOMPUTED`` cheapest recomputable
+    nodes recomputed (cones costing at most ``RECOMPUTE_SHARE`` of the forward FLOPs)."""
+    estimator = Estimator(Boundaries(graph), dtype)
+    flops = dict(zip(graph.graph["order"], estimator.flops.tolist(), strict=True))
+    names = candidates(graph, flops, RECOMPUTE_SHARE)[:MAX_RECOMPUTED]
+    return [((), graph)] + [(tuple(names[:k]), recompute(graph, names[:k])) for k in range(1, len(names) + 1)]
+
+
+def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> Choice:
+    """The plan of least estimated time, over ``variants``, with every predicted step peak
+    <= ``usable(budget)`` bytes."""
+    found = []
+    for recomputed, variant in variants(graph, dtype):
+        best = _search(_Costs(variant, dtype), usable(budget))
+        if best is not None:
+            found.append(Choice(variant, recomputed, best[2], best[0]))
+    if not found:
+        smallest = smallest_budget(graph, dtype)
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
                           f"feasible budget is about {format_bytes(smallest)}")
-    return _search(costs, usable(budget))
+    return min(found, key=lambda choice: (choice.seconds, len(choice.recomputed)))
 
 
 def _budget_for(peak: int) -> int:
@@ -231,8 +265,9 @@ def _budget_for(peak: int) -> int:
     return -(-peak * 100 // USABLE_PERCENT)
 
 
-def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
-    """Least estimated seconds with every predicted peak <= ``budget`` (already the usable part)."""
+def _search(costs: _Costs, budget: int) -> tuple | None:
+    """``(seconds, kept, segments)`` of least estimated seconds with every predicted peak <=
+    ``budget`` (already the usable part); ``None`` when no plan fits."""
     def extend(entry: tuple, first: int, stop: int):
         seconds, kept, choices = entry
 
@@ -250,7 +285,7 @@ def _search(costs: _Costs, budget: int) -> list[SegmentChoice]:
                     yield grown(grid, "tiled", tiled)
                     break
 
-    return list(min(costs.recurse((0.0, 0, ()), extend))[2])
+    return min(costs.recurse((0.0, 0, ()), extend), default=None)
 
 
 def _smallest(costs: _Costs) -> int:
@@ -280,5 +315,6 @@ def _smallest(costs: _Costs) -> int:
 
 
 def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:
-    """Smallest budget ``choose`` accepts: the smallest predicted peak plus the headroom."""
-    return _budget_for(_smallest(_Costs(graph, dtype)))
+    """Smallest budget ``choose`` accepts: the smallest predicted peak over ``variants`` plus the
+    headroom."""
+    return _budget_for(min(_smallest(_Costs(variant, dtype)) for _, variant in variants(graph, dtype)))

@@ -18,7 +18,7 @@ import torch
 aten = torch.ops.aten
 
 PLAN_NAME = 'small'
-MODEL_DIGEST = 'a06c453312d95dd7d5ec57287b81241e9ad1f57345cdda345872dee5457ea552'
+MODEL_DIGEST = '19a225118006cdd8253ddff8bdbe6b896916f63830f1638786a44b357ad2a267'
 INPUT_SHAPE = (1, 3, 13, 11)
 
 # Every parameter and buffer the model computes with: (state_dict name, shape, is buffer).
