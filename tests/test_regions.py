@@ -9,6 +9,7 @@ nothing cancels). The rule's interval, clipped to the input, must be the hull of
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -359,10 +360,11 @@ def _dependence(y: torch.Tensor, x: torch.Tensor, axis: int, out: Interval) -> s
 
 
 def check_rule(module: nn.Module, shape, *, pads: bool, seed: int = 0, slack: int = 0,
-               loose: tuple[int, ...] = ()) -> None:
+               loose: tuple[int, ...] = (), front: Callable[[int, Interval], int] | None = None) -> None:
     """For every single output and random output intervals, the rule's input interval clipped to
     the input is the hull of what the output depends on. ``slack``: it may read that many more at
-    its end; on ``loose`` axes it need only contain that hull."""
+    its end; on ``loose`` axes it need only contain that hull. ``front(axis, out)``: the rule
+    starts at or before this input (and reads it alone when the outputs depend on nothing)."""
     node, context = _traced(module, shape)
     rule = RULES[KINDS[node.op]]
     module = _positive(module)
@@ -378,11 +380,15 @@ def check_rule(module: nn.Module, shape, *, pads: bool, seed: int = 0, slack: in
             clipped, _, _ = need.interval.clip(in_size)
             depends = _dependence(y, x, axis, out)
             where = f"{node.target} {[a.value for a in node.args[1:]]}, axis {axis}, output {tuple(out)}"
+            first = None if front is None else front(axis, out)
             if not depends:
-                assert axis in loose or clipped.length == 0, (
+                wanted = Interval(0, 0) if first is None else Interval(first, first + 1)
+                assert axis in loose or clipped.length == wanted.length and (not wanted.length or clipped == wanted), (
                     f"{where}: rule reads {tuple(clipped)}, the output depends on nothing")
                 continue
             hull = Interval(min(depends), max(depends) + 1)
+            if first is not None:
+                hull = Interval(min(hull.start, first), hull.stop)
             assert clipped.start <= hull.start and hull.stop <= clipped.stop, (
                 f"{where}: rule reads {tuple(clipped)} (unclipped {tuple(need.interval)}), "
                 f"but the output depends on {tuple(hull)}: tiles would miss inputs"
@@ -416,7 +422,17 @@ TRANSPOSED = [
 def test_conv_transpose_rule(kernel, stride, padding, output_padding, dilation, size):
     module = nn.ConvTranspose2d(2, 3, kernel, stride=stride, padding=padding, output_padding=output_padding,
                                 dilation=dilation)
-    check_rule(module, (1, 2, *size), pads=False, loose=_dilated(module))
+    check_rule(module, (1, 2, *size), pads=False, loose=_dilated(module), front=_covering(module, size))
+
+
+def _covering(module: nn.ConvTranspose2d, size) -> Callable[[int, Interval], int]:
+    """The input a tile's local transposed convolution must start from: the last whose outputs
+    begin at or before the tile's first output (the local convolution crops, never pads in
+    front), and a real one (outputs past the last tap still need an input to run on)."""
+    def first(axis: int, out: Interval) -> int:
+        covering = (out.start + module.padding[axis]) // module.stride[axis]
+        return min(covering, size[axis] - 1)
+    return first
 
 
 def _dilated(module: nn.Module) -> tuple[int, ...]:
@@ -430,8 +446,8 @@ def _dilated(module: nn.Module) -> tuple[int, ...]:
                                        "it takes the hull over all taps, also for outputs no tap reaches (harmless "
                                        "for exactness, costs extra reads)")
 def test_conv_transpose_rule_is_tight_when_strided_and_dilated():
-    check_rule(nn.ConvTranspose2d(1, 1, 3, stride=2, padding=2, output_padding=1, dilation=2), (1, 1, 7, 9),
-               pads=False)
+    module = nn.ConvTranspose2d(1, 1, 3, stride=2, padding=2, output_padding=1, dilation=2)
+    check_rule(module, (1, 1, 7, 9), pads=False, front=_covering(module, (7, 9)))
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -445,7 +461,8 @@ def test_conv_transpose_rule_random(kernel, stride, padding, dilation, data, hei
         module(torch.zeros(1, 1, height, width))
     except RuntimeError:
         return  # the output would be empty: PyTorch refuses too
-    check_rule(module, (1, 1, height, width), pads=False, loose=_dilated(module))
+    check_rule(module, (1, 1, height, width), pads=False, loose=_dilated(module),
+               front=_covering(module, (height, width)))
 
 
 def _interpolate(**options) -> nn.Module:

@@ -257,6 +257,12 @@ class _TileEmitter:
         return f"aten.constant_pad_nd.default({source}, {(cb, ca, rb, ra, *rest)!r}, {value!r})"
 
 
+def is_batch_norm_module(node: NodeSpec) -> bool:
+    """``batch_norm`` run by an ``nn.BatchNorm*`` module: at run time its training flag and
+    momentum come from the module (``batch_norm_mode`` in the generated code)."""
+    return node.op == "batch_norm" and "BatchNorm" in node.module_type
+
+
 def in_place(node: NodeSpec) -> bool:
     """An in-place update of a buffer (BatchNorm's batch counter), kept as the model runs it."""
     return node.target.count(".") == 2 and node.target.split(".")[1].endswith("_")
@@ -341,7 +347,9 @@ def _stored_statements(segment: Segment, context: Context, slots: dict[str, int]
     for name in order[segment.first:segment.stop]:
         node = context.nodes[name]
         args = [emitter.arg(a, {}) for a in node.args]
-        if node.op in TRAINING_FLAGS:
+        if is_batch_norm_module(node):
+            args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
+        elif node.op in TRAINING_FLAGS:
             args[TRAINING_FLAGS[node.op]] = f"train[{node.path!r}]"
         if node.op == "getitem":
             expr = f"{var(node.args[0].value)}[{node.args[1].value}]"
@@ -426,7 +434,9 @@ def render(plan: Plan) -> str:
                    for name in order[s.first:s.stop]]
     eval_only = tuple(sorted({n.path for n in tiled_nodes if n.op in TRAINING_FLAGS}))
     modules = sorted({(n.path, n.module_type) for n in plan.model.nodes})
-    train_paths = tuple(sorted({n.path for n in plan.model.nodes if n.op in TRAINING_FLAGS or in_place(n)}))
+    batch_norm_paths = tuple(sorted({n.path for n in plan.model.nodes if is_batch_norm_module(n)}))
+    train_paths = tuple(sorted({n.path for n in plan.model.nodes if n.op in TRAINING_FLAGS or in_place(n)}
+                               - set(batch_norm_paths)))
     return _environment().get_template("module.py.j2").render(
         plan=plan,
         version=__version__,
@@ -434,6 +444,7 @@ def render(plan: Plan) -> str:
         modules=modules,
         eval_only=eval_only,
         train_paths=train_paths,
+        batch_norm_paths=batch_norm_paths,
         constants=constants.items(),
         segments=views,
         output=_tree(plan.model.output),

@@ -160,17 +160,26 @@ def transpose_interval(out: Interval, kernel: int, stride: int, padding: int, di
 
 
 def _transpose_rule(node: NodeSpec, axis: int, out: Interval, context: Context) -> list[Need]:
+    """The inputs feeding ``out``, widened so that the tile's local transposed convolution starts
+    at or before ``out.start`` (it crops, never pads in front) and reads at least one real input:
+    outputs no input reaches (gaps when the stride exceeds the kernel's span, output padding past
+    the last tap) are the bias alone, computed by the local convolution like any other."""
     args = transpose_args(node, context.tensor_shapes[node.args[1].value])
-    interval = transpose_interval(out, args["kernel"][axis], args["stride"][axis], args["padding"][axis],
-                                  args["dilation"][axis])
+    kernel, stride, padding, dilation = (args[k][axis] for k in ("kernel", "stride", "padding", "dilation"))
+    interval = transpose_interval(out, kernel, stride, padding, dilation)
+    if out.length:
+        first_covering = (out.start + padding) // stride  # the last input whose outputs start <= out.start
+        last_input = context.size(node.inputs[0], axis) - 1
+        interval = Interval(min(interval.start, first_covering, last_input), interval.stop)
     return [Need(node.inputs[0], interval, False)]
 
 
 def _upsample_rule(node: NodeSpec, axis: int, out: Interval, context: Context) -> list[Need]:
     source = node.inputs[0]
-    indices = resample_map(node, axis, context.size(source, axis), node.shape[2 + axis]).indices
-    touched = [i for o in range(out.start, out.stop) for i in indices[o]]
-    return [Need(source, Interval(min(touched), max(touched) + 1), False)]
+    if not out.length:
+        return [Need(source, Interval(0, 0), False)]
+    mapping = resample_map(node, axis, context.size(source, axis), node.shape[2 + axis])
+    return [Need(source, Interval(*mapping.reads(out.start, out.stop)), False)]
 
 
 def pad_amounts(node: NodeSpec, axis: int) -> tuple[int, int]:

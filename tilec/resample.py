@@ -19,16 +19,12 @@ from tilec.ir import NodeSpec
 
 @dataclass(frozen=True)
 class ResampleMap:
-    """Per output index ``o``: the input indices read (``indices[o]``) and, for bilinear, the
-    weight of the upper one (``frac[o]``)."""
+    """Per output index ``o``: the input indices read (``low[o]`` and ``high[o]``, equal for
+    nearest modes) and, for bilinear, the weight of the upper one (``frac[o]``)."""
 
     low: tuple[int, ...]
     high: tuple[int, ...]
     frac: tuple[float, ...] | None
-
-    @property
-    def indices(self) -> list[tuple[int, ...]]:
-        return [(lo,) if lo == hi else (lo, hi) for lo, hi in zip(self.low, self.high, strict=True)]
 
     def reads(self, start: int, stop: int) -> tuple[int, int]:
         """``[lo, hi)`` of the inputs outputs ``[start, stop)`` read."""

@@ -149,13 +149,8 @@ def _layout(op: str, args: list[Arg], inputs: list[str], shape: tuple[int, ...],
         source = images[0]
         rows, cols = context.spatial(source)
         ndim = len(context.shape(source))
-        if op == "permute":
-            order = [d % ndim for d in args[1].value]
-            return order.index(rows), order.index(cols)
-        if op == "transpose":
-            a, b = (d % ndim for d in (args[1].value, args[2].value))
-            swap = {a: b, b: a}
-            return swap.get(rows, rows), swap.get(cols, cols)
+        if op in ("permute", "transpose"):
+            return _moved(op, args, ndim, rows, cols)
         if op in ("view", "reshape", "_unsafe_view"):
             source_shape = context.shape(source)
             if (rows, cols) == (ndim - 2, ndim - 1) and len(shape) >= 3 and shape[-2:] == source_shape[-2:]:
@@ -177,6 +172,20 @@ def _layout(op: str, args: list[Arg], inputs: list[str], shape: tuple[int, ...],
     if op == "getitem" and images:
         return context.spatial(images[0])
     return None
+
+
+def _moved(op: str, args: list[Arg], ndim: int, rows: int, cols: int) -> tuple[int, int] | None:
+    """Where a permute / transpose puts the image axes; ``None`` when it swaps rows and columns
+    (rows then no longer come first: not a layout tile rules can follow, so it runs untiled and
+    what reads it sees an ordinary, positionally indexed tensor)."""
+    if op == "permute":
+        order = [d % ndim for d in args[1].value]
+        moved = order.index(rows), order.index(cols)
+    else:
+        a, b = (d % ndim for d in (args[1].value, args[2].value))
+        swap = {a: b, b: a}
+        moved = swap.get(rows, rows), swap.get(cols, cols)
+    return moved if moved[0] < moved[1] else None
 
 
 def _output_tree(spec, leaves: list[str]) -> OutputTree:
@@ -219,8 +228,10 @@ def trace(model: nn.Module, input_shape: Sequence[int]) -> nx.DiGraph:
         op = _op_name(fx_node.target)
         functional = _functional(fx_node.target) if op != "getitem" else None
         mutated = fx_node.args[0] if functional is not None else None
+        if functional is not None and tensors.get(mutated.name, "").endswith("num_batches_tracked"):
+            continue  # BatchNorm's batch counter: the generated module counts as nn.BatchNorm does
         if functional is not None and mutated.name in tensors:
-            functional = None  # a buffer update (BatchNorm's counter): kept in place, untiled
+            functional = None  # another buffer update: kept in place, untiled
         elif functional is not None:
             op = functional._opname
         args = [_arg(value, names, tensors, keyword) for value, keyword in _schema_args(fx_node)]

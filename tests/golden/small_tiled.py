@@ -59,7 +59,9 @@ MODULES = (
 # Modules inside tiled segments that must be in eval mode (BatchNorm, Dropout).
 EVAL_ONLY = ('stem.1',)
 # Modules whose training flag the untiled segments follow at run time.
-TRAIN_PATHS = ('stem.1',)
+TRAIN_PATHS = ()
+# BatchNorm modules: the untiled segments follow their mode and momentum, and count their batches.
+BATCH_NORM_PATHS = ('stem.1',)
 
 
 def check_model(model):
@@ -98,6 +100,18 @@ def check_modes(modules):
                 f"module {path} ({type(module).__name__}) is in training mode; tilec tiles it in eval mode only: "
                 f"call .eval() on it"
             )
+
+
+def batch_norm_mode(module):
+    """``(batch statistics?, momentum)`` as ``nn.BatchNorm`` passes them to ``batch_norm`` in this
+    step; counts the batch in ``num_batches_tracked`` when it trains with running statistics."""
+    batch_stats = module.training or module.running_mean is None
+    momentum = 0.0 if module.momentum is None else module.momentum
+    if module.training and module.track_running_stats:
+        module.num_batches_tracked.add_(1)
+        if module.momentum is None:
+            momentum = 1.0 / float(module.num_batches_tracked)
+    return batch_stats, momentum
 
 
 def check_input(x, tensors):
@@ -585,6 +599,7 @@ class TiledModel(torch.nn.Module):
         tensors = model_tensors(self.model)
         check_input(x, tensors)
         train = {path: modules[path].training for path in TRAIN_PATHS}
+        train.update({path: batch_norm_mode(modules[path]) for path in BATCH_NORM_PATHS})
         values = {"input": x}
         outs = _Tiled.apply(_S0, self.progress, values['input'], tensors[10], tensors[9], tensors[15], tensors[11], tensors[13], tensors[14], tensors[1], tensors[0], )
         values.update(zip(('relu_', 'relu'), outs))
