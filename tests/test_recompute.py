@@ -4,16 +4,16 @@ when it pays, refused with one line when impossible."""
 from __future__ import annotations
 
 import pytest
+from exactness import check_exact
 from torch import nn
+from zoo import SHAPES, ZOO
 
 import tilec.recompute
-from exactness import check_exact
 from tilec.errors import GridError
 from tilec.planner import plan
 from tilec.recompute import MIN_GAP, candidates, cone, late_readers, recompute
 from tilec.search import choose, smallest_budget, variants
 from tilec.trace import trace
-from zoo import SHAPES, ZOO
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_recompute_lowers_the_smallest_budget_of_a_unet_whose_skips_dominate():
     planned = plan(chosen.graph, name="m", segments=chosen.segments, memory_budget=kept)
     assert planned.predicted_peak_bytes <= kept
     # with recompute the smallest budget is lower than the best plan keeping the skip can do
-    from tilec.search import _Costs, _budget_for, _smallest
+    from tilec.search import _budget_for, _Costs, _smallest
     assert kept < _budget_for(_smallest(_Costs(graph, "float32")))
     check_exact(Wide(), (1, 1, 64, 64), segments=chosen.segments, recomputed=chosen.recomputed)
 

@@ -12,10 +12,11 @@ from rich.console import Console
 from test_validate_models import grid_plan, segment_plan
 
 from tilec.errors import OutputError, TilecError
+from tilec.ops import plan_context
 from tilec.planio import dumps
 from tilec.regions import Interval, split
 from tilec.report import describe_plan, node_table, tile_table
-from tilec.viz import cone, context_of, draw, pick, save, share_bounds
+from tilec.viz import cone, draw, pick, save, share_bounds
 
 UNET_SPLIT = ((0, 3, (2, 2)), (3, 10, (3, 2)))
 
@@ -73,7 +74,7 @@ def test_picking_a_node_picks_its_segment():
 
 def test_shares_of_an_output_are_its_owned_parts():
     plan = segment_plan("unet", UNET_SPLIT)
-    context = context_of(plan)
+    context = plan_context(plan)
     for segment in plan.segments:
         for axis, tiles in enumerate((segment.rows, segment.cols)):
             for k, name in enumerate(segment.outputs):
@@ -98,7 +99,7 @@ def test_cone_shows_the_hull_of_a_skip_connection():
     segment = plan.segments[1]
     for axis in range(2):
         for index in range(segment.grid[axis]):
-            lines = {line.name: line for line in cone(plan, segment, axis, index, context_of(plan))}
+            lines = {line.name: line for line in cone(plan, segment, axis, index, plan_context(plan))}
             assert list(lines)[:2] == ["max_pool2d", "relu"]  # the sliced segment inputs come first
             skip = lines["relu_1"]
             assert [consumer for consumer, _ in skip.reads] == ["conv_transpose2d", "upsample_bilinear2d"]

@@ -66,6 +66,8 @@ def main() -> None:
               "(recomputing long-lived tensors where that is faster than keeping them).")
 @click.option("--recompute", help="Nodes NAME,... whose late readers recompute them from the input instead of "
               "keeping them (names as `tilec inspect PLAN --nodes` lists them; --segments then counts the copies).")
+@click.option("--ranks", type=click.IntRange(min=1), help="Plan for N ranks of a process group sharing each tiled "
+              "segment's tiles (TiledModel(model, process_group=...)): records each rank's tiles.")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Training dtype the memory prediction assumes.")
 @click.option("--name", help="Plan and module name (default: the file's stem).")
@@ -73,8 +75,8 @@ def main() -> None:
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, recompute, dtype, name, out_dir,
-                    plan_dir) -> None:
+def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, recompute, ranks, dtype, name,
+                    out_dir, plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
@@ -85,6 +87,7 @@ def compile_command(model_file, attr, input_shape, grid, segments, memory_budget
             segments=parse_segments(segments) if segments is not None else None,
             memory_budget=parse_bytes(memory_budget) if memory_budget is not None else None,
             recompute=parse_names(recompute) if recompute is not None else (),
+            ranks=ranks,
             dtype=dtype,
             name=parse_name(name) if name is not None else None,
             out_dir=out_dir,

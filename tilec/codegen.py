@@ -21,9 +21,10 @@ from pathlib import Path
 import jinja2
 
 from tilec import __version__
+from tilec.cost import axis_weights
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
-from tilec.ops import Context, const, window_args
+from tilec.ops import Context, const, plan_context, window_args
 from tilec.regions import Interval
 
 #: Arguments that switch a module between training and eval behaviour: (op, argument index).
@@ -57,6 +58,8 @@ class SegmentView:
     outputs: list[tuple[str, str, tuple[int, int]]]
     rows: str
     cols: str
+    costs: str
+    shares: str
     functions: list[TileFunction]
     statements: list[Statement]
 
@@ -380,14 +383,18 @@ def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[st
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     outputs = [(name, _shape_literal(context.shape(name)), context.spatial(name) or (0, 0))
                for name in segment.outputs]
-    functions = []
+    functions, costs = [], ""
     if segment.mode == "tiled":
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
                 functions.append(_tile_function(plan, segment, context, slots, constants, rows, cols))
+        members = [context.nodes[name] for name in order[segment.first:segment.stop]]
+        costs = repr((tuple(axis_weights(context, members, segment.rows, 0)),
+                      tuple(axis_weights(context, members, segment.cols, 1))))
     stored = _stored_statements(segment, context, slots, order) if segment.mode == "stored" else []
     return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
-                       functions, stored)
+                       costs, repr(segment.shares), functions, stored)
+
 
 
 def _shape_literal(shape) -> str:
@@ -418,14 +425,9 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _context(plan: Plan) -> Context:
-    return Context({n.name: n for n in plan.model.nodes}, {t.name: t.shape for t in plan.model.tensors},
-                   tuple(plan.input_shape))
-
-
 def render(plan: Plan) -> str:
     """Source of the generated module for ``plan``; the same plan gives the same bytes."""
-    context = _context(plan)
+    context = plan_context(plan)
     order = [n.name for n in plan.model.nodes]
     all_tensors = [t.name for t in plan.model.tensors]
     constants = _Constants()

@@ -20,6 +20,7 @@ class CompileConfig:
     segments: tuple[tuple, ...] | None = None
     memory_budget: int | None = None
     recompute: tuple[str, ...] = ()
+    ranks: int | None = None
     dtype: str = "float32"
     name: str | None = None
     out_dir: Path = Path(".")

@@ -40,7 +40,7 @@ from math import prod
 import numpy as np
 
 from tilec.ir import INPUT, AxisTile, NodeSpec
-from tilec.ops import window_args
+from tilec.ops import Context, window_args
 from tilec.planner import Boundaries, model_outputs
 from tilec.trace import VIEWS as ALIASING
 
@@ -109,6 +109,30 @@ def flops_per_output(node: NodeSpec, shapes: dict[str, tuple[int, ...]], input_n
 def backward_factor(node: NodeSpec) -> int:
     """Backward FLOPs as a multiple of forward: input and weight gradients for convolutions."""
     return 2 if node.op in CONVS or node.op == "linear" else 1
+
+
+def axis_weights(context: Context, members: Sequence[NodeSpec], tiles: Sequence[AxisTile], axis: int) -> list[int]:
+    """Per tile along ``axis`` of a tiled segment, the FLOPs of one step (forward, the autograd
+    re-run and backward) of a full band of tiles: per node, its FLOPs per output pixel (rounded)
+    times the tile's output length on ``axis`` times the node's full size on the other axis.
+
+    Tile ``(i, j)`` is weighted ``rows[i] * cols[j]`` (``tile_cost``): exact when every node's
+    tile lengths are the same share of its size, a close estimate with halos. Integers: the
+    same on every machine, and the module stays per axis (no rows x columns table)."""
+    weights = [0] * len(tiles)
+    for position, node in enumerate(members):
+        area = context.size(node.name, 0) * context.size(node.name, 1)
+        source = prod(context.shape(node.inputs[0])) if node.inputs else 0
+        per_pixel = flops_per_output(node, context.tensor_shapes, source) * prod(node.shape) / area
+        rate = max(1, round(per_pixel * (2 + backward_factor(node)))) * context.size(node.name, 1 - axis)
+        for index, tile in enumerate(tiles):
+            weights[index] += rate * tile.steps[position].out.length
+    return weights
+
+
+def tile_cost(row_weights: Sequence[int], col_weights: Sequence[int]) -> list[int]:
+    """Per tile, row-major, the product of its row and column weights (``axis_weights``)."""
+    return [row * col for row in row_weights for col in col_weights]
 
 
 class AxisArrays:

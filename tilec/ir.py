@@ -155,6 +155,10 @@ class Segment(Frozen):
     estimated_seconds: float = Field(description="estimated time of this segment in one step")
     rows: tuple[AxisTile, ...]
     cols: tuple[AxisTile, ...]
+    shares: tuple[tuple[int, ...], ...] = Field(
+        default=(), description="with Plan.ranks, per rank the tiles it runs (row-major indices); else empty")
+    rank_seconds: float | None = Field(
+        default=None, description="with Plan.ranks, estimated time of this segment on its busiest rank")
 
 
 class Plan(Frozen):
@@ -171,6 +175,9 @@ class Plan(Frozen):
     )
     model: ModelFingerprint
     segments: tuple[Segment, ...]
+    ranks: int | None = Field(
+        default=None, description="ranks of a process group sharing each tiled segment's tiles (compile "
+        "--ranks); every rank holds the full boundary tensors, so its peak is predicted_peak_bytes")
 
     def node(self, name: str) -> NodeSpec:
         return next(n for n in self.model.nodes if n.name == name)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tilec.errors import UnsupportedLayerError
-from tilec.ir import NodeSpec
+from tilec.ir import NodeSpec, Plan
 from tilec.regions import Interval, Window
 from tilec.resample import resample_map
 
@@ -114,6 +114,12 @@ class Context:
 
     def size(self, name: str, axis: int) -> int:
         return self.shape(name)[self.spatial(name)[axis]]
+
+
+def plan_context(plan: Plan) -> Context:
+    """The look-ups over a plan's own nodes and tensors."""
+    return Context({n.name: n for n in plan.model.nodes}, {t.name: t.shape for t in plan.model.tensors},
+                   tuple(plan.input_shape))
 
 
 def sliced_inputs(node: NodeSpec, context: Context) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""The top-level pipeline: load -> trace -> recompute -> plan -> render -> write, as a flat list of steps."""
+"""The top-level pipeline: load -> trace -> recompute -> plan -> distribute -> render -> write, as a flat list
+of steps."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from tilec.codegen import render
 from tilec.config import CompileConfig
+from tilec.distribute import distribute
 from tilec.errors import GridError, ShapeError
 from tilec.ir import Plan
 from tilec.modelfile import load_model
@@ -39,6 +41,7 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     graph = recompute(trace(model, shape), config.recompute)
     the_plan = plan_for(graph, name, grid=config.grid, segments=config.segments,
                         memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
+    the_plan = distribute(the_plan, config.ranks)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
     module_path = config.out_dir / f"{name}_tiled.py"
@@ -70,14 +73,17 @@ def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
 
 
 def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None, recomputed=(),
-          dtype="float32", name="model", progress=False):
-    """Trace, plan, render and load in memory; return the ``TiledModel`` wrapping ``model``.
+          dtype="float32", name="model", progress=False, ranks=None, process_group=None):
+    """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
+    ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
     graph = recompute(trace(model, input_shape), recomputed)
     the_plan = plan_for(graph, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
-    return load_source(render(the_plan), f"{name}_tiled").TiledModel(model, progress=progress)
+    the_plan = distribute(the_plan, ranks)
+    tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
+    return tiled_class(model, progress=progress, process_group=process_group)

@@ -57,13 +57,21 @@ def _outputs(plan: Plan, segment: Segment) -> str:
 def describe_plan(plan: Plan) -> Table:
     """One row per segment: nodes, mode, grid, shape classes, largest slice, outputs, predicted cost."""
     budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
+    ranks = ""
+    if plan.ranks is not None:
+        seconds = sum(s.rank_seconds or 0.0 for s in plan.segments)
+        ranks = (f"; {plan.ranks} ranks share the tiles: predicted peak per rank {_mib(plan.predicted_peak_bytes)}, "
+                 f"est. {seconds:.3f} s per rank (without communication)")
     table = Table(
         title=f"plan {plan.name}: input {_shape(plan.input_shape)}, {len(plan.model.nodes)} nodes, {plan.dtype}, "
-        f"predicted peak {_mib(plan.predicted_peak_bytes)}{budget}"
+        f"predicted peak {_mib(plan.predicted_peak_bytes)}{budget}{ranks}"
     )
-    for column in ("segment", "nodes", "mode", "grid", "shape classes", "largest input slice", "outputs",
-                   "predicted peak", "FLOP overhead", "est. seconds"):
-        table.add_column(column, justify="left" if column in ("nodes", "outputs") else "right")
+    columns = ["segment", "nodes", "mode", "grid", "shape classes", "largest input slice", "outputs",
+               "predicted peak", "FLOP overhead", "est. seconds"]
+    if plan.ranks is not None:
+        columns += ["tiles per rank", "busiest rank s"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("nodes", "outputs", "tiles per rank") else "right")
     nodes = plan.model.nodes
     groups: dict[str, list[str]] = {}
     for node in nodes:
@@ -86,8 +94,17 @@ def describe_plan(plan: Plan) -> Table:
             _mib(segment.predicted_peak_bytes),
             f"{segment.flop_overhead:+.1%}",
             f"{segment.estimated_seconds:.3f}",
+            *_rank_cells(plan, segment),
         )
     return table
+
+
+def _rank_cells(plan: Plan, segment: Segment) -> list[str]:
+    """With ``plan.ranks``: how many tiles each rank runs ("all" for stored), the busiest rank's time."""
+    if plan.ranks is None:
+        return []
+    counts = "/".join(str(len(indices)) for indices in segment.shares) if segment.shares else "all, untiled"
+    return [counts, f"{segment.rank_seconds:.3f}"]
 
 
 def node_position(plan: Plan, name: str) -> int:

@@ -377,6 +377,22 @@ def _check_axis(segment: Segment, axis: int, bounds: Boundaries) -> None:
                   f"code shape, numbered in order of first appearance)")
 
 
+def _check_shares(plan: Plan) -> None:
+    """Without ``ranks`` no segment has shares; with it, each tiled segment's shares give every
+    tile to exactly one of the ``ranks`` ranks, and stored segments have none."""
+    for segment in plan.segments:
+        tiles = segment.grid[0] * segment.grid[1] if segment.mode == "tiled" else 0
+        if plan.ranks is None and (segment.shares or segment.rank_seconds is not None):
+            _fail(f"segment {segment.index} has shares or rank_seconds, but the plan names no ranks")
+        if plan.ranks is not None and segment.mode == "tiled" and (
+                len(segment.shares) != plan.ranks
+                or sorted(i for indices in segment.shares for i in indices) != list(range(tiles))):
+            _fail(f"segment {segment.index}'s shares do not give each of its {tiles} tiles to exactly one of "
+                  f"{plan.ranks} ranks")
+        if segment.mode == "stored" and segment.shares:
+            _fail(f"segment {segment.index} is stored but has shares")
+
+
 def validate(plan: Plan, source: str = "plan") -> Plan:
     """Return ``plan`` if it is internally consistent, else raise one ``PlanError`` line."""
     if plan.schema_version != SCHEMA_VERSION:
@@ -390,6 +406,7 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         bounds = Boundaries(graph)
         _check_tileable(plan, bounds.context)
         _check_cover(plan)
+        _check_shares(plan)
         for segment in plan.segments:
             _check_segment(segment, bounds)
             if segment.mode == "tiled":

@@ -34,7 +34,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from tilec.errors import OutputError, TilecError
 from tilec.ir import AxisTile, Plan, Segment
-from tilec.ops import Context
+from tilec.ops import Context, plan_context
 from tilec.planio import write_files
 from tilec.regions import Interval
 from tilec.report import node_position
@@ -58,12 +58,6 @@ def share_bounds(intervals: Sequence[Interval], size: int) -> list[int]:
     for before, after in zip(intervals[:-1], intervals[1:], strict=True):
         bounds.append(min(max((before.stop + after.start) // 2, bounds[-1]), size))
     return [*bounds, size]
-
-
-def context_of(plan: Plan) -> Context:
-    """Shape look-ups (``tilec.ops.Context``) over the plan's nodes and tensors."""
-    return Context({n.name: n for n in plan.model.nodes}, {t.name: t.shape for t in plan.model.tensors},
-                   tuple(plan.input_shape))
 
 
 @dataclass(frozen=True)
@@ -263,7 +257,7 @@ def _growth_panel(axes, row_lines: list[Line], col_lines: list[Line], choice: Ch
 def draw(plan: Plan, node: str | None = None, tile: tuple[int, int] | None = None) -> Figure:
     """The figure for ``tile`` (default: the middle one) at ``node`` (default: the first tiled node)."""
     choice = pick(plan, node, tile)
-    context = context_of(plan)
+    context = plan_context(plan)
     segment, (i, j) = choice.segment, choice.tile
     row_lines, col_lines = cone(plan, segment, 0, i, context), cone(plan, segment, 1, j, context)
     first_node = len(row_lines) - (segment.stop - segment.first)

@@ -8,18 +8,24 @@ backward re-runs each tile under autograd and back-propagates its owned output g
 accumulating parameter gradients and summing input gradients. Stored segments (the head,
 global pooling, squeeze-and-excitation branches) run untiled through autograd. Outputs and
 gradients equal those of ``model`` up to floating-point rounding.
+``TiledModel(model, process_group=group)``: the ranks of ``group`` (torch.distributed) share
+every tiled segment's tiles, balanced by their FLOPs, over the same input; each returns the
+full output and ends with the full input and parameter gradients.
 Conventions: slice bounds are half-open [start, stop) in full-tensor coordinates.
 """
 
 import sys
 
 import torch
+import torch.distributed as dist
 
 aten = torch.ops.aten
 
 PLAN_NAME = 'small'
 MODEL_DIGEST = '19a225118006cdd8253ddff8bdbe6b896916f63830f1638786a44b357ad2a267'
 INPUT_SHAPE = (1, 3, 13, 11)
+# Ranks of the process group the plan shares its tiles among (compile --ranks), or None: any.
+PLAN_RANKS = None
 
 # Every parameter and buffer the model computes with: (state_dict name, shape, is buffer).
 TENSORS = (
@@ -130,6 +136,51 @@ def check_input(x, tensors):
             )
 
 
+def _agree(group, values, what):
+    """Raise ValueError unless every rank of ``group`` holds these float64 ``values``."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    found = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(found, mine, group=group)
+    for rank, theirs in enumerate(found):
+        if not torch.allclose(theirs, mine, rtol=1e-9, atol=0.0):
+            raise ValueError(f"rank {dist.get_rank(group)} and rank {rank} of the process group hold different {what}")
+
+
+def _digest_number(text):
+    """A string as a stable polynomial hash below 2**52 (exact in float64)."""
+    value = 0
+    for byte in text.encode():
+        value = (value * 131 + byte) % (1 << 52)
+    return float(value)
+
+
+def check_group(group):
+    """Raise ValueError unless ``group`` has the plan's number of ranks (if it names one) and
+    every rank of it runs this plan (model digest, input shape, segments)."""
+    size = dist.get_world_size(group)
+    if PLAN_RANKS is not None and size != PLAN_RANKS:
+        raise ValueError(f"the process group has {size} ranks, but plan {PLAN_NAME!r} was compiled for "
+                         f"--ranks {PLAN_RANKS}")
+    plan = _digest_number(repr((MODEL_DIGEST, INPUT_SHAPE, PLAN_SEGMENTS)))
+    _agree(group, [plan], "plans (compile the same model with the same options on every rank)")
+
+
+def check_same_tensors(group, tensors):
+    """Raise ValueError unless every rank of ``group`` holds the same parameters (a checksum)."""
+    with torch.no_grad():
+        checksum = sum(float(t.double().sum()) for t in tensors if t.is_floating_point())
+    _agree(group, [checksum], "parameters (load the same weights on every rank)")
+
+
+def check_same_input(group, x):
+    """Raise ValueError unless every rank of ``group`` was given the same input (a checksum)."""
+    with torch.no_grad():
+        flat = x.detach().double().reshape(-1)
+        values = [float(flat.sum()), float((flat * torch.linspace(1, 2, flat.numel(), dtype=flat.dtype,
+                                                                   device=flat.device)).sum())]
+    _agree(group, values, "inputs (every rank of a tile group must be given the same image)")
+
+
 # What check_plan compares: schema version and, per segment, (first node, stop node, grid).
 PLAN_SCHEMA_VERSION = 2
 PLAN_SEGMENTS = ((0, 5, (2, 3)), (5, 15, (3, 2)), (15, 17, (1, 1)),)
@@ -217,48 +268,90 @@ def _report(progress, label, done, total):
 
 
 class _Segment:
-    """A tiled segment: its tile functions by (row class, column class) and per-axis tables."""
+    """A tiled segment: its tile functions by (row class, column class), per-axis tables, per-axis
+    cost weights, and the plan's shares per rank (if compiled with --ranks)."""
 
-    def __init__(self, label, kernels, rows, cols, sliced, broadcast, outputs):
+    def __init__(self, label, kernels, rows, cols, sliced, broadcast, outputs, costs, shares):
         self.label, self.kernels, self.rows, self.cols = label, kernels, rows, cols
-        self.sliced, self.broadcast, self.outputs = sliced, broadcast, outputs
+        self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
+        self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
 
-    def tiles(self):
+    def tiles(self, group=None):
+        """The tiles this process runs: all of them, or its rank's share of ``group``'s."""
+        mine = None if group is None else self.share(dist.get_world_size(group), dist.get_rank(group))
+        index = 0
         for row_inputs, row_owned, row_class in self.rows:
             for col_inputs, col_owned, col_class in self.cols:
-                yield self.kernels[row_class, col_class], row_inputs, col_inputs, row_owned, col_owned
+                if mine is None or index in mine:
+                    yield self.kernels[row_class, col_class], row_inputs, col_inputs, row_owned, col_owned
+                index += 1
+
+    def share(self, ranks, rank):
+        """Row-major indices of the tiles rank ``rank`` of ``ranks`` runs: the plan's shares, or
+        the costliest tile first, each to the least loaded rank (the lowest rank on ties), as
+        ``tilec.distribute.share`` does; the same on every rank."""
+        if ranks not in self._shares:
+            rows, cols = self.costs
+            flops = [row * col for row in rows for col in cols]
+            loads, shares = [0] * ranks, [set() for _ in range(ranks)]
+            for index in sorted(range(len(flops)), key=lambda i: (-flops[i], i)):
+                least = min(range(ranks), key=lambda r: (loads[r], r))
+                loads[least] += flops[index]
+                shares[least].add(index)
+            self._shares[ranks] = shares
+        return self._shares[ranks][rank]
+
+    def count(self, group=None):
+        return len(self.rows) * len(self.cols) if group is None else len(self.share(
+            dist.get_world_size(group), dist.get_rank(group)))
+
+
+def _sum_over(group, tensors):
+    """Sum ``tensors`` (same dtype) over ``group`` in place; small ones travel as one buffer."""
+    small = [t for t in tensors if t.numel() < 1 << 20]
+    for tensor in tensors:
+        if tensor.numel() >= 1 << 20:
+            dist.all_reduce(tensor, group=group)
+    if small:
+        flat = torch.cat([t.reshape(-1) for t in small])
+        dist.all_reduce(flat, group=group)
+        for tensor, part in zip(small, flat.split([t.numel() for t in small])):
+            tensor.copy_(part.view_as(tensor))
 
 
 class _Tiled(torch.autograd.Function):
     """Forward: every tile under no_grad. Backward: every tile again under autograd."""
 
     @staticmethod
-    def forward(ctx, segment, progress, *tensors):
+    def forward(ctx, segment, progress, group, *tensors):
         count = len(segment.sliced)
         xs, rest = tensors[:count], tensors[count:]
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
-        outs = [xs[0].new_empty(shape) for shape, _ in segment.outputs]
-        total = len(segment.rows) * len(segment.cols)
-        for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles()):
+        empty = xs[0].new_empty if group is None else xs[0].new_zeros
+        outs = [empty(shape) for shape, _ in segment.outputs]
+        total = segment.count(group)
+        for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
             tile = [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
             for out, (_, spatial), part, r, c in zip(outs, segment.outputs, kernel(tile, bs, p), row_own, col_own):
                 _narrow(out, spatial, r, c).copy_(part)
             _report(progress, f"{segment.label} forward", done + 1, total)
-        ctx.segment, ctx.progress = segment, progress
+        if group is not None:
+            _sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
+        ctx.segment, ctx.progress, ctx.group = segment, progress, group
         ctx.save_for_backward(*tensors)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        segment, tensors = ctx.segment, ctx.saved_tensors
-        needs = ctx.needs_input_grad[2:]
+        segment, tensors, group = ctx.segment, ctx.saved_tensors, ctx.group
+        needs = ctx.needs_input_grad[3:]
         count = len(segment.sliced)
         xs = tensors[:count]
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:])]
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         gx = [torch.zeros_like(x) if need else None for x, need in zip(xs, needs[:count])]
-        total = len(segment.rows) * len(segment.cols)
-        for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles()):
+        total = segment.count(group)
+        for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
             tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
                     for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs[:count])]
             with torch.enable_grad():
@@ -273,7 +366,11 @@ class _Tiled(torch.autograd.Function):
                 if full is not None and t.grad is not None:
                     _narrow(full, spatial, r, c).add_(t.grad)
             _report(ctx.progress, f"{segment.label} backward", done + 1, total)
-        return (None, None, *gx, *(leaf.grad if leaf.requires_grad else None for leaf in leaves))
+        gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
+        if group is not None:  # a rank without tiles here contributes zeros
+            gp = [torch.zeros_like(leaf) if leaf.requires_grad and g is None else g for leaf, g in zip(leaves, gp)]
+            _sum_over(group, [g for g in (*gx, *gp) if g is not None])
+        return (None, None, None, *gx, *gp)
 
 
 # Segment 0: nodes 0..4, grid 2x3, tiled.
@@ -287,6 +384,11 @@ _S0_COLS = (
     (((2, 10),), ((4, 8), (4, 8)), 1),
     (((6, 11),), ((8, 11), (8, 11)), 2),
 )
+# Per axis tile, the FLOPs of a full band of tiles in one step; tile (i, j) costs rows[i] * cols[j]
+# (what the ranks of a process group balance their shares by).
+_S0_COSTS = ((171996, 148896), (121368, 133536, 94068))
+# Per rank of a PLAN_RANKS group, the tiles it runs (row-major; empty: shared by COSTS at run time).
+_S0_SHARES = ()
 
 
 def _s0_0_0(xs, bs, p):
@@ -388,6 +490,8 @@ _S0 = _Segment(
     [(2, 3)],
     0,
     [((1, 4, 13, 11), (2, 3)), ((1, 4, 13, 11), (2, 3)), ],
+    _S0_COSTS,
+    _S0_SHARES,
 )
 
 
@@ -402,6 +506,11 @@ _S1_COLS = (
     (((0, 11), (0, 10)), ((0, 6),), 0),
     (((1, 11), (2, 11)), ((6, 11),), 1),
 )
+# Per axis tile, the FLOPs of a full band of tiles in one step; tile (i, j) costs rows[i] * cols[j]
+# (what the ranks of a process group balance their shares by).
+_S1_COSTS = ((303489, 297756, 232656), (441006, 357063))
+# Per rank of a PLAN_RANKS group, the tiles it runs (row-major; empty: shared by COSTS at run time).
+_S1_SHARES = ()
 
 
 def _s1_0_0(xs, bs, p):
@@ -569,6 +678,8 @@ _S1 = _Segment(
     [(2, 3), (2, 3)],
     0,
     [((1, 5, 13, 11), (2, 3)), ],
+    _S1_COSTS,
+    _S1_SHARES,
 )
 
 
@@ -585,25 +696,37 @@ class TiledModel(torch.nn.Module):
     """Drop-in replacement for ``model`` that trains tile by tile; shares its parameters.
 
     ``progress=True`` reports per-tile progress on standard error during each pass.
+    ``process_group``: a torch.distributed group whose ranks call this model on the same input
+    together and share the tiles; ``None`` runs every tile here.
     """
 
-    def __init__(self, model, progress=False):
+    def __init__(self, model, progress=False, process_group=None):
         super().__init__()
         check_model(model)
         self.model = model
         self.progress = progress
+        self.process_group = process_group
+        self._checked_tensors = False
+        if process_group is not None:
+            check_group(process_group)
 
     def forward(self, x):
         modules = dict(self.model.named_modules())
         check_modes(modules)
         tensors = model_tensors(self.model)
         check_input(x, tensors)
+        group = self.process_group
+        if group is not None:
+            if not self._checked_tensors:
+                check_same_tensors(group, tensors)
+                self._checked_tensors = True
+            check_same_input(group, x)
         train = {path: modules[path].training for path in TRAIN_PATHS}
         train.update({path: batch_norm_mode(modules[path]) for path in BATCH_NORM_PATHS})
         values = {"input": x}
-        outs = _Tiled.apply(_S0, self.progress, values['input'], tensors[10], tensors[9], tensors[15], tensors[11], tensors[13], tensors[14], tensors[1], tensors[0], )
+        outs = _Tiled.apply(_S0, self.progress, group, values['input'], tensors[10], tensors[9], tensors[15], tensors[11], tensors[13], tensors[14], tensors[1], tensors[0], )
         values.update(zip(('relu_', 'relu'), outs))
-        outs = _Tiled.apply(_S1, self.progress, values['relu'], values['relu_'], tensors[2], tensors[4], tensors[3], tensors[17], tensors[16], tensors[8], tensors[7], )
+        outs = _Tiled.apply(_S1, self.progress, group, values['relu'], values['relu_'], tensors[2], tensors[4], tensors[3], tensors[17], tensors[16], tensors[8], tensors[7], )
         values.update(zip(('leaky_relu',), outs))
         outs = _s2([values['leaky_relu'], ], [], [tensors[6], tensors[5], ], train)
         values.update(zip(('linear',), outs))
