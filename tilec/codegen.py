@@ -197,8 +197,8 @@ class _TileEmitter:
         weight = node.args[1].value
         bias = self.arg(node.args[2], reads)
         args = window_args(node, self.context.tensor_shapes[weight])
-        return (f"aten.convolution.default({source}, {self.tensor(weight)}, {bias}, {args.stride!r}, {native!r}, "
-                f"{args.dilation!r}, False, (0, 0), {const(node, 6, 1)})")
+        return (f"aten.conv2d.default({source}, {self.tensor(weight)}, {bias}, {args.stride!r}, {native!r}, "
+                f"{args.dilation!r}, {const(node, 6, 1)})")
 
     def _max_pool(self, node, reads, pads) -> str:
         args = window_args(node)
@@ -235,9 +235,9 @@ class _TileEmitter:
         stride, dilation = const(node, 3, (1, 1)), const(node, 7, (1, 1))
         stride = tuple(stride) if isinstance(stride, tuple) else (stride, stride)
         dilation = tuple(dilation) if isinstance(dilation, tuple) else (dilation, dilation)
-        call = (f"aten.convolution.default({reads[node.inputs[0]]}, {self.tensor(weight)}, "
-                f"{self.arg(node.args[2], reads)}, {stride!r}, (0, 0), {dilation!r}, True, ({extra_r}, {extra_c}), "
-                f"{const(node, 6, 1)})")
+        call = (f"aten.conv_transpose2d.input({reads[node.inputs[0]]}, {self.tensor(weight)}, "
+                f"{self.arg(node.args[2], reads)}, {stride!r}, (0, 0), ({extra_r}, {extra_c}), {const(node, 6, 1)}, "
+                f"{dilation!r})")
         return call + _index(4, (2, 3), (crop_r, crop_r + row.out.length), (crop_c, crop_c + col.out.length))
 
     def _resample(self, node, reads, row, col) -> str:

@@ -307,37 +307,57 @@ class _Segment:
 
 
 def _sum_over(group, tensors):
-    """Sum ``tensors`` (same dtype) over ``group`` in place; small ones travel as one buffer."""
-    small = [t for t in tensors if t.numel() < 1 << 20]
+    """Sum ``tensors`` over ``group`` in place; small ones travel as one buffer per dtype."""
+    small = {}
     for tensor in tensors:
         if tensor.numel() >= 1 << 20:
             dist.all_reduce(tensor, group=group)
-    if small:
-        flat = torch.cat([t.reshape(-1) for t in small])
+        else:
+            small.setdefault(tensor.dtype, []).append(tensor)
+    for same in small.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
         dist.all_reduce(flat, group=group)
-        for tensor, part in zip(small, flat.split([t.numel() for t in small])):
+        for tensor, part in zip(same, flat.split([t.numel() for t in same])):
             tensor.copy_(part.view_as(tensor))
 
 
+def _autocast_state(device_type):
+    """``(enabled, dtype)`` of autocast for ``device_type`` where this is called."""
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
+def _outputs(segment, parts, zeros):
+    """The segment's full outputs, in the dtypes its tiles compute them in (autocast decides)."""
+    return [(part.new_zeros if zeros else part.new_empty)(shape) for part, (shape, _) in zip(parts, segment.outputs)]
+
+
 class _Tiled(torch.autograd.Function):
-    """Forward: every tile under no_grad. Backward: every tile again under autograd."""
+    """Forward: every tile under no_grad. Backward: every tile again under autograd, with the
+    autocast state the forward ran under."""
 
     @staticmethod
     def forward(ctx, segment, progress, group, *tensors):
         count = len(segment.sliced)
         xs, rest = tensors[:count], tensors[count:]
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
-        empty = xs[0].new_empty if group is None else xs[0].new_zeros
-        outs = [empty(shape) for shape, _ in segment.outputs]
+        outs = None
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
             tile = [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
-            for out, (_, spatial), part, r, c in zip(outs, segment.outputs, kernel(tile, bs, p), row_own, col_own):
+            parts = kernel(tile, bs, p)
+            if outs is None:
+                outs = _outputs(segment, parts, zeros=group is not None)
+            for out, (_, spatial), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
                 _narrow(out, spatial, r, c).copy_(part)
             _report(progress, f"{segment.label} forward", done + 1, total)
+        if outs is None:  # this rank has no tile here: one tile tells the output dtypes
+            kernel, row_in, col_in, _, _ = next(segment.tiles())
+            tile = [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
+            outs = _outputs(segment, kernel(tile, bs, p), zeros=True)
         if group is not None:
             _sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
         ctx.segment, ctx.progress, ctx.group = segment, progress, group
+        ctx.autocast = (xs[0].device.type, *_autocast_state(xs[0].device.type))
         ctx.save_for_backward(*tensors)
         return tuple(outs)
 
@@ -351,10 +371,11 @@ class _Tiled(torch.autograd.Function):
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         gx = [torch.zeros_like(x) if need else None for x, need in zip(xs, needs[:count])]
         total = segment.count(group)
+        device_type, autocast, dtype = ctx.autocast
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
             tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
                     for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs[:count])]
-            with torch.enable_grad():
+            with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=autocast):
                 parts = kernel(tile, bs, p)
             pairs = [(part, _narrow(g, spatial, r, c))
                      for part, g, (_, spatial), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
@@ -394,12 +415,12 @@ _S0_SHARES = ()
 def _s0_0_0(xs, bs, p):
     """Segment 0, shape class (0, 0)."""
     x_in, = xs
-    v_conv2d = aten.convolution.default(aten.constant_pad_nd.default(x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.convolution.default(aten.constant_pad_nd.default(v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 0:4], v_relu,)
@@ -408,12 +429,12 @@ def _s0_0_0(xs, bs, p):
 def _s0_0_1(xs, bs, p):
     """Segment 0, shape class (0, 1)."""
     x_in, = xs
-    v_conv2d = aten.convolution.default(aten.constant_pad_nd.default(x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.convolution.default(aten.constant_pad_nd.default(v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:5], v_relu,)
@@ -422,12 +443,12 @@ def _s0_0_1(xs, bs, p):
 def _s0_0_2(xs, bs, p):
     """Segment 0, shape class (0, 2)."""
     x_in, = xs
-    v_conv2d = aten.convolution.default(aten.constant_pad_nd.default(x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.convolution.default(aten.constant_pad_nd.default(v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:4], v_relu,)
@@ -436,12 +457,12 @@ def _s0_0_2(xs, bs, p):
 def _s0_1_0(xs, bs, p):
     """Segment 0, shape class (1, 0)."""
     x_in, = xs
-    v_conv2d = aten.convolution.default(aten.constant_pad_nd.default(x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.convolution.default(aten.constant_pad_nd.default(v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 0:4], v_relu,)
@@ -450,12 +471,12 @@ def _s0_1_0(xs, bs, p):
 def _s0_1_1(xs, bs, p):
     """Segment 0, shape class (1, 1)."""
     x_in, = xs
-    v_conv2d = aten.convolution.default(aten.constant_pad_nd.default(x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.convolution.default(aten.constant_pad_nd.default(v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:5], v_relu,)
@@ -464,12 +485,12 @@ def _s0_1_1(xs, bs, p):
 def _s0_1_2(xs, bs, p):
     """Segment 0, shape class (1, 2)."""
     x_in, = xs
-    v_conv2d = aten.convolution.default(aten.constant_pad_nd.default(x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.convolution.default(aten.constant_pad_nd.default(v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:4], v_relu,)
@@ -516,22 +537,22 @@ _S1_SHARES = ()
 def _s1_0_0(xs, bs, p):
     """Segment 1, shape class (0, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.convolution.default(aten.constant_pad_nd.default(v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.convolution.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
-    v_conv_transpose2d = aten.convolution.default(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (1, 1), True, (0, 0), 1)[:, :, 0:6, 0:7]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
     del v_conv2d_3
     v_pad = v_conv_transpose2d
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 0:6, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.convolution.default(aten.constant_pad_nd.default(v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -541,22 +562,22 @@ def _s1_0_0(xs, bs, p):
 def _s1_0_1(xs, bs, p):
     """Segment 1, shape class (0, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.convolution.default(aten.constant_pad_nd.default(v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.convolution.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
-    v_conv_transpose2d = aten.convolution.default(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (1, 1), True, (0, 0), 1)[:, :, 0:6, 1:6]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 1, 0, 0), 0.0)
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 0:6, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.convolution.default(aten.constant_pad_nd.default(v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -566,22 +587,22 @@ def _s1_0_1(xs, bs, p):
 def _s1_1_0(xs, bs, p):
     """Segment 1, shape class (1, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.convolution.default(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.convolution.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
-    v_conv_transpose2d = aten.convolution.default(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (1, 1), True, (0, 0), 1)[:, :, 0:6, 0:7]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
     del v_conv2d_3
     v_pad = v_conv_transpose2d
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:8, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.convolution.default(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -591,22 +612,22 @@ def _s1_1_0(xs, bs, p):
 def _s1_1_1(xs, bs, p):
     """Segment 1, shape class (1, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.convolution.default(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_2 = aten.conv2d.default(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.convolution.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
-    v_conv_transpose2d = aten.convolution.default(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (1, 1), True, (0, 0), 1)[:, :, 0:6, 1:6]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 1, 0, 0), 0.0)
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:8, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.convolution.default(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -616,22 +637,22 @@ def _s1_1_1(xs, bs, p):
 def _s1_2_0(xs, bs, p):
     """Segment 1, shape class (2, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.convolution.default(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.convolution.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
-    v_conv_transpose2d = aten.convolution.default(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (1, 1), True, (0, 0), 1)[:, :, 0:4, 0:7]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 0:7]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 0, 0, 1), 0.0)
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:7, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.convolution.default(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -641,22 +662,22 @@ def _s1_2_0(xs, bs, p):
 def _s1_2_1(xs, bs, p):
     """Segment 1, shape class (2, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.convolution.default(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_2 = aten.conv2d.default(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.convolution.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
-    v_conv_transpose2d = aten.convolution.default(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (1, 1), True, (0, 0), 1)[:, :, 0:4, 1:6]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 1:6]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 1, 0, 1), 0.0)
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:7, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.convolution.default(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
