@@ -272,8 +272,10 @@ def _leaves(value) -> list[torch.Tensor]:
     return [leaf for leaf in torch.utils._pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
-def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None):
-    outs = _leaves(fn(x))
+def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None, autocast: str | None = None):
+    """Forward (under ``torch.autocast`` with dtype ``autocast`` if given), then backward."""
+    with torch.autocast(x.device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None):
+        outs = _leaves(fn(x))
     if grad == "sum":
         torch.autograd.backward([out.sum() for out in outs])
     else:
@@ -329,6 +331,8 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     parser.add_argument("--no-warmup", action="store_true", help="skip the tiny warm-up step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--autocast", choices=("bfloat16", "float16"),
+                        help="run every step's forward under torch.autocast with this dtype")
     return parser.parse_args(argv)
 
 
@@ -350,6 +354,7 @@ def main(argv=None) -> int:
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
         "grad": args.grad,
+        "autocast": args.autocast,
         "torch": torch.__version__,
         "host": platform.node(),
         "notes": [],
@@ -370,14 +375,14 @@ def main(argv=None) -> int:
     generator = torch.Generator(device=device).manual_seed(args.seed + 1)
 
     with Meter(device) as meter:
-        out_shape, out_checksum = one_step(fn, x, args.grad, generator)
+        out_shape, out_checksum = one_step(fn, x, args.grad, generator, args.autocast)
     times = [meter.seconds]
     checksum = grad_checksum(model)  # outside the measurement
     for _ in range(args.repeats - 1):
         model.zero_grad(set_to_none=True)
         gc.collect()
         start = time.perf_counter()
-        one_step(fn, x, args.grad, generator)
+        one_step(fn, x, args.grad, generator, args.autocast)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
