@@ -267,7 +267,8 @@ def is_batch_norm_module(node: NodeSpec) -> bool:
 
 
 def in_place(node: NodeSpec) -> bool:
-    """An in-place update of a buffer (BatchNorm's batch counter), kept as the model runs it."""
+    """An in-place update of a buffer other than BatchNorm's batch counter (the generated module
+    counts that itself, ``batch_norm_mode``), kept as the model runs it."""
     return node.target.count(".") == 2 and node.target.split(".")[1].endswith("_")
 
 
@@ -394,7 +395,6 @@ def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[st
     stored = _stored_statements(segment, context, slots, order) if segment.mode == "stored" else []
     return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
                        costs, repr(segment.shares), functions, stored)
-
 
 
 def _shape_literal(shape) -> str:

@@ -248,13 +248,14 @@ def variants(graph: nx.DiGraph, dtype: str = "float32") -> list[tuple[tuple[str,
 def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> Choice:
     """The plan of least estimated time, over ``variants``, with every predicted step peak
     <= ``usable(budget)`` bytes."""
-    found = []
+    found, costs = [], []
     for recomputed, variant in variants(graph, dtype):
-        best = _search(_Costs(variant, dtype), usable(budget))
+        costs.append(_Costs(variant, dtype))
+        best = _search(costs[-1], usable(budget))
         if best is not None:
             found.append(Choice(variant, recomputed, best[2], best[0]))
     if not found:
-        smallest = smallest_budget(graph, dtype)
+        smallest = _budget_for(min(_smallest(cost) for cost in costs))
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
                           f"feasible budget is about {format_bytes(smallest)}")
     return min(found, key=lambda choice: (choice.seconds, len(choice.recomputed)))

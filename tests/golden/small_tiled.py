@@ -14,6 +14,7 @@ full output and ends with the full input and parameter gradients.
 Conventions: slice bounds are half-open [start, stop) in full-tensor coordinates.
 """
 
+import hashlib
 import sys
 
 import torch
@@ -146,14 +147,6 @@ def _agree(group, values, what):
             raise ValueError(f"rank {dist.get_rank(group)} and rank {rank} of the process group hold different {what}")
 
 
-def _digest_number(text):
-    """A string as a stable polynomial hash below 2**52 (exact in float64)."""
-    value = 0
-    for byte in text.encode():
-        value = (value * 131 + byte) % (1 << 52)
-    return float(value)
-
-
 def check_group(group):
     """Raise ValueError unless ``group`` has the plan's number of ranks (if it names one) and
     every rank of it runs this plan (model digest, input shape, segments)."""
@@ -161,8 +154,9 @@ def check_group(group):
     if PLAN_RANKS is not None and size != PLAN_RANKS:
         raise ValueError(f"the process group has {size} ranks, but plan {PLAN_NAME!r} was compiled for "
                          f"--ranks {PLAN_RANKS}")
-    plan = _digest_number(repr((MODEL_DIGEST, INPUT_SHAPE, PLAN_SEGMENTS)))
-    _agree(group, [plan], "plans (compile the same model with the same options on every rank)")
+    digest = hashlib.sha256(repr((MODEL_DIGEST, INPUT_SHAPE, PLAN_SEGMENTS)).encode()).hexdigest()
+    # 13 hex digits are 52 bits: exact in the float64 the ranks compare
+    _agree(group, [float(int(digest[:13], 16))], "plans (compile the same model with the same options on every rank)")
 
 
 def check_same_tensors(group, tensors):
@@ -172,13 +166,20 @@ def check_same_tensors(group, tensors):
     _agree(group, [checksum], "parameters (load the same weights on every rank)")
 
 
-def check_same_input(group, x):
-    """Raise ValueError unless every rank of ``group`` was given the same input (a checksum)."""
+def check_same_input(group, x, chunk=1 << 22):
+    """Raise ValueError unless every rank of ``group`` was given the same input: its sum and its
+    sum weighted by position (1 at the first element to 2 at the last), in float64, computed
+    ``chunk`` elements at a time so that no full-size copy of the image is made."""
+    flat = x.detach().reshape(-1)
+    scale = 1.0 / max(1, flat.numel() - 1)
+    total = weighted = 0.0
     with torch.no_grad():
-        flat = x.detach().double().reshape(-1)
-        values = [float(flat.sum()), float((flat * torch.linspace(1, 2, flat.numel(), dtype=flat.dtype,
-                                                                   device=flat.device)).sum())]
-    _agree(group, values, "inputs (every rank of a tile group must be given the same image)")
+        for start in range(0, flat.numel(), chunk):
+            part = flat[start:start + chunk].double()
+            weights = torch.arange(start, start + len(part), dtype=torch.float64, device=part.device) * scale + 1
+            total += float(part.sum())
+            weighted += float((part * weights).sum())
+    _agree(group, [total, weighted], "inputs (every rank of a tile group must be given the same image)")
 
 
 # What check_plan compares: schema version and, per segment, (first node, stop node, grid).
@@ -326,6 +327,11 @@ def _autocast_state(device_type):
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
+def _slices(segment, xs, row_in, col_in):
+    """One tile's slices of the segment's sliced inputs."""
+    return [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
+
+
 def _outputs(segment, parts, zeros):
     """The segment's full outputs, in the dtypes its tiles compute them in (autocast decides)."""
     return [(part.new_zeros if zeros else part.new_empty)(shape) for part, (shape, _) in zip(parts, segment.outputs)]
@@ -343,8 +349,7 @@ class _Tiled(torch.autograd.Function):
         outs = None
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
-            tile = [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
-            parts = kernel(tile, bs, p)
+            parts = kernel(_slices(segment, xs, row_in, col_in), bs, p)
             if outs is None:
                 outs = _outputs(segment, parts, zeros=group is not None)
             for out, (_, spatial), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
@@ -352,8 +357,7 @@ class _Tiled(torch.autograd.Function):
             _report(progress, f"{segment.label} forward", done + 1, total)
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             kernel, row_in, col_in, _, _ = next(segment.tiles())
-            tile = [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
-            outs = _outputs(segment, kernel(tile, bs, p), zeros=True)
+            outs = _outputs(segment, kernel(_slices(segment, xs, row_in, col_in), bs, p), zeros=True)
         if group is not None:
             _sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
         ctx.segment, ctx.progress, ctx.group = segment, progress, group
