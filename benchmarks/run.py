@@ -65,10 +65,10 @@ def points(args, size: int, plain: dict | None) -> list[Point]:
 
 def table(records: list[dict]) -> str:
     lines = [
-        "| image | variant | peak memory (MiB) | predicted (MiB) | step wall (s) | step CPU (s) | memory / plain "
-        "| wall / plain | CPU / plain | memory / checkpoint | wall / checkpoint | CPU / checkpoint | CPU stall "
-        "| grads = plain's |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "| image | variant | peak memory (MiB) | code paged in (MiB) | later step (MiB) | predicted (MiB) "
+        "| step wall (s) | step CPU (s) | memory / plain | wall / plain | CPU / plain | memory / checkpoint "
+        "| wall / checkpoint | CPU / checkpoint | CPU stall | grads = plain's |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for size in sorted({r["size"] for r in records}):
         rows = [r for r in records if r["size"] == size]
@@ -81,14 +81,16 @@ def table(records: list[dict]) -> str:
             if "error" in r or "skipped" in r:
                 why = r.get("error") or r.get("skipped")
                 lines.append(f"| {size}² | {label} | {'failed' if 'error' in r else 'skipped'}: {why} "
-                             + "| " * 11 + "|")
+                             + "| " * 13 + "|")
                 continue
             mem, sec, cpu = r["peak_bytes"], r["step_s"], r.get("cpu_s")
             vs_plain = r["variant"] != "plain"
             vs_ckpt = r["variant"] in ("tilec", "auto")
             stall = r.get("cpu_stall_fraction")
             cells = [
-                f"{size}²", label, f"{mem / MiB:,.0f}", predicted(r), f"{sec:.1f}",
+                f"{size}²", label, f"{mem / MiB:,.0f}", mebibytes(r.get("code_paged_in_bytes")),
+                mebibytes(r.get("last_peak_bytes")) if vs_ckpt and len(r.get("times_s", [])) > 1 else "", predicted(r),
+                f"{sec:.1f}",
                 f"{cpu:.1f}" if cpu is not None else "—",
                 ratio(mem, value(plain, "peak_bytes")) if vs_plain else "",
                 ratio(sec, value(plain, "step_s")) if vs_plain else "",
@@ -103,12 +105,17 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mebibytes(count: int | None) -> str:
+    return "—" if count is None else f"{count / MiB:,.0f}"
+
+
 def predicted(record: dict) -> str:
-    """tilec's predicted peak and its error relative to the measured peak."""
+    """tilec's predicted peak and the measured peak as a multiple of it (the later step's, if any)."""
     if "predicted_peak_bytes" not in record:
         return ""
-    guess, real = record["predicted_peak_bytes"], record["peak_bytes"]
-    return f"{guess / MiB:,.0f} ({(guess - real) / real:+.0%})"
+    guess = record["predicted_peak_bytes"]
+    real = record["last_peak_bytes"] if len(record.get("times_s", [])) > 1 else record["peak_bytes"]
+    return f"{guess / MiB:,.0f} (measured {real / guess:.2f}x)"
 
 
 def notes(records: list[dict]) -> str:
@@ -117,17 +124,22 @@ def notes(records: list[dict]) -> str:
         if r["variant"] == "auto" and "plan_segments" in r:
             out.append(f"- {r['size']}² {r['label']}: chose segments {', '.join(r['plan_segments'])} "
                        f"(FIRST:STOP:grid), planning took {r['build_s']:.1f} s")
-    out.append("- malloc: every process runs with " + ", ".join(f"{k}={v}" for k, v in TUNED_MALLOC.items())
-               + " unless its label says glibc default (see benchmarks/common.py)")
+    out.append("- malloc: every process runs in the environment as is (no allocator variables; tilec's module "
+               "pins glibc's mmap threshold itself) unless its label says tuned malloc: "
+               + ", ".join(f"{k}={v}" for k, v in TUNED_MALLOC.items()))
     for r in records:
         for note in r.get("notes", []):
             if note not in seen:
                 seen.add(note)
                 out.append(f"- {note}")
     methods = sorted({r["memory_method"] for r in records if "memory_method" in r})
-    out.append(f"- peak memory: growth of the process during the first step over its state just before it "
-               f"(model, input and tilec module built, tiny warm-up done); method: {', '.join(methods)} "
-               f"(see benchmarks/step.py)")
+    out.append(f"- peak memory: growth of the process's resident memory during the first step over its state "
+               f"just before it (model, input and tilec module built, tiny warm-up done); method: "
+               f"{', '.join(methods)} (see benchmarks/step.py). Code paged in: library code the first step "
+               f"ran for the first time (growth of RssFile; file-backed, shared, not data). Later step (tilec): "
+               f"the same measurement of the last step; the predicted column gives it (else the first) as a "
+               f"multiple of the prediction. Plain and checkpoint are shown by their first step: their later "
+               f"steps reuse what glibc's heap kept from the first")
     repeats = sorted({len(r["times_s"]) for r in records if "times_s" in r})
     out.append(f"- step time: wall time, best of {'/'.join(map(str, repeats))} step(s); float32; "
                f"backward of {records[0].get('grad', 'out.sum()') if records else ''}")

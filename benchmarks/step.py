@@ -28,7 +28,9 @@ its state just before it (model, input and tilec module already built, warm-up d
   CUDA  torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated(), after
         torch.cuda.reset_peak_memory_stats() (method "cuda-allocated").
 Parameter gradients are created by the measured step (the warm-up's are set to None), so they
-count in every variant.
+count in every variant. On CPU the first step also pages in library code it runs for the first
+time ("code_paged_in_bytes": growth of RssFile, file-backed and shared, not data), and with
+``--repeats K`` "last_peak_bytes" is the same measurement of the last step.
 
 Step time ("step_s") is the wall time of a step; with ``--repeats K`` the best of K steps (the
 memory measurement is always from the first). Because the machine may be shared, the first step
@@ -178,6 +180,7 @@ class Meter:
                 self.sampler = _Sampler()
                 self.sampler.start()
             self.baseline = _status("VmRSS")
+            self.file_baseline = _status("RssFile")
         self.pressure = _cpu_pressure()
         self.cpu = _cpu_seconds()
         self.start = time.perf_counter()
@@ -191,6 +194,7 @@ class Meter:
         else:
             self.seconds = time.perf_counter() - self.start
             self.peak = self.sampler.stop() if self.sampler else _status("VmHWM")
+            self.file_growth = _status("RssFile") - self.file_baseline
         self.cpu_seconds = _cpu_seconds() - self.cpu
         pressure = _cpu_pressure()
         self.stalled = None if pressure is None or self.pressure is None else \
@@ -378,17 +382,17 @@ def main(argv=None) -> int:
         out_shape, out_checksum = one_step(fn, x, args.grad, generator, args.autocast)
     times = [meter.seconds]
     checksum = grad_checksum(model)  # outside the measurement
+    later = meter
     for _ in range(args.repeats - 1):
         model.zero_grad(set_to_none=True)
-        gc.collect()
-        start = time.perf_counter()
-        one_step(fn, x, args.grad, generator, args.autocast)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        with Meter(device) as later:
+            one_step(fn, x, args.grad, generator, args.autocast)
+        times.append(later.seconds)
 
     record.update(
         peak_bytes=meter.growth,
+        code_paged_in_bytes=getattr(meter, "file_growth", None),
+        last_peak_bytes=later.growth,
         step_s=min(times),
         first_step_s=times[0],
         cpu_s=meter.cpu_seconds,

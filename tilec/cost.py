@@ -10,16 +10,18 @@ of its producer. While segment ``k`` runs:
 
 * forward: the kept bytes of earlier segments + ``forward_local`` (its outputs at full size and
   its working set);
-* backward: the kept bytes of earlier segments + ``backward_local`` + every parameter gradient.
-  ``backward_local`` is the gradients of the tensors crossing its stop cut and of its inputs, the
-  model outputs produced from its first node on (the caller holds them), a tiled segment's own
-  parameter-gradient buffers, and its working set.
+* backward: the kept bytes of earlier segments + ``backward_local``: the gradients of the
+  tensors crossing its stop cut and of its inputs, the model outputs produced from its first node
+  on (the caller holds them), the gradients of its own parameters and of those of later segments
+  (created by their backward, which ran first; gradients that exist before the step, as with
+  ``zero_grad(set_to_none=False)``, are not the step's), and its working set.
 
 ``kept``: a tiled segment keeps its outputs until its backward; a stored segment (untiled,
 through autograd) also keeps what autograd saves for its backward.
 
 Working sets are simulated op by op on the tensors alive (``_simulate``). A tiled segment's
-forward runs each tile without autograd: a fresh tensor per op (views and identity copies are
+forward runs each tile without autograd, on a channels-last copy of its slice of each sliced
+input (freed after its last reader): a fresh tensor per op (views and identity copies are
 free), a padded copy where a border tile pads asymmetrically, intermediates freed after their
 last use. Its backward re-runs each tile under autograd, each op keeping what its backward reads
 (``SAVES_*``), then back-propagates the tile: gradients of the tile's tensors, and of its slice
@@ -46,10 +48,15 @@ from tilec.trace import VIEWS as ALIASING
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 INDEX_BYTES = 8
-#: Convolution kernel workspace, in multiples of the padded input tile (measured on CPU oneDNN:
-#: about 1x in forward, 2-3x in backward, for reorders into blocked layouts).
+#: Convolution kernel workspace of stored segments (NCHW), in multiples of the padded input
+#: (measured on CPU oneDNN: about 1x in forward, 2-3x in backward, reorders into blocked layouts).
 CONV_FORWARD_WORKSPACE = 1.0
 CONV_BACKWARD_WORKSPACE = 2.5
+#: Tiles compute channels-last, which oneDNN convolves without reordering the activations, but
+#: every call copies the weight: into a blocked layout, and first into channels-last unless the
+#: kernel is 1x1. Measured on CPU: 1x (1x1) or 2x the weight's bytes in forward, one more in
+#: backward (besides the weight gradient).
+WEIGHT_BACKWARD_EXTRA_COPIES = 1.0
 #: Reference machine for the time estimate: sustained FLOP/s, and seconds per kernel call.
 FLOP_RATE = 1e11
 CALL_SECONDS = 3e-5
@@ -296,7 +303,8 @@ class _Program:
     """The simulated working set of one segment ``[first, stop)``, in a few quantities.
 
     Quantities: first one per sliced input of the forward run (``slices``: the input's name and
-    the segment's nodes reading it), the tile's slice of it; then four per node:
+    the segment's nodes reading it), the tile's slice of it (its channels-last copy, and the
+    gradient of the slice); then four per node:
     its result (``OUT``), a window op's padded input (``PADDED``), a border tile's padded copy of
     it (``COPY``) and max-pool indices (``INDEX``). ``forward``: a tiled segment's forward (a
     stored one's comes from ``Estimator.stored_forward``).
@@ -323,9 +331,12 @@ class _Forward:
         self.saved: dict[int, list[int | None]] = {}
         self.marks = []
         e, run = estimator, self.run
-        self.slices = tuple(e.bounds.position[i.name] for i in e.bounds.inputs(first, end)
-                            if i.sliced and e.grad[e.bounds.position[i.name]]) if tiled else ()
+        self.slices = tuple(e.bounds.position[i.name] for i in e.bounds.inputs(first, end) if i.sliced) if tiled else ()
         base = len(self.slices) - 4 * first
+        last_reader = {}
+        for quantity, source in enumerate(self.slices):  # each tile's channels-last copy of its slice
+            self.value[source] = run.new(quantity)
+            last_reader[source] = max(p for p in range(first, end) if source in e.inputs[p])
         for position in range(first, end):
             op, inputs = e.op[position], e.inputs[position]
             if op in VIEWS:
@@ -334,7 +345,12 @@ class _Forward:
             else:
                 copied = run.new(base + 4 * position + COPY) if tiled and op in PADDED_COPY else None
                 self.value[position] = run.new(base + 4 * position + OUT)
-                run.event({base + 4 * position + PADDED: CONV_FORWARD_WORKSPACE} if op in CONVS else None)
+                if op not in CONVS:
+                    run.event()
+                elif tiled:
+                    run.event(constant=e.weight_copies[position])
+                else:
+                    run.event({base + 4 * position + PADDED: CONV_FORWARD_WORKSPACE})
                 if autograd and e.grad[position]:
                     saved = self.saved[position] = self._saves(op, position, inputs, copied, base)
                     for storage in saved:
@@ -343,6 +359,9 @@ class _Forward:
             for dying in e.dies_at[position]:
                 if dying >= first:
                     run.drop(self.value[dying])
+            for source in self.slices:
+                if last_reader[source] == position:
+                    run.drop(self.value[source])
             self.marks.append(run.mark(autograd))
 
     def _saves(self, op: str, position: int, inputs: tuple[int, ...], copied: int | None, base: int) -> list:
@@ -376,7 +395,11 @@ class Estimator:
         self.inputs = [tuple(position[i] for i in node.inputs) for node in order]
         self.weights = [self.element * sum(prod(shapes[a.value]) for a in node.args
                                            if a.kind == "tensor" and a.value in parameters) for node in order]
-        self.parameters = sum(prod(shapes[name]) for name in parameters) * self.element
+        #: Per node, the bytes of the weight copies one tile's call makes in forward (see above).
+        self.weight_copies = [w * (1 + (prod(shapes[n.args[1].value][2:]) > 1)) if n.op in CONVS else 0
+                              for w, n in zip(self.weights, order, strict=True)]
+        #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
+        self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
         self.grad = [False] * (len(order) + 1)
         for p in range(len(order)):
             self.grad[p] = self.weights[p] > 0 or any(self.grad[i] for i in self.inputs[p])
@@ -419,7 +442,7 @@ class Estimator:
         flops = float(self.flops[first:stop].sum() + self.backward_flops[first:stop].sum())
         return SegmentCost(
             forward_local=forward[stop - first - 1],
-            backward_local=self.gradients(first, stop) + backward,
+            backward_local=self.gradients(first, stop) + self.later_weights[first] + backward,
             kept=kept[stop - first - 1],
             flops=round(flops),
             flop_overhead=0.0,
@@ -445,34 +468,38 @@ class Estimator:
         halo = tiled / untiled if untiled else 1.0
         flops = 2 * tiled + float(self.backward_flops[first:stop].sum()) * halo
         calls = rows.parts * cols.parts * (stop - first) * 3
+        # every tile copies its convolutions' weights: forward, autograd re-run, backward
+        weight_copies = rows.parts * cols.parts * sum(3 * self.weight_copies[p] + WEIGHT_BACKWARD_EXTRA_COPIES
+                                                      * self.weights[p] for p in range(first, stop) if self.op[p] in CONVS)
         return SegmentCost(
             forward_local=outputs + program.forward.peak(sizes),
             backward_local=fixed + program.backward.peak(sizes),
             kept=outputs,
             flops=round(flops),
             flop_overhead=halo - 1,
-            seconds=flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS + (outputs + 2 * in_grad) / COPY_RATE,
+            seconds=(flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS
+                     + (outputs + 2 * in_grad + weight_copies) / COPY_RATE),
         )
 
     def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
         """A tiled segment's output bytes, sliced inputs' gradient bytes, and backward bytes besides
-        its working set (``gradients`` and its own parameter-gradient buffers)."""
+        its working set (``gradients``, and the gradients of its and later segments' parameters)."""
         inputs = [i.name for i in self.bounds.inputs(first, stop) if i.sliced]
         in_grad = sum(self.full[name] for name in inputs if self.grad[self.bounds.position[name]])
-        return self.output_bytes(first, stop), in_grad, self.gradients(first, stop) + sum(self.weights[first:stop])
+        return self.output_bytes(first, stop), in_grad, self.gradients(first, stop) + self.later_weights[first]
 
     def local(self, cost: SegmentCost) -> int:
         """Peak bytes while a segment runs, beyond the kept bytes of earlier segments."""
-        return max(cost.forward_local, cost.backward_local + self.parameters)
+        return max(cost.forward_local, cost.backward_local)
 
     def stored_floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment stored, without simulating its backward."""
-        return max(self.stored_forward(first)[0][stop - first - 1], self.gradients(first, stop) + self.parameters)
+        return max(self.stored_forward(first)[0][stop - first - 1], self.gradients(first, stop) + self.later_weights[first])
 
     def floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
         outputs, _, fixed = self.boundary(first, stop)
-        return max(outputs, fixed + self.parameters)
+        return max(outputs, fixed)
 
     def step_peaks(self, spans: Sequence[tuple[int, int]], costs: Sequence[SegmentCost]) -> list[int]:
         """Predicted step peak while each segment runs (forward or backward, whichever is higher)."""
@@ -546,16 +573,17 @@ class Estimator:
                         transient[size] = transient.get(size, 0.0) + 1.0
                     else:
                         grads[i] = run.new(size)
-                if op in CONVS:
+                if op in CONVS and not tiled:
                     padded = base + 4 * p + PADDED
                     transient[padded] = transient.get(padded, 0.0) + CONV_BACKWARD_WORKSPACE
                 if op not in PASS_THROUGH:
-                    run.event(transient, self.weights[p])
+                    copies = self.weight_copies[p] + WEIGHT_BACKWARD_EXTRA_COPIES * self.weights[p] if tiled else 0.0
+                    run.event(transient, self.weights[p] + copies)
                 run.drop(grads[p])
             for storage in ahead.saved.get(p, ()):
                 run.drop(storage)
-        order = self.bounds.order
-        slices = tuple((order[p], tuple(order[r] for r in range(first, stop) if p in self.inputs[r]))
+        names = [*self.bounds.order, INPUT]  # position -1: the model input
+        slices = tuple((names[p], tuple(names[r] for r in range(first, stop) if p in self.inputs[r]))
                        for p in ahead.slices)
         plain = self.forward(first, True, False) if tiled else None
         forward = plain.run.trace(plain.marks[stop - first - 1]) if plain else None
