@@ -57,6 +57,9 @@ CONV_BACKWARD_WORKSPACE = 2.5
 #: kernel is 1x1. Measured on CPU: 1x (1x1) or 2x the weight's bytes in forward, one more in
 #: backward (besides the weight gradient).
 WEIGHT_BACKWARD_EXTRA_COPIES = 1.0
+#: Ops whose channels-last backward takes a temporary the size of their input (measured on CPU:
+#: eval-mode batch_norm's takes 2x its input channels-last, 1x in NCHW).
+CHANNELS_LAST_BACKWARD_COPY = frozenset({"batch_norm", "_native_batch_norm_legit_no_training"})
 #: Reference machine for the time estimate: sustained FLOP/s, and seconds per kernel call.
 FLOP_RATE = 1e11
 CALL_SECONDS = 3e-5
@@ -576,6 +579,10 @@ class Estimator:
                 if op in CONVS and not tiled:
                     padded = base + 4 * p + PADDED
                     transient[padded] = transient.get(padded, 0.0) + CONV_BACKWARD_WORKSPACE
+                if op in CHANNELS_LAST_BACKWARD_COPY and tiled and self.grad[self.inputs[p][0]]:
+                    source = self.inputs[p][0]
+                    copy = ahead.slices.index(source) if source < first else base + 4 * source + OUT
+                    transient[copy] = transient.get(copy, 0.0) + 1.0
                 if op not in PASS_THROUGH:
                     copies = self.weight_copies[p] + WEIGHT_BACKWARD_EXTRA_COPIES * self.weights[p] if tiled else 0.0
                     run.event(transient, self.weights[p] + copies)

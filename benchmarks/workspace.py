@@ -1,0 +1,77 @@
+"""Measure the memory a CPU convolution takes besides its input, output and gradients.
+
+    python benchmarks/workspace.py              # channels-last and NCHW, a few layer shapes
+
+For each layer shape, a forward under ``no_grad`` and a backward (input and weight gradients)
+are measured as the growth of resident memory (VmHWM reset through /proc/self/clear_refs), with
+glibc's mmap threshold pinned as tilec's generated module pins it, after two warm-up calls.
+Printed: the growth beyond the output (forward) or the input and weight gradients (backward), as
+multiples of the padded input and of the weight. These are the constants of ``tilec/cost.py``
+(``CONV_*_WORKSPACE`` for NCHW stored segments, ``weight_copies`` for channels-last tiles).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+import torch
+
+#: (input channels, output channels, output height = width, kernel size)
+LAYERS = ((16, 16, 256, 3), (64, 64, 128, 3), (64, 256, 128, 1), (256, 64, 128, 1), (128, 128, 96, 3),
+          (3, 64, 256, 7), (512, 512, 32, 3), (1024, 2048, 16, 1))
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+
+def _growth(fn) -> int:
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    base = _status("VmRSS")
+    fn()
+    return _status("VmHWM") - base
+
+
+def measure(cin: int, cout: int, size: int, kernel: int, channels_last: bool) -> tuple[float, float, float, float]:
+    """(forward, backward) growth beyond the tensors named above, per input byte and per weight byte."""
+    weight = torch.randn(cout, cin, kernel, kernel, requires_grad=True)
+    x = torch.randn(1, cin, size + kernel - 1, size + kernel - 1)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x_bytes, w_bytes, out_bytes = x.numel() * 4, weight.numel() * 4, cout * size * size * 4
+    for _ in range(2):
+        with torch.no_grad():
+            torch.conv2d(x, weight)
+        leaf = x.detach().requires_grad_()
+        torch.conv2d(leaf, weight).sum().backward()
+        weight.grad = None
+
+    def forward():
+        with torch.no_grad():
+            torch.conv2d(x, weight)
+
+    forward_extra = _growth(forward) - out_bytes
+    leaf = x.detach().requires_grad_()
+    out = torch.conv2d(leaf, weight)
+    grad = torch.ones_like(out)
+    backward_extra = _growth(lambda: torch.autograd.backward([out], [grad], inputs=[leaf, weight])) - x_bytes - w_bytes
+    return forward_extra / x_bytes, backward_extra / x_bytes, forward_extra / w_bytes, backward_extra / w_bytes
+
+
+def main() -> None:
+    ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD, as the generated module pins it
+    print("| layout | Cin | Cout | size | kernel | fwd / input | bwd / input | fwd / weight | bwd / weight |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for channels_last in (True, False):
+        for cin, cout, size, kernel in LAYERS:
+            values = measure(cin, cout, size, kernel, channels_last)
+            print(f"| {'channels-last' if channels_last else 'NCHW'} | {cin} | {cout} | {size} | {kernel} | "
+                  + " | ".join(f"{v:.2f}" for v in values) + " |")
+
+
+if __name__ == "__main__":
+    main()
