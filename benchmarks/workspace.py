@@ -4,7 +4,8 @@
 
 For each layer shape, a forward under ``no_grad`` and a backward (input and weight gradients)
 are measured as the growth of resident memory (VmHWM reset through /proc/self/clear_refs), with
-glibc's mmap threshold pinned as tilec's generated module pins it, after two warm-up calls.
+glibc's mmap threshold pinned as tilec's generated module pins it, after two warm-up calls (and
+one unprinted measurement first: the first in a process includes what oneDNN sets up once).
 Printed: the growth beyond the output (forward) or the input and weight gradients (backward), as
 multiples of the padded input and of the weight. These are the constants of ``tilec/cost.py``
 (``CONV_*_WORKSPACE`` for NCHW stored segments, ``weight_copies`` for channels-last tiles).
@@ -64,6 +65,7 @@ def measure(cin: int, cout: int, size: int, kernel: int, channels_last: bool) ->
 
 def main() -> None:
     ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD, as the generated module pins it
+    measure(*LAYERS[0], channels_last=True)  # once, unprinted: what the process sets up on first use
     print("| layout | Cin | Cout | size | kernel | fwd / input | bwd / input | fwd / weight | bwd / weight |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for channels_last in (True, False):
