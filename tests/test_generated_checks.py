@@ -8,6 +8,8 @@ JSON file) all raise ``ValueError`` with a one-line message.
 from __future__ import annotations
 
 import json
+import platform
+import sys
 
 import pytest
 import torch
@@ -254,3 +256,25 @@ def test_progress_reports_every_tile(capsys):
     assert "tilec loud segment 0 backward: tile 6/6\n" in err
     generated.TiledModel(model)(x)
     assert capsys.readouterr().err == ""
+
+
+# --- the allocator -------------------------------------------------------------------------------
+
+
+def test_freed_memory_is_returned_once_per_process_unless_opted_out(generated, monkeypatch):
+    calls = []
+    monkeypatch.setattr(generated, "return_freed_memory", lambda: calls.append(True))
+    model = Net()
+    generated.TiledModel(model, return_freed_memory=False)(torch.randn(SHAPE))
+    assert calls == []
+    tiled = generated.TiledModel(model)
+    tiled(torch.randn(SHAPE))
+    tiled(torch.randn(SHAPE))
+    assert calls == [True, True]  # called on every CPU forward; the function itself pins once
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not platform.libc_ver()[0] == "glibc",
+                    reason="glibc's mallopt")
+def test_mmap_threshold_is_pinned_on_glibc(generated):
+    assert generated.return_freed_memory() is True
+    assert generated.return_freed_memory() is True  # idempotent
