@@ -398,9 +398,12 @@ class Estimator:
         self.inputs = [tuple(position[i] for i in node.inputs) for node in order]
         self.weights = [self.element * sum(prod(shapes[a.value]) for a in node.args
                                            if a.kind == "tensor" and a.value in parameters) for node in order]
-        #: Per node, the bytes of the weight copies one tile's call makes in forward (see above).
+        #: Per node, the bytes of the weight copies one tile's call makes in forward and in backward
+        #: (convolutions; see WEIGHT_BACKWARD_EXTRA_COPIES).
         self.weight_copies = [w * (1 + (prod(shapes[n.args[1].value][2:]) > 1)) if n.op in CONVS else 0
                               for w, n in zip(self.weights, order, strict=True)]
+        self.backward_weight_copies = [c + WEIGHT_BACKWARD_EXTRA_COPIES * w if n.op in CONVS else 0
+                                       for c, w, n in zip(self.weight_copies, self.weights, order, strict=True)]
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
         self.grad = [False] * (len(order) + 1)
@@ -472,8 +475,8 @@ class Estimator:
         flops = 2 * tiled + float(self.backward_flops[first:stop].sum()) * halo
         calls = rows.parts * cols.parts * (stop - first) * 3
         # every tile copies its convolutions' weights: forward, autograd re-run, backward
-        weight_copies = rows.parts * cols.parts * sum(3 * self.weight_copies[p] + WEIGHT_BACKWARD_EXTRA_COPIES
-                                                      * self.weights[p] for p in range(first, stop) if self.op[p] in CONVS)
+        copied_weights = rows.parts * cols.parts * sum(2 * self.weight_copies[p] + self.backward_weight_copies[p]
+                                                       for p in range(first, stop))
         return SegmentCost(
             forward_local=outputs + program.forward.peak(sizes),
             backward_local=fixed + program.backward.peak(sizes),
@@ -481,7 +484,7 @@ class Estimator:
             flops=round(flops),
             flop_overhead=halo - 1,
             seconds=(flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS
-                     + (outputs + 2 * in_grad + weight_copies) / COPY_RATE),
+                     + (outputs + 2 * in_grad + copied_weights) / COPY_RATE),
         )
 
     def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
@@ -584,8 +587,7 @@ class Estimator:
                     copy = ahead.slices.index(source) if source < first else base + 4 * source + OUT
                     transient[copy] = transient.get(copy, 0.0) + 1.0
                 if op not in PASS_THROUGH:
-                    copies = self.weight_copies[p] + WEIGHT_BACKWARD_EXTRA_COPIES * self.weights[p] if tiled else 0.0
-                    run.event(transient, self.weights[p] + copies)
+                    run.event(transient, self.weights[p] + (self.backward_weight_copies[p] if tiled else 0))
                 run.drop(grads[p])
             for storage in ahead.saved.get(p, ()):
                 run.drop(storage)
