@@ -47,9 +47,9 @@ from tilec.regions import Interval, split
 
 GRIDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 #: Share of the budget a plan's predicted peak may use. The rest is headroom for what the cost
-#: model does not count: kernel state the first step grows (oneDNN's kernels and scratchpad for
-#: new tile shapes: 0-18 MiB measured on CPU), allocator metadata, Python objects, and its error
-#: (measured steady steps at 0.87-1.08 times the prediction, README).
+#: model does not count: library code the first step of a process pages in (0-18 MiB measured on
+#: CPU), allocator metadata, Python objects, and its error (measured later steps at 0.82-1.20
+#: times the prediction, README).
 USABLE_PERCENT = 90
 #: Most cut candidates chosen besides those where tileability changes (at least ``MIN_CUTS``).
 MAX_CUTS = 36

@@ -15,6 +15,7 @@ Conventions: slice bounds are half-open [start, stop) in full-tensor coordinates
 """
 
 import ctypes
+import functools
 import hashlib
 import sys
 
@@ -265,9 +266,9 @@ def _narrow(t, spatial, rows, cols):
 
 #: glibc's mallopt parameter M_MMAP_THRESHOLD, and the value TiledModel pins it to: its initial one.
 _M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
-_FREED_MEMORY_RETURNED = []
 
 
+@functools.cache
 def return_freed_memory():
     """Pin glibc's mmap threshold at 128 KiB (its initial value) for this process, once; return
     whether it is pinned. glibc raises the threshold whenever a block above it is freed (up to
@@ -276,15 +277,12 @@ def return_freed_memory():
     block of 128 KiB or more goes back to the operating system at once, and resident memory
     follows the plan's prediction; fresh blocks are faulted in again, which costs time. Other
     C libraries and platforms are left alone (False)."""
-    if not _FREED_MEMORY_RETURNED:
-        pinned = False
-        if sys.platform.startswith("linux"):
-            try:
-                pinned = ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
-            except (OSError, AttributeError):
-                pass
-        _FREED_MEMORY_RETURNED.append(pinned)
-    return _FREED_MEMORY_RETURNED[0]
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+    except (OSError, AttributeError):
+        return False
 
 
 def _report(progress, label, done, total):
