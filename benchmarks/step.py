@@ -33,7 +33,7 @@ time ("code_paged_in_bytes": growth of RssFile, file-backed and shared, not data
 ``--repeats K`` "last_peak_bytes" is the same measurement of the last step.
 
 Step time ("step_s") is the wall time of a step; with ``--repeats K`` the best of K steps (the
-memory measurement is always from the first). Because the machine may be shared, the first step
+"peak_bytes" is always the first's). Because the machine may be shared, the first step
 also records the process's CPU time ("cpu_s", user + system, all threads) and the fraction of its
 wall time during which some task waited for a CPU ("cpu_stall_fraction", from /proc/pressure/cpu;
 near 0 on an idle machine).
