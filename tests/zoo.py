@@ -609,6 +609,20 @@ def plain_chain() -> nn.Module:
     ))
 
 
+def wide_convs() -> nn.Module:
+    """Convolutions with 32 or more input channels, which tiles give their weight gradient by
+    matrix products (the generated module's ``_weight_grad``): dilated, rectangular, without bias,
+    after batch norm; and ones that keep oneDNN's (1x1, strided, grouped)."""
+    torch.manual_seed(0)
+    return _finish(nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 40, 3, padding=2, dilation=2, bias=False), nn.BatchNorm2d(40), nn.ReLU(inplace=True),
+        nn.Conv2d(40, 33, (3, 5), padding=(1, 2)), nn.MaxPool2d(2),
+        nn.Conv2d(33, 32, 1), nn.Conv2d(32, 36, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(36, 32, 3, padding=1, groups=4), nn.Conv2d(32, 34, (5, 3), padding=(2, 1), dilation=(1, 2)),
+    ))
+
+
 # --------------------------------------------------------------------------------------------
 # the zoo
 
@@ -648,6 +662,7 @@ ZOO: dict[str, Callable[[], nn.Module]] = {
     "unet_crop": _builder(UNetCrop),
     "heads": _builder(Heads),
     "plain_chain": plain_chain,
+    "wide_convs": wide_convs,
 }
 
 #: Default input shapes (N, C, H, W): odd and uneven, so that borders, strides and pads all show.
@@ -671,4 +686,5 @@ SHAPES: dict[str, tuple[int, int, int, int]] = {
     "unet_crop": (1, 3, 53, 61),
     "heads": (2, 3, 19, 23),
     "plain_chain": (2, 3, 27, 31),
+    "wide_convs": (2, 3, 29, 23),
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 import jinja2
 
 from tilec import __version__
-from tilec.cost import axis_weights
+from tilec.cost import GEMM_MIN_CHANNELS, axis_weights
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
 from tilec.ops import Context, const, plan_context, window_args
@@ -197,7 +197,7 @@ class _TileEmitter:
         weight = node.args[1].value
         bias = self.arg(node.args[2], reads)
         args = window_args(node, self.context.tensor_shapes[weight])
-        return (f"aten.conv2d.default({source}, {self.tensor(weight)}, {bias}, {args.stride!r}, {native!r}, "
+        return (f"_conv2d({source}, {self.tensor(weight)}, {bias}, {args.stride!r}, {native!r}, "
                 f"{args.dilation!r}, {const(node, 6, 1)})")
 
     def _max_pool(self, node, reads, pads) -> str:
@@ -450,5 +450,6 @@ def render(plan: Plan) -> str:
         constants=constants.items(),
         segments=views,
         output=_tree(plan.model.output),
+        gemm_min_channels=GEMM_MIN_CHANNELS,
         pyrepr=repr,
     )

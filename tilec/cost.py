@@ -42,7 +42,7 @@ from math import prod
 import numpy as np
 
 from tilec.ir import INPUT, AxisTile, NodeSpec
-from tilec.ops import Context, window_args
+from tilec.ops import Context, const, window_args
 from tilec.planner import Boundaries, model_outputs
 from tilec.trace import VIEWS as ALIASING
 
@@ -57,6 +57,13 @@ CONV_BACKWARD_WORKSPACE = 2.5
 #: kernel is 1x1. Measured on CPU: 1x (1x1) or 2x the weight's bytes in forward, one more in
 #: backward (besides the weight gradient).
 WEIGHT_BACKWARD_EXTRA_COPIES = 1.0
+#: From this many input channels, a tile convolution with stride 1, no groups and a kernel
+#: larger than 1x1 gets its weight gradient from the generated module's matrix products
+#: (``_weight_grad``): oneDNN's channels-last weight gradient took 1.5-3x as long there (measured
+#: on CPU; it is as fast or faster with fewer channels or a 1x1 kernel). That backward takes the
+#: output gradient padded to the input's size and one weight-sized buffer of taps, instead of
+#: oneDNN's weight copies (``python benchmarks/workspace.py``, layout "tile").
+GEMM_MIN_CHANNELS = 32
 #: Ops whose channels-last backward takes a temporary the size of their input (measured on CPU:
 #: eval-mode batch_norm's takes 2x its input channels-last, 1x in NCHW).
 CHANNELS_LAST_BACKWARD_COPY = frozenset({"batch_norm", "_native_batch_norm_legit_no_training"})
@@ -119,6 +126,16 @@ def flops_per_output(node: NodeSpec, shapes: dict[str, tuple[int, ...]], input_n
 def backward_factor(node: NodeSpec) -> int:
     """Backward FLOPs as a multiple of forward: input and weight gradients for convolutions."""
     return 2 if node.op in CONVS or node.op == "linear" else 1
+
+
+def gemm_weight_grad(node: NodeSpec, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether tiles compute ``node``'s weight gradient as matrix products (GEMM_MIN_CHANNELS;
+    the generated module decides again at run time, from the dtype, device and layout)."""
+    if node.op != "conv2d":
+        return False
+    weight = shapes[node.args[1].value]
+    return (const(node, 6, 1) == 1 and window_args(node, weight).stride == (1, 1) and prod(weight[2:]) > 1
+            and weight[1] >= GEMM_MIN_CHANNELS)
 
 
 def axis_weights(context: Context, members: Sequence[NodeSpec], tiles: Sequence[AxisTile], axis: int) -> list[int]:
@@ -402,8 +419,14 @@ class Estimator:
         #: (convolutions; see WEIGHT_BACKWARD_EXTRA_COPIES).
         self.weight_copies = [w * (1 + (prod(shapes[n.args[1].value][2:]) > 1)) if n.op in CONVS else 0
                               for w, n in zip(self.weights, order, strict=True)]
-        self.backward_weight_copies = [c + WEIGHT_BACKWARD_EXTRA_COPIES * w if n.op in CONVS else 0
-                                       for c, w, n in zip(self.weight_copies, self.weights, order, strict=True)]
+        #: Per node, whether tiles compute its weight gradient as matrix products (GEMM_MIN_CHANNELS),
+        #: and then its output channels per input channel.
+        self.gemm = [self.element in (4, 8) and gemm_weight_grad(n, shapes) for n in order]
+        self.channel_ratio = [shapes[n.args[1].value][0] / shapes[n.args[1].value][1] if gemm else 0.0
+                              for n, gemm in zip(order, self.gemm, strict=True)]
+        self.backward_weight_copies = [w if gemm else c + WEIGHT_BACKWARD_EXTRA_COPIES * w if n.op in CONVS else 0
+                                       for c, w, n, gemm in zip(self.weight_copies, self.weights, order, self.gemm,
+                                                                strict=True)]
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
         self.grad = [False] * (len(order) + 1)
@@ -582,6 +605,9 @@ class Estimator:
                 if op in CONVS and not tiled:
                     padded = base + 4 * p + PADDED
                     transient[padded] = transient.get(padded, 0.0) + CONV_BACKWARD_WORKSPACE
+                if self.gemm[p] and tiled:  # the output gradient, padded to the padded input's size
+                    padded = base + 4 * p + PADDED
+                    transient[padded] = transient.get(padded, 0.0) + self.channel_ratio[p]
                 if op in CHANNELS_LAST_BACKWARD_COPY and tiled and self.grad[self.inputs[p][0]]:
                     source = self.inputs[p][0]
                     copy = ahead.slices.index(source) if source < first else base + 4 * source + OUT

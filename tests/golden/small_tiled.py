@@ -264,6 +264,76 @@ def _narrow(t, spatial, rows, cols):
     return t.narrow(spatial[0], rows[0], rows[1] - rows[0]).narrow(spatial[1], cols[0], cols[1] - cols[0])
 
 
+#: Input channels from which a tile convolution's weight gradient is computed as matrix products.
+_GEMM_MIN_CHANNELS = 32
+
+
+def _gemm_weight_grad(x, w, stride, groups):
+    """Whether ``_weight_grad`` computes this convolution's weight gradient: channels-last float
+    inputs on CPU, stride 1, no groups, a kernel larger than 1x1 and at least _GEMM_MIN_CHANNELS
+    input channels. Measured on CPU (oneDNN, 2 cores), its own channels-last weight gradient takes
+    1.5-3x as long there (1x1 kernels and few channels it does as fast or faster)."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and groups == 1
+            and tuple(stride) == (1, 1) and w.shape[2] * w.shape[3] > 1 and w.shape[1] >= _GEMM_MIN_CHANNELS
+            and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def _weight_grad(g, x, kernel, dilation):
+    """Weight gradient of a stride-1 convolution of the channels-last, already padded ``x`` whose
+    output gradient is ``g``: one matrix product per kernel tap. Flattened to (pixel, channel)
+    rows, tap (a, b) pairs output pixel q with input pixel q + a * dilation * padded width +
+    b * dilation when ``g`` is padded with zeros to the input's height and width: each tap is one
+    contiguous slice of ``x``'s rows, and the padding rows contribute nothing."""
+    n, channels, height, width = x.shape
+    out = g.shape[1]
+    rows = aten.constant_pad_nd.default(g.permute(0, 2, 3, 1), (0, 0, 0, width - g.shape[3], 0, height - g.shape[2]), 0.0)
+    rows = rows.reshape(-1, out)
+    pixels = x.permute(0, 2, 3, 1).reshape(-1, channels)
+    (kh, kw), (dh, dw) = kernel, dilation
+    length = rows.shape[0] - (kh - 1) * dh * width - (kw - 1) * dw
+    taps = g.new_empty((kh, kw, out, channels))
+    for a in range(kh):
+        for b in range(kw):
+            start = a * dh * width + b * dw
+            torch.mm(rows[:length].T, pixels[start:start + length], out=taps[a, b])
+    return taps.permute(2, 3, 0, 1).contiguous()
+
+
+class _Conv2d(torch.autograd.Function):
+    """A tile's conv2d: aten's forward, input and bias gradients; the weight gradient from
+    ``_weight_grad`` where ``_gemm_weight_grad`` says so. The backward runs in the dtype the
+    forward computed in (autocast's, if it cast), which autograd casts back to the inputs'."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, stride, padding, dilation, groups):
+        y = aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
+        ctx.save_for_backward(x, w)
+        ctx.args = stride, padding, dilation, groups, b is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, w = (t.to(g.dtype) for t in ctx.saved_tensors)
+        stride, padding, dilation, groups, bias = ctx.args
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gemm = need_w and _gemm_weight_grad(x, w, stride, groups)
+        # oneDNN computes a bias gradient together with the weight gradient: not on the GEMM path
+        gx, gw, gb = aten.convolution_backward.default(
+            g, x, w, [w.shape[0]] if bias else None, stride, padding, dilation, False, [0, 0], groups,
+            [need_x, need_w and not gemm, need_b and not gemm])
+        if gemm:
+            if any(padding):
+                x = aten.constant_pad_nd.default(x, (padding[1], padding[1], padding[0], padding[0]), 0.0)
+            gw = _weight_grad(g, x, w.shape[2:], dilation)
+            gb = g.sum((0, 2, 3)) if need_b else None
+        return gx, gw, gb, None, None, None, None
+
+
+def _conv2d(x, w, b, stride, padding, dilation, groups):
+    return _Conv2d.apply(x, w, b, stride, padding, dilation, groups)
+
+
 #: glibc's mallopt parameter M_MMAP_THRESHOLD, and the value TiledModel pins it to: its initial one.
 _M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
 
@@ -449,12 +519,12 @@ _S0_SHARES = ()
 def _s0_0_0(xs, bs, p):
     """Segment 0, shape class (0, 0)."""
     x_in, = xs
-    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 0:4], v_relu,)
@@ -463,12 +533,12 @@ def _s0_0_0(xs, bs, p):
 def _s0_0_1(xs, bs, p):
     """Segment 0, shape class (0, 1)."""
     x_in, = xs
-    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:5], v_relu,)
@@ -477,12 +547,12 @@ def _s0_0_1(xs, bs, p):
 def _s0_0_2(xs, bs, p):
     """Segment 0, shape class (0, 2)."""
     x_in, = xs
-    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:4], v_relu,)
@@ -491,12 +561,12 @@ def _s0_0_2(xs, bs, p):
 def _s0_1_0(xs, bs, p):
     """Segment 0, shape class (1, 0)."""
     x_in, = xs
-    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 0:4], v_relu,)
@@ -505,12 +575,12 @@ def _s0_1_0(xs, bs, p):
 def _s0_1_1(xs, bs, p):
     """Segment 0, shape class (1, 1)."""
     x_in, = xs
-    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:5], v_relu,)
@@ -519,12 +589,12 @@ def _s0_1_1(xs, bs, p):
 def _s0_1_2(xs, bs, p):
     """Segment 0, shape class (1, 2)."""
     x_in, = xs
-    v_conv2d = aten.conv2d.default(aten.constant_pad_nd.default(x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
     v_relu = aten.relu.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:4], v_relu,)
@@ -571,14 +641,14 @@ _S1_SHARES = ()
 def _s1_0_0(xs, bs, p):
     """Segment 1, shape class (0, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
     del v_conv2d_3
@@ -586,7 +656,7 @@ def _s1_0_0(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 0:6, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -596,14 +666,14 @@ def _s1_0_0(xs, bs, p):
 def _s1_0_1(xs, bs, p):
     """Segment 1, shape class (0, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
     del v_conv2d_3
@@ -611,7 +681,7 @@ def _s1_0_1(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 0:6, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -621,14 +691,14 @@ def _s1_0_1(xs, bs, p):
 def _s1_1_0(xs, bs, p):
     """Segment 1, shape class (1, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
     del v_conv2d_3
@@ -636,7 +706,7 @@ def _s1_1_0(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:8, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -646,14 +716,14 @@ def _s1_1_0(xs, bs, p):
 def _s1_1_1(xs, bs, p):
     """Segment 1, shape class (1, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.conv2d.default(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
     del v_conv2d_3
@@ -661,7 +731,7 @@ def _s1_1_1(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:8, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -671,14 +741,14 @@ def _s1_1_1(xs, bs, p):
 def _s1_2_0(xs, bs, p):
     """Segment 1, shape class (2, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.conv2d.default(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 0:7]
     del v_conv2d_3
@@ -686,7 +756,7 @@ def _s1_2_0(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:7, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
@@ -696,14 +766,14 @@ def _s1_2_0(xs, bs, p):
 def _s1_2_1(xs, bs, p):
     """Segment 1, shape class (2, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = aten.conv2d.default(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = aten.relu.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
-    v_conv2d_3 = aten.conv2d.default(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 1:6]
     del v_conv2d_3
@@ -711,7 +781,7 @@ def _s1_2_1(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:7, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = aten.conv2d.default(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
     v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
     del v_conv2d_4
