@@ -380,19 +380,19 @@ def main(argv=None) -> int:
 
     with Meter(device) as meter:
         out_shape, out_checksum = one_step(fn, x, args.grad, generator, args.autocast)
-    times = [meter.seconds]
     checksum = grad_checksum(model)  # outside the measurement
-    later = meter
+    meters = [meter]
     for _ in range(args.repeats - 1):
         model.zero_grad(set_to_none=True)
         with Meter(device) as later:
             one_step(fn, x, args.grad, generator, args.autocast)
-        times.append(later.seconds)
+        meters.append(later)
+    times = [m.seconds for m in meters]
 
     record.update(
         peak_bytes=meter.growth,
         code_paged_in_bytes=getattr(meter, "file_growth", None),
-        last_peak_bytes=later.growth,
+        last_peak_bytes=meters[-1].growth,
         step_s=min(times),
         first_step_s=times[0],
         cpu_s=meter.cpu_seconds,

@@ -17,8 +17,8 @@ multiples of the padded input and of the weight. These are the constants of ``ti
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
-
 import sys
 from pathlib import Path
 
@@ -52,8 +52,9 @@ def _growth(fn) -> int:
     return _status("VmHWM") - base
 
 
+@functools.cache
 def _tile_conv():
-    """The generated module's tile convolution ``_conv2d``, as ``conv(x, weight)``."""
+    """The generated module's tile convolution ``_conv2d``, as ``conv(x, weight)`` (built once)."""
     tiled = build(nn.Sequential(nn.Conv2d(1, 1, 3)), (1, 1, 8, 8), grid=(2, 2))
     conv2d = type(tiled).__init__.__globals__["_conv2d"]
     return lambda x, weight: conv2d(x, weight, None, (1, 1), (0, 0), (1, 1), 1)

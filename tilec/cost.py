@@ -34,6 +34,7 @@ per axis, so every distinct (row tile, column tile) pair is evaluated at once.
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -523,7 +524,8 @@ class Estimator:
 
     def stored_floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment stored, without simulating its backward."""
-        return max(self.stored_forward(first)[0][stop - first - 1], self.gradients(first, stop) + self.later_weights[first])
+        forward = self.stored_forward(first)[0][stop - first - 1]
+        return max(forward, self.gradients(first, stop) + self.later_weights[first])
 
     def floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
@@ -583,7 +585,7 @@ class Estimator:
         for p in reversed(range(first, stop)):
             op = self.op[p]
             if p in grads:
-                transient: dict[int, float] = {}
+                transient: defaultdict[int, float] = defaultdict(float)
                 for i in self.inputs[p]:
                     if not self.grad[i]:
                         continue
@@ -599,19 +601,17 @@ class Estimator:
                     if size is None:
                         grads.setdefault(i, None)
                     elif i in grads:
-                        transient[size] = transient.get(size, 0.0) + 1.0
+                        transient[size] += 1.0
                     else:
                         grads[i] = run.new(size)
                 if op in CONVS and not tiled:
-                    padded = base + 4 * p + PADDED
-                    transient[padded] = transient.get(padded, 0.0) + CONV_BACKWARD_WORKSPACE
+                    transient[base + 4 * p + PADDED] += CONV_BACKWARD_WORKSPACE
                 if self.gemm[p] and tiled:  # the output gradient, padded to the padded input's size
-                    padded = base + 4 * p + PADDED
-                    transient[padded] = transient.get(padded, 0.0) + self.channel_ratio[p]
+                    transient[base + 4 * p + PADDED] += self.channel_ratio[p]
                 if op in CHANNELS_LAST_BACKWARD_COPY and tiled and self.grad[self.inputs[p][0]]:
                     source = self.inputs[p][0]
                     copy = ahead.slices.index(source) if source < first else base + 4 * source + OUT
-                    transient[copy] = transient.get(copy, 0.0) + 1.0
+                    transient[copy] += 1.0
                 if op not in PASS_THROUGH:
                     run.event(transient, self.weights[p] + (self.backward_weight_copies[p] if tiled else 0))
                 run.drop(grads[p])

@@ -330,8 +330,7 @@ class _Conv2d(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 
-def _conv2d(x, w, b, stride, padding, dilation, groups):
-    return _Conv2d.apply(x, w, b, stride, padding, dilation, groups)
+_conv2d = _Conv2d.apply
 
 
 #: glibc's mallopt parameter M_MMAP_THRESHOLD, and the value TiledModel pins it to: its initial one.
