@@ -166,9 +166,9 @@ def tile_cost(row_weights: Sequence[int], col_weights: Sequence[int]) -> list[in
 class AxisArrays:
     """One axis of the tiles of a run of nodes, as ``[tile, node]`` arrays of lengths.
 
-    Columns are node positions minus ``offset``. ``out``: output length; ``padded``: length of
-    a window op's input read plus its border padding; ``copied`` / ``copies``: length of its
-    padded copy and whether the tile makes one (1 or 0, see ``PADDED_COPY``). ``reads[name]``: per
+    Columns are node positions minus ``offset``. ``out``: output length; ``read``: length of a
+    window op's input read, ``padded``: that plus its border padding; ``copied`` / ``copies``:
+    length of its padded copy and whether the tile makes one (1 or 0, see ``PADDED_COPY``). ``reads[name]``: per
     input of the node, ``(input, start, stop)`` of the interval read, over ``tiles`` of the arrays
     (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles.
     """
@@ -179,6 +179,7 @@ class AxisArrays:
         stop, pad before, pad after)``; arrays over the tiles."""
         self.parts, self.offset, self.tiles = parts, offset, slice(0, parts)
         self.out = np.zeros((parts, count), dtype=np.int64)
+        self.read = np.zeros((parts, count), dtype=np.int64)
         self.padded = np.zeros((parts, count), dtype=np.int64)
         self.copied = np.zeros((parts, count), dtype=np.int64)
         self.copies = np.zeros((parts, count), dtype=np.int64)
@@ -191,6 +192,7 @@ class AxisArrays:
             if op not in WINDOWS:
                 continue
             _, read_start, read_stop, before, after = reads[0]
+            self.read[:, column] = read_stop - read_start
             self.padded[:, column] = read_stop - read_start + before + after
             if op in PADDED_COPY:
                 copies = before + after > 0 if op == "avg_pool2d" else before != after
@@ -202,8 +204,8 @@ class AxisArrays:
         """Tiles ``[start, stop)`` only (several grids computed together, then taken apart)."""
         part = copy.copy(self)
         part.parts, part.tiles = stop - start, slice(start, stop)
-        part.out, part.padded, part.copied, part.copies = (a[start:stop] for a in
-                                                          (self.out, self.padded, self.copied, self.copies))
+        part.out, part.read, part.padded, part.copied, part.copies = (
+            a[start:stop] for a in (self.out, self.read, self.padded, self.copied, self.copies))
         part.sums = part.out.sum(axis=0)
         return part
 
@@ -315,8 +317,9 @@ class _Run:
         return run
 
 
-#: Kinds of node quantities; quantity ``slices + 4 * (position - first) + kind`` (see ``_Program``).
-OUT, PADDED, COPY, INDEX = range(4)
+#: Kinds of node quantities; quantity ``slices + KINDS * (position - first) + kind`` (see ``_Program``).
+OUT, PADDED, COPY, INDEX, EXCESS = range(5)
+KINDS = 5
 
 
 @dataclass(frozen=True)
@@ -325,9 +328,11 @@ class _Program:
 
     Quantities: first one per sliced input of the forward run (``slices``: the input's name and
     the segment's nodes reading it), the tile's slice of it (its channels-last copy, and the
-    gradient of the slice); then four per node:
+    gradient of the slice); then ``KINDS`` per node:
     its result (``OUT``), a window op's padded input (``PADDED``), a border tile's padded copy of
-    it (``COPY``) and max-pool indices (``INDEX``). ``forward``: a tiled segment's forward (a
+    it (``COPY``), max-pool indices (``INDEX``), and what the padded copy adds to the read it
+    replaces (``EXCESS``: autograd keeps the copy in border tiles and the input in the others, so
+    the simulation keeps the input and this difference). ``forward``: a tiled segment's forward (a
     stored one's comes from ``Estimator.stored_forward``).
     """
 
@@ -353,7 +358,7 @@ class _Forward:
         self.marks = []
         e, run = estimator, self.run
         self.slices = tuple(e.bounds.position[i.name] for i in e.bounds.inputs(first, end) if i.sliced) if tiled else ()
-        base = len(self.slices) - 4 * first
+        base = len(self.slices) - KINDS * first
         last_reader = {}
         for quantity, source in enumerate(self.slices):  # each tile's channels-last copy of its slice
             self.value[source] = run.new(quantity)
@@ -364,18 +369,16 @@ class _Forward:
                 self.value[position] = self.value.get(inputs[0]) if inputs else None
                 run.hold(self.value[position])
             else:
-                copied = run.new(base + 4 * position + COPY) if tiled and op in PADDED_COPY else None
-                self.value[position] = run.new(base + 4 * position + OUT)
+                copied = run.new(base + KINDS * position + COPY) if tiled and op in PADDED_COPY else None
+                self.value[position] = run.new(base + KINDS * position + OUT)
                 if op not in CONVS:
                     run.event()
                 elif tiled:
                     run.event(constant=e.weight_copies[position])
                 else:
-                    run.event({base + 4 * position + PADDED: CONV_FORWARD_WORKSPACE})
+                    run.event({base + KINDS * position + PADDED: CONV_FORWARD_WORKSPACE})
                 if autograd and e.grad[position]:
-                    saved = self.saved[position] = self._saves(op, position, inputs, copied, base)
-                    for storage in saved:
-                        run.hold(storage)
+                    self.saved[position] = self._saves(op, position, inputs, copied is not None, base)
                 run.drop(copied)
             for dying in e.dies_at[position]:
                 if dying >= first:
@@ -385,18 +388,24 @@ class _Forward:
                     run.drop(self.value[source])
             self.marks.append(run.mark(autograd))
 
-    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copied: int | None, base: int) -> list:
-        """Storages autograd keeps for the node's backward (``None``: a tensor of another segment)."""
+    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copies: bool, base: int) -> list:
+        """Hold and return the storages autograd keeps for the node's backward (``None``: a tensor
+        of another segment); ``copies``: a border tile may feed the op a padded copy."""
         if op in SAVES_NOTHING:
             return []
         if op in SAVES_OUTPUT:
-            return [self.value[position]]
-        if op in SAVES_INPUTS:
-            return [self.value.get(i) for i in inputs]
-        source = copied if copied is not None else self.value.get(inputs[0]) if inputs else None
+            kept = [self.value[position]]
+        elif op in SAVES_INPUTS:
+            kept = [self.value.get(i) for i in inputs]
+        else:
+            kept = [self.value.get(inputs[0]) if inputs else None]
+        for storage in kept:
+            self.run.hold(storage)
+        if copies and op not in SAVES_OUTPUT:
+            kept.append(self.run.new(base + KINDS * position + EXCESS))
         if op == "max_pool2d":
-            return [source, self.run.new(base + 4 * position + INDEX)]
-        return [source]
+            kept.append(self.run.new(base + KINDS * position + INDEX))
+        return kept
 
 
 class Estimator:
@@ -445,11 +454,12 @@ class Estimator:
         areas = [self._area(name) for name in bounds.order]
         #: Forward FLOPs per output pixel (row x column) of each node.
         self.pixel_flops = self.flops / np.array(areas)
-        # Bytes of each node quantity (OUT, PADDED, COPY, INDEX), in all and per tile pixel.
+        # Bytes of each node quantity (OUT, PADDED, COPY, INDEX, EXCESS), in all and per tile pixel.
         source = [n.inputs[0] if n.op in WINDOWS else n.name for n in order]
-        self.scale_full = np.array([[self.full[n.name], self.full[s], self.full[s], self.full[n.name] / self.element
-                                     * INDEX_BYTES] for n, s in zip(order, source, strict=True)])
-        self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a]
+        self.scale_full = np.array([[self.full[n.name], self.full[s], self.full[s],
+                                     self.full[n.name] / self.element * INDEX_BYTES, self.full[s]]
+                                    for n, s in zip(order, source, strict=True)])
+        self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a, self._area(s)]
                                                        for a, s in zip(areas, source, strict=True)])
         self.forward = cache(self._forward)
         self.program = cache(self._program)
@@ -557,13 +567,15 @@ class Estimator:
     def _pair_bytes(self, program: _Program, rows: AxisArrays, cols: AxisArrays) -> np.ndarray:
         """Bytes of each quantity in each distinct (row tile, column tile) pair: ``[pairs, quantities]``."""
         first, stop, count = program.first, program.stop, len(program.slices)
-        row_lengths, row_flags = _classes(program, rows)
-        col_lengths, col_flags = _classes(program, cols)
+        row_lengths, row_reads, row_flags = _classes(program, rows)
+        col_lengths, col_reads, col_flags = _classes(program, cols)
         scale = np.concatenate([[self.full[name] / self._area(name) for name, _ in program.slices],
                                 self.scale_pixel[first:stop].ravel()])
-        flags = np.ones((len(row_flags), len(col_flags), count + 4 * (stop - first)))
-        flags[:, :, count + COPY::4] = np.maximum(row_flags[:, None], col_flags[None])
-        return (row_lengths[:, None] * col_lengths[None] * flags * scale).reshape(-1, len(scale))
+        flags = np.ones((len(row_flags), len(col_flags), count + KINDS * (stop - first)))
+        copies = np.maximum(row_flags[:, None], col_flags[None])
+        flags[:, :, count + COPY::KINDS] = flags[:, :, count + EXCESS::KINDS] = copies
+        areas = row_lengths[:, None] * col_lengths[None] - row_reads[:, None] * col_reads[None]
+        return (areas * flags * scale).reshape(-1, len(scale))
 
     def _forward(self, first: int, tiled: bool, autograd: bool) -> _Forward:
         end = first
@@ -576,12 +588,12 @@ class Estimator:
         ahead = self.forward(first, tiled, True)
         mark = ahead.marks[stop - first - 1]
         run = ahead.run.fork(mark, events=tiled)
-        base = len(ahead.slices) - 4 * first
+        base = len(ahead.slices) - KINDS * first
         outputs = [self.bounds.position[name] for name in self.bounds.outputs(first, stop)]
         if not tiled:
             for p in outputs:
                 run.drop(ahead.value[p])
-        grads = {p: run.new(base + 4 * p + OUT) if tiled else None for p in outputs if self.grad[p]}
+        grads = {p: run.new(base + KINDS * p + OUT) if tiled else None for p in outputs if self.grad[p]}
         for p in reversed(range(first, stop)):
             op = self.op[p]
             if p in grads:
@@ -597,7 +609,7 @@ class Estimator:
                     if i < first:
                         size = ahead.slices.index(i) if i in ahead.slices else None
                     else:
-                        size = base + 4 * p + PADDED if op in WINDOWS else base + 4 * i + OUT
+                        size = base + KINDS * p + PADDED if op in WINDOWS else base + KINDS * i + OUT
                     if size is None:
                         grads.setdefault(i, None)
                     elif i in grads:
@@ -605,12 +617,12 @@ class Estimator:
                     else:
                         grads[i] = run.new(size)
                 if op in CONVS and not tiled:
-                    transient[base + 4 * p + PADDED] += CONV_BACKWARD_WORKSPACE
+                    transient[base + KINDS * p + PADDED] += CONV_BACKWARD_WORKSPACE
                 if self.gemm[p] and tiled:  # the output gradient, padded to the padded input's size
-                    transient[base + 4 * p + PADDED] += self.channel_ratio[p]
+                    transient[base + KINDS * p + PADDED] += self.channel_ratio[p]
                 if op in CHANNELS_LAST_BACKWARD_COPY and tiled and self.grad[self.inputs[p][0]]:
                     source = self.inputs[p][0]
-                    copy = ahead.slices.index(source) if source < first else base + 4 * source + OUT
+                    copy = ahead.slices.index(source) if source < first else base + KINDS * source + OUT
                     transient[copy] += 1.0
                 if op not in PASS_THROUGH:
                     run.event(transient, self.weights[p] + (self.backward_weight_copies[p] if tiled else 0))
@@ -625,18 +637,24 @@ class Estimator:
         return _Program(first, stop, slices, forward, run.trace())
 
 
-def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
-    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
+def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct tile of one axis: each quantity's length, the length subtracted from it
+    (``EXCESS`` is the padded copy less the read; the area of a tile pair is the product of
+    lengths less the product of subtracted ones), and whether a padded copy exists."""
     columns = slice(program.first - arrays.offset, program.stop - arrays.offset)
     hulls = [_hull(arrays, name, readers) for name, readers in program.slices]
     table = np.concatenate([np.array(hulls, dtype=np.int64).reshape(-1, arrays.parts).T, arrays.out[:, columns],
-                            arrays.padded[:, columns], arrays.copied[:, columns], arrays.copies[:, columns]], axis=1)
+                            arrays.read[:, columns], arrays.padded[:, columns], arrays.copied[:, columns],
+                            arrays.copies[:, columns]], axis=1)
     table = table[list({row.tobytes(): index for index, row in enumerate(table)}.values())]
     count, width = len(program.slices), program.stop - program.first
-    out, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(4))
-    lengths = np.concatenate([table[:, :count], np.stack([out, padded, copied, out], axis=2).reshape(len(table), -1)],
-                             axis=1)
-    return lengths, copies
+    out, read, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(5))
+    zero, none = np.zeros_like(out), np.zeros((len(table), count), dtype=np.int64)
+    lengths = np.concatenate([table[:, :count], np.stack([out, padded, copied, out, copied], axis=2)
+                              .reshape(len(table), -1)], axis=1)
+    subtracted = np.concatenate([none, np.stack([zero, zero, zero, zero, read], axis=2).reshape(len(table), -1)],
+                                axis=1)
+    return lengths, subtracted, copies
 
 
 def _hull(arrays: AxisArrays, name: str, readers: Sequence[str]) -> np.ndarray:

@@ -431,6 +431,27 @@ def _channels_last(tile):
     return [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in tile]
 
 
+class _GradChannelsLast(torch.autograd.Function):
+    """Identity; its backward hands the output gradient on as a channels-last copy (4-D ones).
+
+    A tile's output gradient is a slice of the full (contiguous) one; the tile's ops would
+    otherwise backward in that layout, converting their saved channels-last tensors to it (CPU
+    max-pooling copies its input and indices). Made here, inside the autograd graph, the copy is
+    freed once the last op has used it.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous(memory_format=torch.channels_last) if g.dim() == 4 else g
+
+
+_grad_channels_last = _GradChannelsLast.apply
+
+
 def _outputs(segment, parts, zeros):
     """The segment's full outputs, in the dtypes its tiles compute them in (autocast decides)."""
     return [(part.new_zeros if zeros else part.new_empty)(shape) for part, (shape, _) in zip(parts, segment.outputs)]
@@ -479,7 +500,8 @@ class _Tiled(torch.autograd.Function):
             tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
                     for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs[:count])]
             with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=autocast):
-                parts = kernel(_channels_last(tile), bs, p)
+                parts = [_grad_channels_last(part) if part.requires_grad else part
+                         for part in kernel(_channels_last(tile), bs, p)]
             pairs = [(part, _narrow(g, spatial, r, c))
                      for part, g, (_, spatial), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
                      if part.requires_grad]
