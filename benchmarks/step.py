@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tilec.calibrate import calibrate  # noqa: E402
 from tilec.codegen import render  # noqa: E402
 from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
@@ -230,8 +231,9 @@ def checkpoint_children(model: nn.Module, names: list[str] | None) -> list[str]:
     return names
 
 
-def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict):
+def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict, device: torch.device):
     """Return the function a step calls on the input, for ``args.variant``; fill ``record``."""
+    autocast = f"{device.type}:{args.autocast}" if args.autocast else None
     if args.variant == "plain":
         return model
     if args.variant == "checkpoint" and type(model) is not nn.Sequential:
@@ -250,20 +252,21 @@ def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict):
         return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
     if args.variant == "tilec":
         if args.tilec_segments:
-            return compile_tiled(model, shape, record, segments=args.tilec_segments)
-        return compile_tiled(model, shape, record, grid=args.grid or (4, 4))
+            return compile_tiled(model, shape, record, autocast, segments=args.tilec_segments)
+        return compile_tiled(model, shape, record, autocast, grid=args.grid or (4, 4))
     if args.variant == "auto":
         if args.budget is None:
             raise SystemExit("step.py: --variant auto needs --budget (e.g. --budget 2GiB)")
         record["budget_bytes"] = args.budget
-        return compile_tiled(model, shape, record, memory_budget=args.budget)
+        return compile_tiled(model, shape, record, autocast, memory_budget=args.budget)
     raise SystemExit(f"step.py: unknown variant {args.variant!r}")
 
 
-def compile_tiled(model: nn.Module, shape, record: dict, **how) -> nn.Module:
-    """``tilec.pipeline.build`` step by step, recording the plan's segments and predicted peak."""
+def compile_tiled(model: nn.Module, shape, record: dict, autocast: str | None, **how) -> nn.Module:
+    """``tilec.pipeline.build`` step by step, recording the plan's segments and predicted peak;
+    ``autocast``: "DEVICE:DTYPE" the plan budgets for (``--autocast``)."""
     start = time.perf_counter()
-    plan = plan_for(trace(model, shape), "model", **how)
+    plan = plan_for(calibrate(trace(model, shape, autocast)), "model", **how)
     tiled = load_source(render(plan), "model_tiled").TiledModel(model)
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
@@ -336,7 +339,7 @@ def parse_args(argv=None):
     parser.add_argument("--no-warmup", action="store_true", help="skip the tiny warm-up step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--autocast", choices=("bfloat16", "float16"),
-                        help="run every step's forward under torch.autocast with this dtype")
+                        help="run every step's forward under torch.autocast with this dtype (tilec plans for it)")
     return parser.parse_args(argv)
 
 
@@ -368,7 +371,7 @@ def main(argv=None) -> int:
         p.requires_grad_(True)
     x = torch.randn(shape, device=device)  # images: no requires_grad
     try:
-        fn = prepare(args, model, shape, record)
+        fn = prepare(args, model, shape, record, device)
     except BudgetError as error:  # no plan fits: a result of the sweep, not a failure
         record["skipped"] = str(error)
         print(json.dumps(record), flush=True)

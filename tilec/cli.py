@@ -9,7 +9,16 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tilec.config import CompileConfig, parse_bytes, parse_grid, parse_name, parse_names, parse_segments, parse_shape
+from tilec.config import (
+    CompileConfig,
+    parse_autocast,
+    parse_bytes,
+    parse_grid,
+    parse_name,
+    parse_names,
+    parse_segments,
+    parse_shape,
+)
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
@@ -70,13 +79,15 @@ def main() -> None:
               "segment's tiles (TiledModel(model, process_group=...)): records each rank's tiles.")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Training dtype the memory prediction assumes.")
+@click.option("--autocast", help="DEVICE:DTYPE of the torch.autocast the step runs under (e.g. cuda:float16, "
+              "cpu:bfloat16): the memory prediction and budget take each op in the dtype autocast picks.")
 @click.option("--name", help="Plan and module name (default: the file's stem).")
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, recompute, ranks, dtype, name,
-                    out_dir, plan_dir) -> None:
+def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, recompute, ranks, dtype, autocast,
+                    name, out_dir, plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
@@ -89,6 +100,7 @@ def compile_command(model_file, attr, input_shape, grid, segments, memory_budget
             recompute=parse_names(recompute) if recompute is not None else (),
             ranks=ranks,
             dtype=dtype,
+            autocast=parse_autocast(autocast) if autocast is not None else None,
             name=parse_name(name) if name is not None else None,
             out_dir=out_dir,
             plan_dir=plan_dir,

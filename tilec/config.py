@@ -22,6 +22,7 @@ class CompileConfig:
     recompute: tuple[str, ...] = ()
     ranks: int | None = None
     dtype: str = "float32"
+    autocast: str | None = None
     name: str | None = None
     out_dir: Path = Path(".")
     plan_dir: Path = Path("plans")
@@ -72,6 +73,15 @@ def parse_segments(text: str) -> tuple[tuple, ...]:
             )
         segments.append((int(match[1]), int(match[2]), parse_grid(match[3])))
     return tuple(segments)
+
+
+def parse_autocast(text: str) -> str:
+    """``"cuda:float16"``: the device and dtype of the ``torch.autocast`` the step runs under."""
+    match = re.fullmatch(r"\s*(cpu|cuda)\s*:\s*(bfloat16|float16)\s*", text)
+    if not match:
+        raise TilecError(f"--autocast must be DEVICE:DTYPE with DEVICE cpu or cuda and DTYPE bfloat16 or float16 "
+                         f"(e.g. cuda:float16), got {text!r}")
+    return f"{match[1]}:{match[2]}"
 
 
 def parse_names(text: str) -> tuple[str, ...]:

@@ -374,9 +374,11 @@ class _Forward:
                 if op not in CONVS:
                     run.event()
                 elif tiled:
-                    run.event(constant=e.weight_copies[position])
+                    workspace = e.workspace[position][0]
+                    run.event({base + KINDS * position + PADDED: workspace} if workspace else None,
+                              e.weight_copies[position])
                 else:
-                    run.event({base + KINDS * position + PADDED: CONV_FORWARD_WORKSPACE})
+                    run.event({base + KINDS * position + PADDED: e.workspace[position][2]})
                 if autograd and e.grad[position]:
                     self.saved[position] = self._saves(op, position, inputs, copied is not None, base)
                 run.drop(copied)
@@ -418,6 +420,9 @@ class Estimator:
         shapes = context.tensor_shapes
         parameters = {t.name for t in bounds.graph.graph["tensors"] if not t.buffer}
         order = [context.nodes[name] for name in bounds.order]
+        #: Per node, the element bytes it computes in: ``dtype``, or autocast's (``NodeSpec.autocast_dtype``);
+        #: parameters, their gradients and the model input stay in ``dtype``.
+        self.computes = [ELEMENT_BYTES[n.autocast_dtype or dtype] for n in order]
         position = bounds.position
         # Per node position: op, input positions (-1: the model input), whether it needs a gradient
         # (the last entry, -1, is the model input's), bytes of its parameters, where it dies.
@@ -427,13 +432,23 @@ class Estimator:
                                            if a.kind == "tensor" and a.value in parameters) for node in order]
         #: Per node, the bytes of the weight copies one tile's call makes in forward and in backward
         #: (convolutions; see WEIGHT_BACKWARD_EXTRA_COPIES).
-        self.weight_copies = [w * (1 + (prod(shapes[n.args[1].value][2:]) > 1)) if n.op in CONVS else 0
-                              for w, n in zip(self.weights, order, strict=True)]
+        self.weight_copies = [w * size // self.element * (1 + (prod(shapes[n.args[1].value][2:]) > 1))
+                              if n.op in CONVS else 0
+                              for w, n, size in zip(self.weights, order, self.computes, strict=True)]
         #: Per node, whether tiles compute its weight gradient as matrix products (GEMM_MIN_CHANNELS),
         #: and then its output channels per input channel.
-        self.gemm = [self.element in (4, 8) and gemm_weight_grad(n, shapes) for n in order]
+        self.gemm = [size in (4, 8) and gemm_weight_grad(n, shapes)
+                     for n, size in zip(order, self.computes, strict=True)]
         self.channel_ratio = [shapes[n.args[1].value][0] / shapes[n.args[1].value][1] if gemm else 0.0
                               for n, gemm in zip(order, self.gemm, strict=True)]
+        #: Per node, a convolution's workspace in multiples of its padded input: in a tile (forward,
+        #: backward), in a stored segment (forward, backward). Measured (``tilec.calibrate``), else
+        #: none in tiles and CONV_*_WORKSPACE in stored segments.
+        calibrated = bounds.graph.graph.get("conv_workspace")
+        taps = [prod(shapes[n.args[1].value][2:]) if n.op == "conv2d" else 0 for n in order]
+        fitted = (0.0, 0.0, CONV_FORWARD_WORKSPACE, CONV_BACKWARD_WORKSPACE)
+        self.workspace = [tuple(t * v for v in (*calibrated[0], *calibrated[1])) if calibrated and t > 1 else fitted
+                          for t in taps]
         self.backward_weight_copies = [w if gemm else c + WEIGHT_BACKWARD_EXTRA_COPIES * w if n.op in CONVS else 0
                                        for c, w, n, gemm in zip(self.weight_copies, self.weights, order, self.gemm,
                                                                 strict=True)]
@@ -446,7 +461,9 @@ class Estimator:
         for p, name in enumerate(bounds.order):
             if bounds.last_use[name] < len(order):
                 self.dies_at[max(bounds.last_use[name], p)].append(p)
-        self.full = {name: prod(context.shape(name)) * self.element for name in [INPUT, *bounds.order]}
+        self.full = {INPUT: prod(context.shape(INPUT)) * self.element,
+                     **{n.name: prod(context.shape(n.name)) * size
+                        for n, size in zip(order, self.computes, strict=True)}}
         self.outputs = [name for name in dict.fromkeys(model_outputs(bounds.graph)) if name != INPUT]
         rates = [flops_per_output(n, shapes, prod(context.shape(n.inputs[0])) if n.inputs else 0) for n in order]
         self.flops = np.array([rate * prod(n.shape) for rate, n in zip(rates, order, strict=True)])
@@ -457,7 +474,7 @@ class Estimator:
         # Bytes of each node quantity (OUT, PADDED, COPY, INDEX, EXCESS), in all and per tile pixel.
         source = [n.inputs[0] if n.op in WINDOWS else n.name for n in order]
         self.scale_full = np.array([[self.full[n.name], self.full[s], self.full[s],
-                                     self.full[n.name] / self.element * INDEX_BYTES, self.full[s]]
+                                     prod(context.shape(n.name)) * INDEX_BYTES, self.full[s]]
                                     for n, s in zip(order, source, strict=True)])
         self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a, self._area(s)]
                                                        for a, s in zip(areas, source, strict=True)])
@@ -617,9 +634,11 @@ class Estimator:
                     else:
                         grads[i] = run.new(size)
                 if op in CONVS and not tiled:
-                    transient[base + KINDS * p + PADDED] += CONV_BACKWARD_WORKSPACE
+                    transient[base + KINDS * p + PADDED] += self.workspace[p][3]
                 if self.gemm[p] and tiled:  # the output gradient, padded to the padded input's size
                     transient[base + KINDS * p + PADDED] += self.channel_ratio[p]
+                elif tiled and self.workspace[p][1]:
+                    transient[base + KINDS * p + PADDED] += self.workspace[p][1]
                 if op in CHANNELS_LAST_BACKWARD_COPY and tiled and self.grad[self.inputs[p][0]]:
                     source = self.inputs[p][0]
                     copy = ahead.slices.index(source) if source < first else base + KINDS * source + OUT

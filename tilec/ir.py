@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 INPUT = "input"
 
 Shape = tuple[int, ...]
@@ -75,6 +75,9 @@ class NodeSpec(Frozen):
     tileable: bool = Field(description="may run tile by tile; else only in a stored (untiled) segment")
     recomputes: str | None = Field(None, description="the node this one is a copy of, recomputed from the model "
                                                      "input for later readers instead of kept (tilec.recompute)")
+    autocast_dtype: Literal["float32", "float64", "bfloat16", "float16"] | None = Field(
+        None, description="the dtype torch.autocast computes the op in, where that differs from the model's "
+                          "(plans traced for Plan.autocast)")
 
 
 class OutputTree(Frozen):
@@ -168,6 +171,14 @@ class Plan(Frozen):
     name: str
     input_shape: Shape
     dtype: Literal["float32", "float64", "bfloat16", "float16"]
+    autocast: str | None = Field(
+        None, pattern=r"^(cpu|cuda):(bfloat16|float16)$",
+        description="DEVICE:DTYPE of the torch.autocast the step runs under, which the memory prediction assumes "
+                    "(compile --autocast); the other ops compute in dtype")
+    conv_workspace: tuple[tuple[float, float], tuple[float, float]] | None = Field(
+        None, description="with autocast: the (forward, backward) bytes a convolution allocates beyond its tensors, "
+                          "in multiples of its input's bytes times its kernel taps, in tiles and in stored segments, "
+                          "as measured on the autocast device and dtype (tilec.calibrate)")
     memory_budget: int | None = Field(description="bytes the plan was chosen to fit, if any")
     predicted_peak_bytes: int = Field(
         description="peak bytes the training step allocates above the input, the parameters and the "

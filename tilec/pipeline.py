@@ -1,5 +1,5 @@
-"""The top-level pipeline: load -> trace -> recompute -> plan -> distribute -> render -> write, as a flat list
-of steps."""
+"""The top-level pipeline: load -> trace -> recompute -> calibrate -> plan -> distribute -> render -> write,
+as a flat list of steps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
+from tilec.calibrate import calibrate
 from tilec.codegen import render
 from tilec.config import CompileConfig
 from tilec.distribute import distribute
@@ -38,7 +39,7 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
     name = config.name or config.model_path.stem
-    graph = recompute(trace(model, shape), config.recompute)
+    graph = calibrate(recompute(trace(model, shape, config.autocast), config.recompute))
     the_plan = plan_for(graph, name, grid=config.grid, segments=config.segments,
                         memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
     the_plan = distribute(the_plan, config.ranks)
@@ -73,16 +74,17 @@ def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
 
 
 def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None, recomputed=(),
-          dtype="float32", name="model", progress=False, ranks=None, process_group=None):
+          dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None):
     """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
+    ``autocast``: "DEVICE:DTYPE" of the ``torch.autocast`` the step runs under (``tilec.trace``).
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
-    graph = recompute(trace(model, input_shape), recomputed)
+    graph = calibrate(recompute(trace(model, input_shape, autocast), recomputed))
     the_plan = plan_for(graph, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel

@@ -271,6 +271,8 @@ def plan(
         name=name,
         input_shape=graph.graph["input_shape"],
         dtype=dtype,
+        autocast=graph.graph.get("autocast"),
+        conv_workspace=graph.graph.get("conv_workspace"),
         memory_budget=memory_budget,
         predicted_peak_bytes=max(peaks),
         model=fingerprint(graph),

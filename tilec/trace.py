@@ -6,7 +6,12 @@ Python runs as usual and a 100,000-pixel input costs no memory. The result is a
 carries its ``NodeSpec`` under ``"spec"``; edges run from producer to consumer. In-place ops
 are made functional (later readers of a mutated tensor read the op's result instead).
 Graph attributes: ``input_shape``, ``order`` (the execution order of op nodes), ``tensors``
-(every parameter and buffer, ``TensorSpec``) and ``output`` (an ``OutputTree``).
+(every parameter and buffer, ``TensorSpec``), ``output`` (an ``OutputTree``) and ``autocast``.
+
+Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a fake input
+under ``torch.autocast(DEVICE, dtype=DTYPE)``, and every op autocast computes in another dtype
+than the model's records it (``NodeSpec.autocast_dtype``): autocast's own per-op choices,
+not a copy of its op lists.
 """
 
 from __future__ import annotations
@@ -65,6 +70,30 @@ def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
         message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
         raise UnsupportedLayerError(f"torch.export could not capture the model: {type(error).__name__}: "
                                     f"{message}") from None
+
+
+def _autocast_dtypes(program: torch.export.ExportedProgram, shape: Shape, autocast: str) -> dict[str, str]:
+    """Per call node of ``program``, the dtype of its result under ``autocast`` ("DEVICE:DTYPE")."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device, dtype = autocast.split(":")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedLayerError(f"--autocast {autocast} reads autocast's choices from CUDA, which this torch "
+                                    f"cannot use: compile on the machine that trains")
+    module = program.module().to(device)
+    found: dict[str, str] = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def run_node(self, node):
+            result = super().run_node(node)
+            if node.op == "call_function" and isinstance(result, torch.Tensor):
+                found[node.name] = str(result.dtype).removeprefix("torch.")
+            return result
+
+    model_dtype = next((t.dtype for t in module.parameters() if t.is_floating_point()), torch.float32)
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast(device, dtype=getattr(torch, dtype)):
+        _Recorder(module).run(torch.empty(shape, dtype=model_dtype, device=device))
+    return found
 
 
 def _op_name(target) -> str:
@@ -201,12 +230,14 @@ def _output_tree(spec, leaves: list[str]) -> OutputTree:
     return OutputTree(kind=kind, keys=keys, items=items)
 
 
-def trace(model: nn.Module, input_shape: Sequence[int]) -> nx.DiGraph:
-    """Build the op graph of ``model`` for inputs of ``input_shape`` (N, C, H, W)."""
+def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = None) -> nx.DiGraph:
+    """Build the op graph of ``model`` for inputs of ``input_shape`` (N, C, H, W), trained under
+    ``autocast`` ("DEVICE:DTYPE", e.g. "cuda:float16") or without."""
     if not isinstance(model, nn.Module):
         raise UnsupportedLayerError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
     shape = check_input_shape(input_shape)
     program = _export(model, shape)
+    autocast_dtypes = _autocast_dtypes(program, shape, autocast) if autocast else {}
     signature = program.graph_signature
     state = dict(model.state_dict(keep_vars=True))
     tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
@@ -237,11 +268,15 @@ def trace(model: nn.Module, input_shape: Sequence[int]) -> nx.DiGraph:
         args = [_arg(value, names, tensors, keyword) for value, keyword in _schema_args(fx_node)]
         inputs = [a.value for a in args if a.kind == "node"] + [v for a in args if a.kind == "nodes" for v in a.value]
         path, module_type = _module(fx_node)
-        out_shape = _shape(fx_node.meta.get("val"))
+        value = fx_node.meta.get("val")
+        out_shape = _shape(value)
+        lowered = autocast_dtypes.get(fx_node.name)
+        if lowered == str(getattr(value, "dtype", "")).removeprefix("torch."):
+            lowered = None
         node = NodeSpec(
             name=fx_node.name, op=op, target=_target(functional or fx_node.target), path=path,
             module_type=module_type, args=tuple(args), inputs=tuple(dict.fromkeys(inputs)), shape=out_shape,
-            spatial=_layout(op, args, inputs, out_shape, context), tileable=False,
+            spatial=_layout(op, args, inputs, out_shape, context), tileable=False, autocast_dtype=lowered,
         )
         if mutated is not None and functional is not None:
             source = names[mutated.name]
@@ -266,7 +301,7 @@ def trace(model: nn.Module, input_shape: Sequence[int]) -> nx.DiGraph:
     order = _live(graph, order, outputs)
     if any(not isinstance(name, str) or name not in context.nodes and name != INPUT for name in outputs):
         raise UnsupportedLayerError("the model returns something other than tensors computed from its input")
-    graph.graph.update(order=tuple(order), tensors=tensor_specs,
+    graph.graph.update(order=tuple(order), tensors=tensor_specs, autocast=autocast,
                        output=_output_tree(program.call_spec.out_spec, list(outputs)))
     return graph
 

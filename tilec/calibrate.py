@@ -1,0 +1,175 @@
+"""``calibrate``: measure, once per machine, what tile convolutions allocate beyond their tensors.
+
+Which convolution kernel torch picks depends on the device, the dtype and the build: on a CPU
+without bfloat16 instructions, a bfloat16 convolution falls back to an im2col kernel whose backward
+takes a buffer of the input times the kernel's taps; oneDNN's float32 channels-last kernels take
+none. So the cost model does not hard-code it: a graph traced for autocast (``tilec.trace``) gets
+``graph.graph["conv_workspace"] = (tile, stored)``, each ``(forward, backward)``: the bytes a
+convolution with a kernel larger than 1x1 allocates beyond its output (forward) and its input and
+weight gradients (backward), in multiples of its input's bytes times its kernel taps; ``tile`` for
+channels-last inputs (as tiles compute), ``stored`` for contiguous ones (stored segments). Measured
+on a small convolution of the autocast device and dtype (on CPU as resident memory, as the
+benchmarks measure: kernels may allocate outside torch's allocator, e.g. float32 buffers of an
+emulated bfloat16 matrix product; with glibc's mmap threshold pinned as ``TiledModel`` pins it),
+rounded to 1/4, and cached in ``$XDG_CACHE_HOME/tilec/calibration.json`` (default ``~/.cache``),
+keyed by torch version, device and dtype; delete the file to measure again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import networkx as nx
+import torch
+
+#: The measured convolution: channels in and out, input height and width, kernel size.
+CHANNELS, SIDE, KERNEL = 16, 256, 3
+#: glibc's mallopt parameter M_MMAP_THRESHOLD and the value the generated module pins it to.
+_M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
+
+
+def calibrate(graph: nx.DiGraph) -> nx.DiGraph:
+    """``graph`` with ``conv_workspace`` for its autocast device and dtype (none without autocast)."""
+    autocast = graph.graph.get("autocast")
+    if not autocast:
+        return graph
+    device, dtype = autocast.split(":")
+    calibrated = graph.copy()
+    calibrated.graph["conv_workspace"] = _cached(device, dtype)
+    return calibrated
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tilec" / "calibration.json"
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"{platform.machine()} {_cpu_model()} {torch.backends.cpu.get_cpu_capability()}"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _cached(device: str, dtype: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    key = f"torch {torch.__version__} | {_device_name(device)} | {dtype}"
+    path = cache_path()
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        entries = {}
+    entry = entries.get(key) if isinstance(entries, dict) else None
+    try:
+        (tile_forward, tile_backward), (stored_forward, stored_backward) = entry
+        return (float(tile_forward), float(tile_backward)), (float(stored_forward), float(stored_backward))
+    except (TypeError, ValueError):
+        pass  # absent or malformed: measure
+    measured = tuple(conv_workspace(device, getattr(torch, dtype), last) for last in (True, False))
+    entries = {**(entries if isinstance(entries, dict) else {}), key: [list(pair) for pair in measured]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        partial.replace(path)
+    except OSError:
+        pass  # an unwritable cache only means measuring again next time
+    return measured
+
+
+def conv_workspace(device: str, dtype: torch.dtype, channels_last: bool) -> tuple[float, float]:
+    """Measure ``(forward, backward)`` workspace of a convolution (module docstring)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def tensor(*shape, last=False):
+        t = torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+        return t.contiguous(memory_format=torch.channels_last) if last else t
+
+    x = tensor(1, CHANNELS, SIDE, SIDE, last=channels_last).requires_grad_()
+    w = tensor(CHANNELS, CHANNELS, KERNEL, KERNEL).requires_grad_()
+    g = tensor(1, CHANNELS, SIDE, SIDE, last=channels_last)
+
+    def forward():
+        return torch.nn.functional.conv2d(x, w, padding=KERNEL // 2)
+
+    def backward(y):
+        torch.autograd.grad(y, (x, w), g)
+
+    backward(forward())  # first calls pick and cache kernels
+    y = forward()
+    forward_peak = _peak(device, forward)
+    backward_peak = _peak(device, lambda: backward(y))
+    unit = x.numel() * x.element_size() * KERNEL * KERNEL
+    inputs, weights = x.numel() * x.element_size(), w.numel() * w.element_size()
+    return (_quarters((forward_peak - inputs) / unit), _quarters((backward_peak - inputs - weights) / unit))
+
+
+def _quarters(value: float) -> float:
+    return max(0.0, round(value * 4) / 4)
+
+
+def _peak(device: str, step) -> int:
+    """Peak bytes allocated by ``step`` beyond what was allocated before it."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    resident = _resident_peak(step)
+    return resident if resident is not None else _allocated_peak(step)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+
+
+def _resident_peak(step) -> int | None:
+    """Growth of resident memory during ``step`` (Linux with glibc), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        if ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) != 1:
+            return None
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")  # resets the high-water mark VmHWM to the current VmRSS
+        before = _status("VmRSS")
+        if _status("VmHWM") > before + (1 << 20):
+            return None
+    except (OSError, AttributeError, StopIteration):
+        return None
+    step()
+    return _status("VmHWM") - before
+
+
+def _allocated_peak(step) -> int:
+    """Peak bytes torch's CPU allocator hands out during ``step`` (from the profiler's events)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        node = pending.pop()
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        pending.extend(node.children)
+    alive = peak = 0
+    for _, size in sorted(events):
+        alive += size
+        peak = max(peak, alive)
+    return peak
