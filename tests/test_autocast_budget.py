@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from zoo import SHAPES, ZOO
 import tilec.calibrate as calibration
 from tilec.calibrate import calibrate
 from tilec.cli import main
-from tilec.pipeline import plan_for
+from tilec.pipeline import build, plan_for
 from tilec.trace import trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,3 +123,18 @@ def test_autocast_budget_plan_holds_its_budget_under_autocast(tmp_path):
     assert measured <= budget, f"measured {measured / MiB:.1f} MiB over the {budget / MiB:.0f} MiB budget"
     # covered, not within +-15%: on CPUs without bfloat16 kernels the prediction runs 0.74-0.89x high
     assert measured <= 1.15 * predicted, f"measured {measured / MiB:.1f} MiB, predicted {predicted / MiB:.1f} MiB"
+
+
+def test_an_autocast_plan_warns_when_the_step_runs_without_autocast(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = ZOO["resnet_head"]()
+    tiled = build(model, SHAPES["resnet_head"], (2, 2), autocast="cpu:bfloat16")
+    x = torch.randn(SHAPES["resnet_head"])
+    with pytest.warns(UserWarning, match=r"budgets the step under torch.autocast\('cpu', dtype=torch.bfloat16\)"):
+        tiled(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            tiled(x)
+        with torch.no_grad():
+            tiled(x)

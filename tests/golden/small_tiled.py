@@ -18,6 +18,7 @@ import ctypes
 import functools
 import hashlib
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,8 @@ MODEL_DIGEST = '823481bfb0c459c3ef3ac80ed45e208ed4e363adcd3b7f04dc52c79b6c46b6a9
 INPUT_SHAPE = (1, 3, 13, 11)
 # Ranks of the process group the plan shares its tiles among (compile --ranks), or None: any.
 PLAN_RANKS = None
+# DEVICE:DTYPE of the torch.autocast the plan budgets the step under (compile --autocast), or None.
+PLAN_AUTOCAST = None
 
 # Every parameter and buffer the model computes with: (state_dict name, shape, is buffer).
 TENSORS = (
@@ -137,6 +140,18 @@ def check_input(x, tensors):
                 f"input is {x.dtype} on {x.device} but the model's tensors are {tensor.dtype} on "
                 f"{tensor.device}; move one to match the other"
             )
+
+
+def check_autocast(x):
+    """Warn when a plan budgeted for autocast trains without it: its activations then take up to
+    twice the bytes the plan counts."""
+    if PLAN_AUTOCAST is None or not torch.is_grad_enabled():
+        return
+    device, dtype = PLAN_AUTOCAST.split(":")
+    if (x.device.type != device or not torch.is_autocast_enabled(device)
+            or torch.get_autocast_dtype(device) != getattr(torch, dtype)):
+        warnings.warn(f"plan {PLAN_NAME!r} budgets the step under torch.autocast({device!r}, dtype=torch.{dtype}) "
+                      f"(compile --autocast {PLAN_AUTOCAST}); without it the step may exceed the budget", stacklevel=3)
 
 
 def _agree(group, values, what):
@@ -866,6 +881,7 @@ class TiledModel(torch.nn.Module):
         check_modes(modules)
         tensors = model_tensors(self.model)
         check_input(x, tensors)
+        check_autocast(x)
         if self.return_freed_memory and x.device.type == "cpu":
             return_freed_memory()
         group = self.process_group
