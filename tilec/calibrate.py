@@ -77,13 +77,13 @@ def _cached(device: str, dtype: str) -> tuple[tuple[float, float], tuple[float, 
         pass  # absent or malformed: measure
     measured = tuple(conv_workspace(device, getattr(torch, dtype), last) for last in (True, False))
     entries = {**(entries if isinstance(entries, dict) else {}), key: [list(pair) for pair in measured]}
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         partial.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         partial.replace(path)
-    except OSError:
-        pass  # an unwritable cache only means measuring again next time
+    except OSError:  # an unwritable cache only means measuring again next time
+        partial.unlink(missing_ok=True)
     return measured
 
 

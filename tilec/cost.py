@@ -380,7 +380,7 @@ class _Forward:
                 else:
                     run.event({base + KINDS * position + PADDED: e.workspace[position][2]})
                 if autograd and e.grad[position]:
-                    self.saved[position] = self._saves(op, position, inputs, copied is not None, base)
+                    self.saved[position] = self._saves(op, position, inputs, copied, base)
                 run.drop(copied)
             for dying in e.dies_at[position]:
                 if dying >= first:
@@ -390,9 +390,14 @@ class _Forward:
                     run.drop(self.value[source])
             self.marks.append(run.mark(autograd))
 
-    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copies: bool, base: int) -> list:
+    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copied: int | None, base: int) -> list:
         """Hold and return the storages autograd keeps for the node's backward (``None``: a tensor
-        of another segment); ``copies``: a border tile may feed the op a padded copy."""
+        of another segment); ``copied``: the padded copy a border tile may feed the op.
+
+        The op keeps the copy where a tile makes one and its input elsewhere. If an earlier op
+        keeps that input for its own backward (a ReLU its output), it stays alive either way and
+        the copy comes on top; else the input is kept and the copy's excess over it (``EXCESS``).
+        """
         if op in SAVES_NOTHING:
             return []
         if op in SAVES_OUTPUT:
@@ -403,8 +408,12 @@ class _Forward:
             kept = [self.value.get(inputs[0]) if inputs else None]
         for storage in kept:
             self.run.hold(storage)
-        if copies and op not in SAVES_OUTPUT:
-            kept.append(self.run.new(base + KINDS * position + EXCESS))
+        if copied is not None and op not in SAVES_OUTPUT:
+            if any(kept[0] in storages for storages in self.saved.values()):
+                self.run.hold(copied)
+                kept.append(copied)
+            else:
+                kept.append(self.run.new(base + KINDS * position + EXCESS))
         if op == "max_pool2d":
             kept.append(self.run.new(base + KINDS * position + INDEX))
         return kept

@@ -29,6 +29,8 @@ from tilec.errors import ShapeError, UnsupportedLayerError
 from tilec.ir import INPUT, Arg, NodeSpec, OutputTree, Shape, TensorSpec
 from tilec.ops import KINDS, Context, is_image, tile_check
 
+#: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
+FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
 #: Ops whose result aliases their input: an in-place op on one would write through to another tensor.
 VIEWS = frozenset({"view", "reshape", "_unsafe_view", "permute", "transpose", "slice", "getitem", "chunk",
                    "split", "split_with_sizes", "alias", "expand", "squeeze", "unsqueeze", "select"})
@@ -91,8 +93,13 @@ def _autocast_dtypes(program: torch.export.ExportedProgram, shape: Shape, autoca
             return result
 
     model_dtype = next((t.dtype for t in module.parameters() if t.is_floating_point()), torch.float32)
-    with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast(device, dtype=getattr(torch, dtype)):
-        _Recorder(module).run(torch.empty(shape, dtype=model_dtype, device=device))
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast(device, dtype=getattr(torch, dtype)):
+            _Recorder(module).run(torch.empty(shape, dtype=model_dtype, device=device))
+    except Exception as error:  # noqa: BLE001 - the user's model under autocast
+        message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+        raise UnsupportedLayerError(f"--autocast {autocast}: the model does not run under torch.autocast: "
+                                    f"{type(error).__name__}: {message}") from None
     return found
 
 
@@ -271,7 +278,7 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         value = fx_node.meta.get("val")
         out_shape = _shape(value)
         lowered = autocast_dtypes.get(fx_node.name)
-        if lowered == str(getattr(value, "dtype", "")).removeprefix("torch."):
+        if lowered not in FLOATS or lowered == str(getattr(value, "dtype", "")).removeprefix("torch."):
             lowered = None
         node = NodeSpec(
             name=fx_node.name, op=op, target=_target(functional or fx_node.target), path=path,
