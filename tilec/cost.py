@@ -408,7 +408,7 @@ class _Forward:
             kept = [self.value.get(inputs[0]) if inputs else None]
         for storage in kept:
             self.run.hold(storage)
-        if copied is not None and op not in SAVES_OUTPUT:
+        if copied is not None:
             if any(kept[0] in storages for storages in self.saved.values()):
                 self.run.hold(copied)
                 kept.append(copied)
