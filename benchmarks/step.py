@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tilec.calibrate import calibrate  # noqa: E402
+from tilec.calibrate import calibrate, reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.codegen import render  # noqa: E402
 from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
@@ -106,41 +106,22 @@ def parse_segments(text: str) -> list[tuple[int, int, tuple[int, int]]]:
 # ------------------------------------------------------------------------------- measurement
 
 
-def _status(field: str) -> int:
-    """A ``kB`` field of /proc/self/status, in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_hwm() -> bool:
-    """Reset VmHWM to the current RSS; True if the kernel allowed it and it took effect."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        return False
-    return _status("VmHWM") <= _status("VmRSS") + (1 << 20)
-
-
 class _Sampler(threading.Thread):
     """Fallback when VmHWM cannot be reset: sample VmRSS every ``period`` seconds."""
 
     def __init__(self, period: float = 0.001):
         super().__init__(daemon=True)
-        self.period, self.peak, self.done = period, _status("VmRSS"), threading.Event()
+        self.period, self.peak, self.done = period, status_bytes("VmRSS"), threading.Event()
 
     def run(self):
         while not self.done.is_set():
-            self.peak = max(self.peak, _status("VmRSS"))
+            self.peak = max(self.peak, status_bytes("VmRSS"))
             time.sleep(self.period)
 
     def stop(self) -> int:
         self.done.set()
         self.join()
-        return max(self.peak, _status("VmRSS"))
+        return max(self.peak, status_bytes("VmRSS"))
 
 
 def _cpu_seconds() -> float:
@@ -174,14 +155,14 @@ class Meter:
             self.method = "cuda-allocated"
         else:
             self.sampler = None
-            if _reset_hwm():
+            if reset_high_water_mark():
                 self.method = "vmhwm-reset"
             else:
                 self.method = "rss-sampled"
                 self.sampler = _Sampler()
                 self.sampler.start()
-            self.baseline = _status("VmRSS")
-            self.file_baseline = _status("RssFile")
+            self.baseline = status_bytes("VmRSS")
+            self.file_baseline = status_bytes("RssFile")
         self.pressure = _cpu_pressure()
         self.cpu = _cpu_seconds()
         self.start = time.perf_counter()
@@ -194,8 +175,8 @@ class Meter:
             self.peak = torch.cuda.max_memory_allocated()
         else:
             self.seconds = time.perf_counter() - self.start
-            self.peak = self.sampler.stop() if self.sampler else _status("VmHWM")
-            self.file_growth = _status("RssFile") - self.file_baseline
+            self.peak = self.sampler.stop() if self.sampler else status_bytes("VmHWM")
+            self.file_growth = status_bytes("RssFile") - self.file_baseline
         self.cpu_seconds = _cpu_seconds() - self.cpu
         pressure = _cpu_pressure()
         self.stalled = None if pressure is None or self.pressure is None else \

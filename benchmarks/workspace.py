@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.pipeline import build  # noqa: E402
 
 LAYOUTS = ("tile", "channels-last", "NCHW")
@@ -38,18 +39,13 @@ LAYERS = ((16, 16, 256, 3), (64, 64, 128, 3), (64, 256, 128, 1), (256, 64, 128, 
           (3, 64, 256, 7), (512, 512, 32, 3), (1024, 2048, 16, 1))
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as lines:
-        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
-
-
 def _growth(fn) -> int:
     gc.collect()
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-    base = _status("VmRSS")
+    if not reset_high_water_mark():
+        raise SystemExit("workspace.py: cannot reset VmHWM (/proc/self/clear_refs): no peak to measure")
+    base = status_bytes("VmRSS")
     fn()
-    return _status("VmHWM") - base
+    return status_bytes("VmHWM") - base
 
 
 @functools.cache

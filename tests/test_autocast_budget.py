@@ -1,14 +1,11 @@
 """Budgets for mixed precision: ``trace(..., autocast="DEVICE:DTYPE")`` records the dtype autocast
 computes each op in, the cost model counts those bytes, ``tilec.calibrate`` measures (once,
-cached) the workspace of the device's convolutions in that dtype, and a budget plan compiled for
-autocast holds its budget when the step runs under autocast."""
+cached) the workspace of the device's convolutions in that dtype. That a budget plan compiled for
+autocast holds its budget under autocast is measured in ``tests/test_memory.py``."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +22,6 @@ from tilec.pipeline import build, plan_for
 from tilec.trace import trace
 
 ROOT = Path(__file__).resolve().parents[1]
-MiB = 2**20
 
 
 @pytest.mark.parametrize("name", ["resnet_head", "convnext", "efficientnet", "unet_bilinear"])
@@ -103,26 +99,6 @@ def test_cli_refuses_a_bad_autocast(tmp_path, flag, words):
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures /proc/self resident memory")
-def test_autocast_budget_plan_holds_its_budget_under_autocast(tmp_path):
-    budget = 48 * MiB
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_"))}
-    env["XDG_CACHE_HOME"] = str(tmp_path)
-    argv = [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--model", "examples/vgg16.py", "--attr",
-            "vgg16_quarter", "--size", "512", "--variant", "auto", "--budget", str(budget), "--repeats", "2",
-            "--autocast", "bfloat16"]
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    record = json.loads(proc.stdout.strip().splitlines()[-1])
-    if record["memory_method"] != "vmhwm-reset":
-        pytest.skip("VmHWM cannot be reset here: only a sampled lower bound of the peak")
-    measured, predicted = record["last_peak_bytes"], record["predicted_peak_bytes"]
-    assert predicted <= 0.9 * budget
-    assert measured <= budget, f"measured {measured / MiB:.1f} MiB over the {budget / MiB:.0f} MiB budget"
-    # covered, not within +-15%: on CPUs without bfloat16 kernels the prediction runs 0.74-0.89x high
-    assert measured <= 1.15 * predicted, f"measured {measured / MiB:.1f} MiB, predicted {predicted / MiB:.1f} MiB"
 
 
 def test_an_autocast_plan_warns_when_the_step_runs_without_autocast(tmp_path, monkeypatch):

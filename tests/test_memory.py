@@ -3,8 +3,8 @@ resident memory a training step of the generated module takes, measured in a fre
 no allocator variables set (glibc's malloc as configured; the module pins its mmap threshold).
 
 The measurement is the benchmarks' own (``benchmarks/step.py``): VGG16's layout at a quarter of
-its widths, 1024², a 48 MiB budget; two steps, the first of which creates the kernels of every
-tile shape and pages in library code; the second is checked.
+its widths, 1024², a 48 MiB budget (and 512² under CPU bfloat16 autocast); two steps, the first
+of which creates the kernels of every tile shape and pages in library code; the second is checked.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures /proc/self resident memory")
-def test_budget_plan_covers_the_measured_peak_in_the_default_environment():
-    budget = 48 * MiB
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_"))}
+def _measured_budget_step(budget: int, *args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, int]:
+    """Run ``benchmarks/step.py --variant auto --budget BUDGET --repeats 2 ARGS`` on VGG16's layout at
+    a quarter of its widths in a fresh process with the default environment (plus ``env``);
+    return the later step's measured peak and the plan's prediction, checked against the budget."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_"))}
     argv = [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--model", "examples/vgg16.py", "--attr",
-            "vgg16_quarter", "--size", "1024", "--variant", "auto", "--budget", str(budget), "--repeats", "2"]
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+            "vgg16_quarter", "--variant", "auto", "--budget", str(budget), "--repeats", "2", *args]
+    proc = subprocess.run(argv, cwd=ROOT, env={**environment, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     if record["memory_method"] != "vmhwm-reset":
@@ -35,5 +37,21 @@ def test_budget_plan_covers_the_measured_peak_in_the_default_environment():
     measured, predicted = record["last_peak_bytes"], record["predicted_peak_bytes"]
     assert predicted <= 0.9 * budget
     assert measured <= budget, f"measured {measured / MiB:.1f} MiB over the {budget / MiB:.0f} MiB budget"
+    return measured, predicted
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures /proc/self resident memory")
+def test_budget_plan_covers_the_measured_peak_in_the_default_environment():
+    measured, predicted = _measured_budget_step(48 * MiB, "--size", "1024")
     assert abs(measured / predicted - 1) <= 0.15, (
         f"measured {measured / MiB:.1f} MiB, predicted {predicted / MiB:.1f} MiB")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures /proc/self resident memory")
+def test_autocast_budget_plan_holds_its_budget_under_autocast(tmp_path):
+    """A plan compiled for CPU bfloat16 autocast (its convolution workspace calibrated into a fresh
+    cache), run under that autocast."""
+    measured, predicted = _measured_budget_step(48 * MiB, "--size", "512", "--autocast", "bfloat16",
+                                                env={"XDG_CACHE_HOME": str(tmp_path)}, timeout=400)
+    # covered, not within +-15%: on CPUs without bfloat16 kernels the prediction runs 0.74-0.89x high
+    assert measured <= 1.15 * predicted, f"measured {measured / MiB:.1f} MiB, predicted {predicted / MiB:.1f} MiB"

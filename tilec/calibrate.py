@@ -131,9 +131,23 @@ def _peak(device: str, step) -> int:
     return resident if resident is not None else _allocated_peak(step)
 
 
-def _status(field: str) -> int:
+def status_bytes(field: str) -> int:
+    """A ``kB`` field of /proc/self/status (Linux), in bytes."""
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_high_water_mark() -> bool:
+    """Reset VmHWM to the current VmRSS (Linux); True if the kernel allowed it and it took effect."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return status_bytes("VmHWM") <= status_bytes("VmRSS") + (1 << 20)
+    except (OSError, RuntimeError):
+        return False
 
 
 def _resident_peak(step) -> int | None:
@@ -141,17 +155,14 @@ def _resident_peak(step) -> int | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        if ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) != 1:
-            return None
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")  # resets the high-water mark VmHWM to the current VmRSS
-        before = _status("VmRSS")
-        if _status("VmHWM") > before + (1 << 20):
-            return None
-    except (OSError, AttributeError, StopIteration):
+        pinned = ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+    except (OSError, AttributeError):
         return None
+    if not pinned or not reset_high_water_mark():
+        return None
+    before = status_bytes("VmRSS")
     step()
-    return _status("VmHWM") - before
+    return status_bytes("VmHWM") - before
 
 
 def _allocated_peak(step) -> int:

@@ -374,11 +374,11 @@ class _Forward:
                 if op not in CONVS:
                     run.event()
                 elif tiled:
-                    workspace = e.workspace[position][0]
+                    workspace = e.tile_workspace[position][0]
                     run.event({base + KINDS * position + PADDED: workspace} if workspace else None,
                               e.weight_copies[position])
                 else:
-                    run.event({base + KINDS * position + PADDED: e.workspace[position][2]})
+                    run.event({base + KINDS * position + PADDED: e.stored_workspace[position][0]})
                 if autograd and e.grad[position]:
                     self.saved[position] = self._saves(op, position, inputs, copied, base)
                 run.drop(copied)
@@ -455,9 +455,11 @@ class Estimator:
         #: none in tiles and CONV_*_WORKSPACE in stored segments.
         calibrated = bounds.graph.graph.get("conv_workspace")
         taps = [prod(shapes[n.args[1].value][2:]) if n.op == "conv2d" else 0 for n in order]
-        fitted = (0.0, 0.0, CONV_FORWARD_WORKSPACE, CONV_BACKWARD_WORKSPACE)
-        self.workspace = [tuple(t * v for v in (*calibrated[0], *calibrated[1])) if calibrated and t > 1 else fitted
-                          for t in taps]
+        fitted = ((0.0, 0.0), (CONV_FORWARD_WORKSPACE, CONV_BACKWARD_WORKSPACE))
+        workspaces = [tuple((forward * t, backward * t) for forward, backward in calibrated)
+                      if calibrated and t > 1 else fitted for t in taps]
+        self.tile_workspace = [tile for tile, _ in workspaces]
+        self.stored_workspace = [stored for _, stored in workspaces]
         self.backward_weight_copies = [w if gemm else c + WEIGHT_BACKWARD_EXTRA_COPIES * w if n.op in CONVS else 0
                                        for c, w, n, gemm in zip(self.weight_copies, self.weights, order, self.gemm,
                                                                 strict=True)]
@@ -643,11 +645,11 @@ class Estimator:
                     else:
                         grads[i] = run.new(size)
                 if op in CONVS and not tiled:
-                    transient[base + KINDS * p + PADDED] += self.workspace[p][3]
+                    transient[base + KINDS * p + PADDED] += self.stored_workspace[p][1]
                 if self.gemm[p] and tiled:  # the output gradient, padded to the padded input's size
                     transient[base + KINDS * p + PADDED] += self.channel_ratio[p]
-                elif tiled and self.workspace[p][1]:
-                    transient[base + KINDS * p + PADDED] += self.workspace[p][1]
+                elif tiled and self.tile_workspace[p][1]:
+                    transient[base + KINDS * p + PADDED] += self.tile_workspace[p][1]
                 if op in CHANNELS_LAST_BACKWARD_COPY and tiled and self.grad[self.inputs[p][0]]:
                     source = self.inputs[p][0]
                     copy = ahead.slices.index(source) if source < first else base + KINDS * source + OUT

@@ -56,22 +56,29 @@ def _quiet_torch_logs():
         logger.setLevel(level)
 
 
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model computes in: its first floating parameter's (float32 without one)."""
+    return next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+
+
+def _described(error: Exception) -> str:
+    """``Type: first line of the message``, whitespace collapsed (for one-line refusals)."""
+    message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+    return f"{type(error).__name__}: {message}"
+
+
 def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        example = torch.empty(shape, dtype=dtype)
+        example = torch.empty(shape, dtype=_model_dtype(model))
     try:
         with _quiet_torch_logs():
             return torch.export.export(model, (example,), strict=False)
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
-        message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
-        raise ShapeError(f"the model does not run on input shape {shape}: {type(error).__name__}: {message}") from None
+        raise ShapeError(f"the model does not run on input shape {shape}: {_described(error)}") from None
     except Exception as error:  # noqa: BLE001 - any other capture failure is the user's model too
-        message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
-        raise UnsupportedLayerError(f"torch.export could not capture the model: {type(error).__name__}: "
-                                    f"{message}") from None
+        raise UnsupportedLayerError(f"torch.export could not capture the model: {_described(error)}") from None
 
 
 def _autocast_dtypes(program: torch.export.ExportedProgram, shape: Shape, autocast: str) -> dict[str, str]:
@@ -92,14 +99,12 @@ def _autocast_dtypes(program: torch.export.ExportedProgram, shape: Shape, autoca
                 found[node.name] = str(result.dtype).removeprefix("torch.")
             return result
 
-    model_dtype = next((t.dtype for t in module.parameters() if t.is_floating_point()), torch.float32)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast(device, dtype=getattr(torch, dtype)):
-            _Recorder(module).run(torch.empty(shape, dtype=model_dtype, device=device))
+            _Recorder(module).run(torch.empty(shape, dtype=_model_dtype(module), device=device))
     except Exception as error:  # noqa: BLE001 - the user's model under autocast
-        message = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
         raise UnsupportedLayerError(f"--autocast {autocast}: the model does not run under torch.autocast: "
-                                    f"{type(error).__name__}: {message}") from None
+                                    f"{_described(error)}") from None
     return found
 
 
