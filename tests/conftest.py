@@ -13,16 +13,18 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def poisoned_empty(monkeypatch):
-    """Fill tensors from ``torch.empty_like`` / ``Tensor.new_empty`` with NaN (floating dtypes).
+    """Fill tensors from ``torch.empty``, ``torch.empty_like`` and ``Tensor.new_empty`` with NaN
+    (floating dtypes).
 
-    The generated code allocates each tiled segment's outputs with ``new_empty`` and relies on
+    The generated code allocates each tiled segment's outputs with ``torch.empty`` and relies on
     its tiles' owned parts covering every element; fresh pages are zero, which would hide a region
     no tile writes. NaN makes the exactness checks fail there instead.
     """
-    empty_like, new_empty = torch.empty_like, torch.Tensor.new_empty
+    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
 
     def poison(tensor):
         return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
 
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda *a, **k: poison(new_empty(*a, **k)))

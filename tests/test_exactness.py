@@ -417,3 +417,40 @@ def test_uninitialised_memory_is_poisoned():
     until a tile writes it."""
     assert torch.isnan(torch.zeros(2).new_empty((3, 4))).all()
     assert torch.isnan(torch.empty_like(torch.zeros(5, dtype=torch.float64))).all()
+
+
+# --- activations computed in place --------------------------------------------------------------
+
+
+class _InPlaceCases(nn.Module):
+    """Each activation's input is, in turn: a convolution's result read by it alone (in place), a
+    ReLU's result (it keeps it for its backward: not in place), a result two ops read, a model
+    output, and a leaky ReLU's input with a negative slope (not in place)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Conv2d(4, 4, 3, padding=1) for _ in range(4))
+        self.norm = nn.BatchNorm2d(4).eval()
+
+    def forward(self, x):
+        x = F.relu(self.a(x))                       # in place
+        x = F.relu(F.relu6(x))                      # relu6 of a ReLU's result: out of place
+        y = self.b(x)
+        x = F.relu(y) + F.leaky_relu(y, 0.1)        # y read twice: out of place
+        z = self.norm(self.c(x))
+        x = F.leaky_relu(z, -0.2)                   # negative slope: out of place
+        w = self.d(x)
+        return F.hardtanh(w, -1.0, 1.0), w          # w is a model output: out of place
+
+
+def test_activations_in_place_only_where_nothing_else_needs_the_input():
+    from tilec.codegen import render
+
+    plan = plan_for(trace(_InPlaceCases(), (1, 4, 19, 23)), "cases", grid=(3, 2))
+    source = render(plan)
+    functions = source.count("\ndef _s0_")
+    assert functions == 6  # 3 row classes (top, inner, bottom) x 2 column classes
+    assert source.count("aten.relu_.default(v_conv2d)") == functions
+    for kept in ("aten.relu_.default(v_relu", "aten.leaky_relu_", "aten.hardtanh_"):
+        assert kept not in source
+    check_exact(_InPlaceCases(), (1, 4, 19, 23), grid=(3, 2))

@@ -14,6 +14,7 @@ under autograd; see ``templates/module.py.j2``).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,7 +25,8 @@ from tilec import __version__
 from tilec.cost import GEMM_MIN_CHANNELS, axis_weights
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
-from tilec.ops import Context, const, plan_context, window_args
+from tilec.ops import IN_PLACE, Context, const, overwrites_input, plan_context, reader_counts, window_args
+from tilec.planner import output_leaves
 from tilec.regions import Interval
 
 #: Arguments that switch a module between training and eval behaviour: (op, argument index).
@@ -55,7 +57,7 @@ class SegmentView:
     tensors: list[int]
     sliced: list[tuple[str, tuple[int, int]]]
     broadcast: list[str]
-    outputs: list[tuple[str, str, tuple[int, int]]]
+    outputs: list[tuple[str, str, tuple[int, int], bool]]
     rows: str
     cols: str
     costs: str
@@ -73,7 +75,7 @@ class SegmentView:
 
     @property
     def output_vars(self) -> list[str]:
-        return [var(name) for name, _, _ in self.outputs]
+        return [var(name) for name, *_ in self.outputs]
 
 
 def var(name: str) -> str:
@@ -115,8 +117,9 @@ def _local(read: Interval, base: Interval) -> tuple[int, int] | None:
 class _TileEmitter:
     """Statements of one shape class of a tiled segment."""
 
-    def __init__(self, context: Context, slots: dict[str, int], constants: _Constants):
-        self.context, self.slots, self.constants = context, slots, constants
+    def __init__(self, context: Context, slots: dict[str, int], constants: _Constants,
+                 overwrite: frozenset[str] = frozenset()):
+        self.context, self.slots, self.constants, self.overwrite = context, slots, constants, overwrite
 
     def tensor(self, name: str) -> str:
         return f"p[{self.slots[name]}]"
@@ -175,7 +178,8 @@ class _TileEmitter:
             shape = list(node.shape)
             shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
             return self.call(node, [reads[node.inputs[0]], repr(shape)])
-        return self.call(node, [self.arg(a, reads) for a in node.args])
+        target = IN_PLACE[node.op] if node.name in self.overwrite else None
+        return self.call(node, [self.arg(a, reads) for a in node.args], target)
 
     def _padded(self, source: str, pads, value: str, native_limit=None) -> tuple[str, tuple[int, int]]:
         """Apply asymmetric padding explicitly; return the padding left for the op itself."""
@@ -320,9 +324,23 @@ def _table(tiles: tuple[AxisTile, ...]) -> str:
     return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
 
 
+def _overwriting(segment: Segment, context: Context, order: list[str], readers: Counter,
+                 model_outputs: set[str]) -> frozenset[str]:
+    """The nodes of a tiled segment its tiles compute in place (``tilec.ops.overwrites_input``)."""
+    inside = set(order[segment.first:segment.stop])
+    chosen = set()
+    for name in order[segment.first:segment.stop]:
+        node = context.nodes[name]
+        source = node.inputs[0] if node.inputs else None
+        producer = context.nodes[source] if source in inside else None
+        if overwrites_input(node, producer, readers[source], source in model_outputs):
+            chosen.add(name)
+    return frozenset(chosen)
+
+
 def _tile_function(plan: Plan, segment: Segment, context: Context, slots: dict[str, int], constants: _Constants,
-                   rows: AxisTile, cols: AxisTile) -> TileFunction:
-    emitter = _TileEmitter(context, slots, constants)
+                   overwrite: frozenset[str], rows: AxisTile, cols: AxisTile) -> TileFunction:
+    emitter = _TileEmitter(context, slots, constants, overwrite)
     sliced = [i.name for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     region = {name: (r, c) for name, r, c in zip(sliced, rows.inputs, cols.inputs, strict=True)}
@@ -376,19 +394,39 @@ def _slots(segment: Segment, context: Context, order: list[str], all_tensors: li
     return [all_tensors.index(name) for name in used]
 
 
+@dataclass(frozen=True)
+class _Uses:
+    """Who reads each tensor: how many nodes (``readers``), whether the model returns it, and the
+    4-D tensors that only tiled segments read (allocated channels-last)."""
+
+    readers: Counter
+    model_outputs: frozenset[str]
+    channels_last: frozenset[str]
+
+    @classmethod
+    def of(cls, plan: Plan, context: Context, order: list[str]) -> _Uses:
+        outputs = frozenset(output_leaves(plan.model.output))
+        mode = {name: s.mode for s in plan.segments for name in order[s.first:s.stop]}
+        stored_reads = {i for name, m in mode.items() if m == "stored" for i in context.nodes[name].inputs}
+        channels_last = frozenset(name for name in order if len(context.shape(name)) == 4
+                                  and name not in outputs and name not in stored_reads)
+        return cls(reader_counts(plan.model.nodes), outputs, channels_last)
+
+
 def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[str], all_tensors: list[str],
-                  constants: _Constants) -> SegmentView:
+                  constants: _Constants, uses: _Uses) -> SegmentView:
     tensors = _slots(segment, context, order, all_tensors)
     slots = {all_tensors[index]: local for local, index in enumerate(tensors)}
     sliced = [(i.name, context.spatial(i.name)) for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
-    outputs = [(name, _shape_literal(context.shape(name)), context.spatial(name) or (0, 0))
-               for name in segment.outputs]
+    outputs = [(name, _shape_literal(context.shape(name)), context.spatial(name) or (0, 0),
+                name in uses.channels_last) for name in segment.outputs]
     functions, costs = [], ""
     if segment.mode == "tiled":
+        overwrite = _overwriting(segment, context, order, uses.readers, uses.model_outputs)
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
-                functions.append(_tile_function(plan, segment, context, slots, constants, rows, cols))
+                functions.append(_tile_function(plan, segment, context, slots, constants, overwrite, rows, cols))
         members = [context.nodes[name] for name in order[segment.first:segment.stop]]
         costs = repr((tuple(axis_weights(context, members, segment.rows, 0)),
                       tuple(axis_weights(context, members, segment.cols, 1))))
@@ -431,7 +469,8 @@ def render(plan: Plan) -> str:
     order = [n.name for n in plan.model.nodes]
     all_tensors = [t.name for t in plan.model.tensors]
     constants = _Constants()
-    views = [_segment_view(plan, segment, context, order, all_tensors, constants) for segment in plan.segments]
+    uses = _Uses.of(plan, context, order)
+    views = [_segment_view(plan, segment, context, order, all_tensors, constants, uses) for segment in plan.segments]
     tiled_nodes = [context.nodes[name] for s in plan.segments if s.mode == "tiled"
                    for name in order[s.first:s.stop]]
     eval_only = tuple(sorted({n.path for n in tiled_nodes if n.op in TRAINING_FLAGS}))

@@ -21,8 +21,8 @@ through autograd) also keeps what autograd saves for its backward.
 
 Working sets are simulated op by op on the tensors alive (``_simulate``). A tiled segment's
 forward runs each tile without autograd, on a channels-last copy of its slice of each sliced
-input (freed after its last reader): a fresh tensor per op (views and identity copies are
-free), a padded copy where a border tile pads asymmetrically, intermediates freed after their
+input (freed after its last reader): a fresh tensor per op (views, identity copies and the
+activations a tile computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy where a border tile pads asymmetrically, intermediates freed after their
 last use. Its backward re-runs each tile under autograd, each op keeping what its backward reads
 (``SAVES_*``), then back-propagates the tile: gradients of the tile's tensors, and of its slice
 of each sliced input. A stored segment runs the same ops untiled. Convolutions take a kernel
@@ -43,7 +43,7 @@ from math import prod
 import numpy as np
 
 from tilec.ir import INPUT, AxisTile, NodeSpec
-from tilec.ops import Context, const, window_args
+from tilec.ops import Context, const, overwrites_input, reader_counts, window_args
 from tilec.planner import Boundaries, model_outputs
 from tilec.trace import VIEWS as ALIASING
 
@@ -365,9 +365,12 @@ class _Forward:
             last_reader[source] = max(p for p in range(first, end) if source in e.inputs[p])
         for position in range(first, end):
             op, inputs = e.op[position], e.inputs[position]
-            if op in VIEWS:
+            in_place = tiled and e.overwrites[position] and inputs[0] >= first
+            if op in VIEWS or in_place:
                 self.value[position] = self.value.get(inputs[0]) if inputs else None
                 run.hold(self.value[position])
+                if in_place and autograd and e.grad[position]:
+                    self.saved[position] = self._saves(op, position, inputs, None, base)
             else:
                 copied = run.new(base + KINDS * position + COPY) if tiled and op in PADDED_COPY else None
                 self.value[position] = run.new(base + KINDS * position + OUT)
@@ -476,6 +479,11 @@ class Estimator:
                      **{n.name: prod(context.shape(n.name)) * size
                         for n, size in zip(order, self.computes, strict=True)}}
         self.outputs = [name for name in dict.fromkeys(model_outputs(bounds.graph)) if name != INPUT]
+        #: Per node, whether a tile computes it in place on its first input when that input's
+        #: producer is in the same segment (``tilec.ops.overwrites_input``).
+        readers = reader_counts(order)
+        self.overwrites = [bool(n.inputs) and n.inputs[0] in context.nodes and overwrites_input(
+            n, context.nodes[n.inputs[0]], readers[n.inputs[0]], n.inputs[0] in self.outputs) for n in order]
         rates = [flops_per_output(n, shapes, prod(context.shape(n.inputs[0])) if n.inputs else 0) for n in order]
         self.flops = np.array([rate * prod(n.shape) for rate, n in zip(rates, order, strict=True)])
         self.backward_flops = np.array([backward_factor(n) for n in order]) * self.flops

@@ -18,7 +18,8 @@ they and everything computed only from their results run untiled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tilec.errors import UnsupportedLayerError
@@ -266,6 +267,34 @@ NONLOCAL = frozenset({
     "dropout", "feature_dropout", "alpha_dropout", "layer_norm", "std", "var", "norm", "softmax", "_softmax",
     "log_softmax", "transpose", "permute",
 })
+
+
+#: Per-pixel ops a tile runs in place (op -> aten overload): their backward reads their result,
+#: as it does out of place (leaky ReLU only with a non-negative slope).
+IN_PLACE = {"relu": "aten.relu_.default", "leaky_relu": "aten.leaky_relu_.default",
+            "hardtanh": "aten.hardtanh_.default"}
+#: Ops whose result is a fresh tensor that their backward does not read: overwriting it in place
+#: is invisible to autograd (convolutions keep their input, eval BatchNorm its input and
+#: statistics, max-pooling its input and indices).
+FRESH_RESULT = frozenset({"conv2d", "conv_transpose2d", "batch_norm", "_native_batch_norm_legit_no_training",
+                          "add", "sub", "max_pool2d", "avg_pool2d"})
+
+
+def reader_counts(nodes: Iterable[NodeSpec]) -> Counter:
+    """Per tensor name, how many nodes read it."""
+    return Counter(name for node in nodes for name in dict.fromkeys(node.inputs))
+
+
+def overwrites_input(node: NodeSpec, producer: NodeSpec | None, readers: int, model_output: bool) -> bool:
+    """Whether a tile computes ``node`` in place on its first input, the result of ``producer``
+    (``None``: a tensor from outside the tile): ``node`` is in ``IN_PLACE``, ``producer`` in
+    ``FRESH_RESULT``, and nothing else reads the input (``readers``), which is no model output.
+    Saves an allocation per activation in both tile passes; the values are the same."""
+    if node.op not in IN_PLACE or producer is None or producer.op not in FRESH_RESULT:
+        return False
+    if node.op == "leaky_relu" and const(node, 1, 0.01) < 0:
+        return False
+    return readers == 1 and not model_output
 
 
 def _fail(node: NodeSpec, why: str):

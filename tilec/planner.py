@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import networkx as nx
 
 from tilec.errors import GridError
-from tilec.ir import INPUT, AxisStep, AxisTile, ModelFingerprint, NodeSpec, Plan, Read, Segment, SegmentInput
+from tilec.ir import INPUT, AxisStep, AxisTile, ModelFingerprint, NodeSpec, OutputTree, Plan, Read, Segment, SegmentInput
 from tilec.ops import KINDS, RULES, Context, is_image
 from tilec.regions import Interval, split
 from tilec.trace import nodes_in_order
@@ -45,7 +45,12 @@ def fingerprint(graph: nx.DiGraph) -> ModelFingerprint:
 
 
 def model_outputs(graph: nx.DiGraph) -> list[str]:
-    leaves, stack = [], [graph.graph["output"]]
+    return output_leaves(graph.graph["output"])
+
+
+def output_leaves(tree: OutputTree) -> list[str]:
+    """The node names of an output tree's tensors, in order (with repeats)."""
+    leaves, stack = [], [tree]
     while stack:
         tree = stack.pop()
         if tree.kind == "tensor":

@@ -300,9 +300,12 @@ def _weight_grad(g, x, kernel, dilation):
     b * dilation when ``g`` is padded with zeros to the input's height and width: each tap is one
     contiguous slice of ``x``'s rows, and the padding rows contribute nothing."""
     n, channels, height, width = x.shape
-    out = g.shape[1]
-    rows = aten.constant_pad_nd.default(g.permute(0, 2, 3, 1), (0, 0, 0, width - g.shape[3], 0, height - g.shape[2]), 0.0)
-    rows = rows.reshape(-1, out)
+    out, g_height, g_width = g.shape[1:]
+    rows = g.new_empty((n, height, width, out))  # zeroing only the padding, not all of it
+    rows[:, g_height:].zero_()
+    rows[:, :g_height, g_width:].zero_()
+    rows[:, :g_height, :g_width].copy_(g.permute(0, 2, 3, 1))
+    rows = rows.view(-1, out)
     pixels = x.permute(0, 2, 3, 1).reshape(-1, channels)
     (kh, kw), (dh, dw) = kernel, dilation
     length = rows.shape[0] - (kh - 1) * dh * width - (kw - 1) * dw
@@ -468,8 +471,15 @@ _grad_channels_last = _GradChannelsLast.apply
 
 
 def _outputs(segment, parts, zeros):
-    """The segment's full outputs, in the dtypes its tiles compute them in (autocast decides)."""
-    return [(part.new_zeros if zeros else part.new_empty)(shape) for part, (shape, _) in zip(parts, segment.outputs)]
+    """The segment's full outputs, in the dtypes its tiles compute them in (autocast decides).
+    Channels-last where only tiled segments read them: tiles then copy their parts in and their
+    slices out without transposing (5-15x faster on CPU), and so do the gradients."""
+    outs = []
+    for part, (shape, _, channels_last) in zip(parts, segment.outputs):
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty(shape, dtype=part.dtype, device=part.device, memory_format=layout)
+        outs.append(out.zero_() if zeros else out)
+    return outs
 
 
 class _Tiled(torch.autograd.Function):
@@ -487,7 +497,7 @@ class _Tiled(torch.autograd.Function):
             parts = kernel(_channels_last(_slices(segment, xs, row_in, col_in)), bs, p)
             if outs is None:
                 outs = _outputs(segment, parts, zeros=group is not None)
-            for out, (_, spatial), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
+            for out, (_, spatial, _), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
                 _narrow(out, spatial, r, c).copy_(part)
             _report(progress, f"{segment.label} forward", done + 1, total)
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
@@ -518,7 +528,7 @@ class _Tiled(torch.autograd.Function):
                 parts = [_grad_channels_last(part) if part.requires_grad else part
                          for part in kernel(_channels_last(tile), bs, p)]
             pairs = [(part, _narrow(g, spatial, r, c))
-                     for part, g, (_, spatial), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
+                     for part, g, (_, spatial, _), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
                      if part.requires_grad]
             wanted = [t for t in (*tile, *leaves) if t.requires_grad]
             if pairs and wanted:
@@ -558,10 +568,10 @@ def _s0_0_0(xs, bs, p):
     v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
-    v_relu_ = aten.relu.default(v_batch_norm)
+    v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
     v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
-    v_relu = aten.relu.default(v_conv2d_1)
+    v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 0:4], v_relu,)
 
@@ -572,10 +582,10 @@ def _s0_0_1(xs, bs, p):
     v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
-    v_relu_ = aten.relu.default(v_batch_norm)
+    v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
     v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
-    v_relu = aten.relu.default(v_conv2d_1)
+    v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:5], v_relu,)
 
@@ -586,10 +596,10 @@ def _s0_0_2(xs, bs, p):
     v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
-    v_relu_ = aten.relu.default(v_batch_norm)
+    v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
     v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
-    v_relu = aten.relu.default(v_conv2d_1)
+    v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:4], v_relu,)
 
@@ -600,10 +610,10 @@ def _s0_1_0(xs, bs, p):
     v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
-    v_relu_ = aten.relu.default(v_batch_norm)
+    v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
     v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
-    v_relu = aten.relu.default(v_conv2d_1)
+    v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 0:4], v_relu,)
 
@@ -614,10 +624,10 @@ def _s0_1_1(xs, bs, p):
     v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
-    v_relu_ = aten.relu.default(v_batch_norm)
+    v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
     v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
-    v_relu = aten.relu.default(v_conv2d_1)
+    v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:5], v_relu,)
 
@@ -628,10 +638,10 @@ def _s0_1_2(xs, bs, p):
     v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
-    v_relu_ = aten.relu.default(v_batch_norm)
+    v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
     v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
-    v_relu = aten.relu.default(v_conv2d_1)
+    v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:4], v_relu,)
 
@@ -650,7 +660,7 @@ _S0 = _Segment(
     _S0_COLS,
     [(2, 3)],
     0,
-    [((1, 4, 13, 11), (2, 3)), ((1, 4, 13, 11), (2, 3)), ],
+    [((1, 4, 13, 11), (2, 3), True), ((1, 4, 13, 11), (2, 3), True), ],
     _S0_COSTS,
     _S0_SHARES,
 )
@@ -680,7 +690,7 @@ def _s1_0_0(xs, bs, p):
     v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
-    v_relu_1 = aten.relu.default(v_add)
+    v_relu_1 = aten.relu_.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
@@ -694,7 +704,7 @@ def _s1_0_0(xs, bs, p):
     del v_pad
     v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
-    v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
+    v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
@@ -705,7 +715,7 @@ def _s1_0_1(xs, bs, p):
     v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
-    v_relu_1 = aten.relu.default(v_add)
+    v_relu_1 = aten.relu_.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
@@ -719,7 +729,7 @@ def _s1_0_1(xs, bs, p):
     del v_pad
     v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
-    v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
+    v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
@@ -730,7 +740,7 @@ def _s1_1_0(xs, bs, p):
     v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
-    v_relu_1 = aten.relu.default(v_add)
+    v_relu_1 = aten.relu_.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
@@ -744,7 +754,7 @@ def _s1_1_0(xs, bs, p):
     del v_pad
     v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
-    v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
+    v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
@@ -755,7 +765,7 @@ def _s1_1_1(xs, bs, p):
     v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
-    v_relu_1 = aten.relu.default(v_add)
+    v_relu_1 = aten.relu_.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
@@ -769,7 +779,7 @@ def _s1_1_1(xs, bs, p):
     del v_pad
     v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
-    v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
+    v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
@@ -780,7 +790,7 @@ def _s1_2_0(xs, bs, p):
     v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6], v_conv2d_2, alpha=1)
     del v_conv2d_2
-    v_relu_1 = aten.relu.default(v_add)
+    v_relu_1 = aten.relu_.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
@@ -794,7 +804,7 @@ def _s1_2_0(xs, bs, p):
     del v_pad
     v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
-    v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
+    v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
@@ -805,7 +815,7 @@ def _s1_2_1(xs, bs, p):
     v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
-    v_relu_1 = aten.relu.default(v_add)
+    v_relu_1 = aten.relu_.default(v_add)
     del v_add
     v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
     del v_relu_1
@@ -819,7 +829,7 @@ def _s1_2_1(xs, bs, p):
     del v_pad
     v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
     del v_cat
-    v_leaky_relu = aten.leaky_relu.default(v_conv2d_4, 0.1)
+    v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
@@ -838,7 +848,7 @@ _S1 = _Segment(
     _S1_COLS,
     [(2, 3), (2, 3)],
     0,
-    [((1, 5, 13, 11), (2, 3)), ],
+    [((1, 5, 13, 11), (2, 3), False), ],
     _S1_COSTS,
     _S1_SHARES,
 )
