@@ -22,13 +22,14 @@ through autograd) also keeps what autograd saves for its backward.
 Working sets are simulated op by op on the tensors alive (``_simulate``). A tiled segment's
 forward runs each tile without autograd, on a channels-last copy of its slice of each sliced
 input (freed after its last reader): a fresh tensor per op (views, identity copies and the
-activations a tile computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy where a border tile pads asymmetrically, intermediates freed after their
-last use. Its backward re-runs each tile under autograd, each op keeping what its backward reads
-(``SAVES_*``), then back-propagates the tile: gradients of the tile's tensors, and of its slice
-of each sliced input. A stored segment runs the same ops untiled. Convolutions take a kernel
-workspace on top (``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image axes
-replaced by the tile's lengths, times the element size. Bytes are linear in a handful of lengths
-per axis, so every distinct (row tile, column tile) pair is evaluated at once.
+activations a tile computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy
+where a border tile pads asymmetrically, intermediates freed after their last use. Its backward
+re-runs each tile under autograd, each op keeping what its backward reads (``SAVES_*``), then
+back-propagates the tile: gradients of the tile's tensors, and of its slice of each sliced
+input. A stored segment runs the same ops untiled. Convolutions take a kernel workspace on top
+(``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image axes replaced by the
+tile's lengths, times the element size. Bytes are linear in a handful of lengths per axis, so
+every distinct (row tile, column tile) pair is evaluated at once.
 """
 
 from __future__ import annotations

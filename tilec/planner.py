@@ -21,7 +21,18 @@ from collections.abc import Callable, Sequence
 import networkx as nx
 
 from tilec.errors import GridError
-from tilec.ir import INPUT, AxisStep, AxisTile, ModelFingerprint, NodeSpec, OutputTree, Plan, Read, Segment, SegmentInput
+from tilec.ir import (
+    INPUT,
+    AxisStep,
+    AxisTile,
+    ModelFingerprint,
+    NodeSpec,
+    OutputTree,
+    Plan,
+    Read,
+    Segment,
+    SegmentInput,
+)
 from tilec.ops import KINDS, RULES, Context, is_image
 from tilec.regions import Interval, split
 from tilec.trace import nodes_in_order
