@@ -17,7 +17,10 @@ Variants:
   tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
               ``--tilec-segments``;
   auto        tilec planning for ``--budget`` bytes (``memory_budget``).
-For tilec and auto the JSON line also has the plan's segments and ``predicted_peak_bytes``.
+For tilec and auto the JSON line also has the plan's segments and ``predicted_peak_bytes``;
+``--allocator`` picks how their process's malloc returns memory: ``pinned`` (the default: the
+generated module pins glibc's mmap threshold), ``as-is`` (``return_freed_memory=False``) or
+``heap`` (as-is, and glibc keeps freed blocks below 32 MiB in its heap, untrimmed).
 
 Peak memory ("peak_bytes") is the growth of the process's memory during the first step over
 its state just before it (model, input and tilec module already built, warm-up done):
@@ -42,6 +45,7 @@ near 0 on an idle machine).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import math
@@ -233,22 +237,36 @@ def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict, device
         return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
     if args.variant == "tilec":
         if args.tilec_segments:
-            return compile_tiled(model, shape, record, autocast, segments=args.tilec_segments)
-        return compile_tiled(model, shape, record, autocast, grid=args.grid or (4, 4))
+            return compile_tiled(model, shape, record, autocast, args.allocator, segments=args.tilec_segments)
+        return compile_tiled(model, shape, record, autocast, args.allocator, grid=args.grid or (4, 4))
     if args.variant == "auto":
         if args.budget is None:
             raise SystemExit("step.py: --variant auto needs --budget (e.g. --budget 2GiB)")
         record["budget_bytes"] = args.budget
-        return compile_tiled(model, shape, record, autocast, memory_budget=args.budget)
+        return compile_tiled(model, shape, record, autocast, args.allocator, memory_budget=args.budget)
     raise SystemExit(f"step.py: unknown variant {args.variant!r}")
 
 
-def compile_tiled(model: nn.Module, shape, record: dict, autocast: str | None, **how) -> nn.Module:
+#: glibc's mallopt parameters for ``--allocator heap``: blocks below 32 MiB (the most glibc allows)
+#: come from its heap, and freed ones stay there (no trimming).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def compile_tiled(model: nn.Module, shape, record: dict, autocast: str | None, allocator: str = "pinned",
+                  **how) -> nn.Module:
     """``tilec.pipeline.build`` step by step, recording the plan's segments and predicted peak;
-    ``autocast``: "DEVICE:DTYPE" the plan budgets for (``--autocast``)."""
+    ``autocast``: "DEVICE:DTYPE" the plan budgets for (``--autocast``); ``allocator``: "pinned"
+    (the module's default), "as-is" (``return_freed_memory=False``) or "heap" (as-is, with glibc
+    keeping every block below 32 MiB in its heap: no page faults after the first tiles, but a
+    fragmented heap)."""
     start = time.perf_counter()
     plan = plan_for(calibrate(trace(model, shape, autocast)), "model", **how)
-    tiled = load_source(render(plan), "model_tiled").TiledModel(model)
+    if allocator == "heap":
+        libc = ctypes.CDLL(None)
+        if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+            raise SystemExit("step.py: --allocator heap needs glibc's mallopt")
+    record["allocator"] = allocator
+    tiled = load_source(render(plan), "model_tiled").TiledModel(model, return_freed_memory=allocator == "pinned")
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["plan_segments"] = [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}{'' if s.mode == 'tiled' else ' stored'}"
@@ -314,6 +332,9 @@ def parse_args(argv=None):
     parser.add_argument("--budget", type=parse_bytes, help="memory budget for auto, e.g. 2GiB")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum",
                         help="backward of out.sum() (default) or of a random output gradient")
+    parser.add_argument("--allocator", choices=("pinned", "as-is", "heap"), default="pinned",
+                        help="tilec/auto: the module pins glibc's mmap threshold (pinned, default), leaves "
+                             "malloc as is, or keeps freed blocks below 32 MiB in the heap (heap)")
     parser.add_argument("--repeats", type=int, default=1, help="steps to time; step_s is the best (default 1)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")

@@ -26,11 +26,13 @@ def model():
     )
 """
 
+#: label -> (variant, options)
 VARIANTS = {
-    "plain": [],
-    "checkpoint": ["--segments", "2"],
-    "tilec": ["--grid", "2x2"],
-    "auto": ["--budget", "256MiB"],
+    "plain": ("plain", []),
+    "checkpoint": ("checkpoint", ["--segments", "2"]),
+    "tilec": ("tilec", ["--grid", "2x2"]),
+    "auto": ("auto", ["--budget", "256MiB"]),
+    "tilec-heap": ("tilec", ["--grid", "2x2", "--allocator", "heap"]),
 }
 
 
@@ -41,26 +43,27 @@ def results(tmp_path_factory):
     model.write_text(TINY_MODEL)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     procs = {
-        variant: subprocess.Popen(
+        label: subprocess.Popen(
             [sys.executable, str(STEP), "--model", str(model), "--size", "64", "--variant", variant,
              "--threads", "1", "--device", "cpu", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         )
-        for variant, extra in VARIANTS.items()
+        for label, (variant, extra) in VARIANTS.items()
     }
     out = {}
-    for variant, proc in procs.items():
+    for label, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"step.py --variant {variant} failed:\n{stderr}"
+        assert proc.returncode == 0, f"step.py ({label}) failed:\n{stderr}"
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
-        assert len(lines) == 1, f"step.py --variant {variant} printed {stdout!r}"
-        out[variant] = json.loads(lines[0])
+        assert len(lines) == 1, f"step.py ({label}) printed {stdout!r}"
+        out[label] = json.loads(lines[0])
     return out
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_step_prints_measurements(results, variant):
-    record = results[variant]
+@pytest.mark.parametrize("label", list(VARIANTS))
+def test_step_prints_measurements(results, label):
+    record = results[label]
+    variant = VARIANTS[label][0]
     assert record["variant"] == variant
     assert record["model"] == "tiny" and record["size"] == 64
     assert record["peak_bytes"] > 0
@@ -75,4 +78,5 @@ def test_step_prints_measurements(results, variant):
     if variant == "tilec":
         assert record["plan_segments"] == ["0:5:2x2"]
     if variant in ("tilec", "auto"):
+        assert record["allocator"] == ("heap" if label == "tilec-heap" else "pinned")
         assert 0 < record["predicted_peak_bytes"] <= record.get("budget_bytes", record["predicted_peak_bytes"])
