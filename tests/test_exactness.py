@@ -425,20 +425,26 @@ def test_uninitialised_memory_is_poisoned():
 class _InPlaceCases(nn.Module):
     """Each activation's input is, in turn: a convolution's result read by it alone (in place), a
     ReLU's result (it keeps it for its backward: not in place), a result two ops read, a model
-    output, and a leaky ReLU's input with a negative slope (not in place)."""
+    output, and a leaky ReLU's input with a negative slope (not in place). Of those in place,
+    those read by a convolution or a pooling alone back-propagate in place too; one read by an
+    add does not, nor one the next segment reads."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.b, self.c, self.d = (nn.Conv2d(4, 4, 3, padding=1) for _ in range(4))
+        self.a, self.b, self.c, self.d, self.e, self.f, self.g = (nn.Conv2d(4, 4, 3, padding=1) for _ in range(7))
         self.norm = nn.BatchNorm2d(4).eval()
 
     def forward(self, x):
-        x = F.relu(self.a(x))                       # in place
+        x = F.relu(self.a(x))                       # in place; read by relu6: gradient out of place
         x = F.relu(F.relu6(x))                      # relu6 of a ReLU's result: out of place
         y = self.b(x)
         x = F.relu(y) + F.leaky_relu(y, 0.1)        # y read twice: out of place
         z = self.norm(self.c(x))
         x = F.leaky_relu(z, -0.2)                   # negative slope: out of place
+        x = F.hardtanh(self.e(x), -2.0, 2.0)        # in place, and its gradient (read by a conv)
+        x = F.leaky_relu(self.f(x), 0.1)            # in place, and its gradient (read by max-pooling)
+        x = F.max_pool2d(x, 3, 1, 1)
+        x = F.relu(self.g(x)) + x                   # in place; read by an add: gradient out of place
         w = self.d(x)
         return F.hardtanh(w, -1.0, 1.0), w          # w is a model output: out of place
 
@@ -450,7 +456,20 @@ def test_activations_in_place_only_where_nothing_else_needs_the_input():
     source = render(plan)
     functions = source.count("\ndef _s0_")
     assert functions == 6  # 3 row classes (top, inner, bottom) x 2 column classes
-    assert source.count("aten.relu_.default(v_conv2d)") == functions
-    for kept in ("aten.relu_.default(v_relu", "aten.leaky_relu_", "aten.hardtanh_"):
+    for forward_only in ("aten.relu_.default(v_conv2d)", "aten.relu_.default(v_conv2d_5)"):
+        assert source.count(forward_only) == functions
+    for both in ("_in_place(v_conv2d_3, aten.hardtanh_.default", "_in_place(v_conv2d_4, aten.leaky_relu_.default"):
+        assert source.count(both) == functions
+    for kept in ("aten.relu_.default(v_relu", "aten.leaky_relu_.default(v_batch_norm", "(v_conv2d_6, aten.hardtanh_"):
         assert kept not in source
     check_exact(_InPlaceCases(), (1, 4, 19, 23), grid=(3, 2))
+
+
+def test_an_activation_the_next_segment_reads_back_propagates_out_of_place():
+    from tilec.codegen import render
+
+    segments = [(0, 13, (3, 2)), (13, 21, (2, 2))]  # the hardtanh (node 12) is the first's output
+    source = render(plan_for(trace(_InPlaceCases(), (1, 4, 19, 23)), "cases", segments=segments))
+    assert "aten.hardtanh_.default(v_conv2d_3, -2.0, 2.0)" in source
+    assert "_in_place(v_conv2d_3" not in source
+    check_exact(_InPlaceCases(), (1, 4, 19, 23), segments=segments)

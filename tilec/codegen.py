@@ -25,10 +25,21 @@ from tilec import __version__
 from tilec.cost import GEMM_MIN_CHANNELS, axis_weights
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
-from tilec.ops import IN_PLACE, Context, const, overwrites_input, plan_context, reader_counts, window_args
+from tilec.ops import (
+    IN_PLACE,
+    Context,
+    const,
+    overwrites_gradient,
+    overwrites_input,
+    plan_context,
+    reader_counts,
+    window_args,
+)
 from tilec.planner import output_leaves
 from tilec.regions import Interval
 
+#: The module's function that back-propagates each ``IN_PLACE`` op in place (``_in_place``).
+GRADIENT_IN_PLACE = {"relu": "_relu_grad_", "leaky_relu": "_leaky_relu_grad_", "hardtanh": "_hardtanh_grad_"}
 #: Arguments that switch a module between training and eval behaviour: (op, argument index).
 TRAINING_FLAGS = {"batch_norm": 5, "dropout": 2, "feature_dropout": 2, "alpha_dropout": 2}
 
@@ -118,8 +129,8 @@ class _TileEmitter:
     """Statements of one shape class of a tiled segment."""
 
     def __init__(self, context: Context, slots: dict[str, int], constants: _Constants,
-                 overwrite: frozenset[str] = frozenset()):
-        self.context, self.slots, self.constants, self.overwrite = context, slots, constants, overwrite
+                 in_place: dict[str, bool] | None = None):
+        self.context, self.slots, self.constants, self.in_place = context, slots, constants, in_place or {}
 
     def tensor(self, name: str) -> str:
         return f"p[{self.slots[name]}]"
@@ -178,8 +189,10 @@ class _TileEmitter:
             shape = list(node.shape)
             shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
             return self.call(node, [reads[node.inputs[0]], repr(shape)])
-        target = IN_PLACE[node.op] if node.name in self.overwrite else None
-        return self.call(node, [self.arg(a, reads) for a in node.args], target)
+        args = [self.arg(a, reads) for a in node.args]
+        if self.in_place.get(node.name):
+            return f"_in_place({', '.join([args[0], IN_PLACE[node.op], GRADIENT_IN_PLACE[node.op], *args[1:]])})"
+        return self.call(node, args, IN_PLACE[node.op] if node.name in self.in_place else None)
 
     def _padded(self, source: str, pads, value: str, native_limit=None) -> tuple[str, tuple[int, int]]:
         """Apply asymmetric padding explicitly; return the padding left for the op itself."""
@@ -325,22 +338,23 @@ def _table(tiles: tuple[AxisTile, ...]) -> str:
 
 
 def _overwriting(segment: Segment, context: Context, order: list[str], readers: Counter,
-                 model_outputs: set[str]) -> frozenset[str]:
-    """The nodes of a tiled segment its tiles compute in place (``tilec.ops.overwrites_input``)."""
-    inside = set(order[segment.first:segment.stop])
-    chosen = set()
-    for name in order[segment.first:segment.stop]:
-        node = context.nodes[name]
+                 model_outputs: set[str]) -> dict[str, bool]:
+    """The nodes of a tiled segment its tiles compute in place (``tilec.ops.overwrites_input``),
+    each mapped to whether it back-propagates in place too (``tilec.ops.overwrites_gradient``)."""
+    members = [context.nodes[name] for name in order[segment.first:segment.stop]]
+    inside = {node.name: node for node in members}
+    chosen = {}
+    for node in members:
         source = node.inputs[0] if node.inputs else None
-        producer = context.nodes[source] if source in inside else None
-        if overwrites_input(node, producer, readers[source], source in model_outputs):
-            chosen.add(name)
-    return frozenset(chosen)
+        if overwrites_input(node, inside.get(source), readers[source], source in model_outputs):
+            reader = next((m for m in members if node.name in m.inputs), None)
+            chosen[node.name] = overwrites_gradient(node, reader, readers[node.name], node.name in model_outputs)
+    return chosen
 
 
 def _tile_function(plan: Plan, segment: Segment, context: Context, slots: dict[str, int], constants: _Constants,
-                   overwrite: frozenset[str], rows: AxisTile, cols: AxisTile) -> TileFunction:
-    emitter = _TileEmitter(context, slots, constants, overwrite)
+                   in_place: dict[str, bool], rows: AxisTile, cols: AxisTile) -> TileFunction:
+    emitter = _TileEmitter(context, slots, constants, in_place)
     sliced = [i.name for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     region = {name: (r, c) for name, r, c in zip(sliced, rows.inputs, cols.inputs, strict=True)}
@@ -423,10 +437,10 @@ def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[st
                 name in uses.channels_last) for name in segment.outputs]
     functions, costs = [], ""
     if segment.mode == "tiled":
-        overwrite = _overwriting(segment, context, order, uses.readers, uses.model_outputs)
+        in_place = _overwriting(segment, context, order, uses.readers, uses.model_outputs)
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
-                functions.append(_tile_function(plan, segment, context, slots, constants, overwrite, rows, cols))
+                functions.append(_tile_function(plan, segment, context, slots, constants, in_place, rows, cols))
         members = [context.nodes[name] for name in order[segment.first:segment.stop]]
         costs = repr((tuple(axis_weights(context, members, segment.rows, 0)),
                       tuple(axis_weights(context, members, segment.cols, 1))))

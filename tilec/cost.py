@@ -25,9 +25,10 @@ input (freed after its last reader): a fresh tensor per op (views, identity copi
 activations a tile computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy
 where a border tile pads asymmetrically, intermediates freed after their last use. Its backward
 re-runs each tile under autograd, each op keeping what its backward reads (``SAVES_*``), then
-back-propagates the tile: gradients of the tile's tensors, and of its slice of each sliced
-input. A stored segment runs the same ops untiled. Convolutions take a kernel workspace on top
-(``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image axes replaced by the
+back-propagates the tile: gradients of the tile's tensors (an activation that back-propagates
+in place, ``tilec.ops.overwrites_gradient``, hands on its output's), and of its slice of each
+sliced input. A stored segment runs the same ops untiled. Convolutions take a kernel
+workspace on top (``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image axes replaced by the
 tile's lengths, times the element size. Bytes are linear in a handful of lengths per axis, so
 every distinct (row tile, column tile) pair is evaluated at once.
 """
@@ -44,7 +45,7 @@ from math import prod
 import numpy as np
 
 from tilec.ir import INPUT, AxisTile, NodeSpec
-from tilec.ops import Context, const, overwrites_input, reader_counts, window_args
+from tilec.ops import Context, const, overwrites_gradient, overwrites_input, reader_counts, window_args
 from tilec.planner import Boundaries, model_outputs
 from tilec.trace import VIEWS as ALIASING
 
@@ -485,6 +486,18 @@ class Estimator:
         readers = reader_counts(order)
         self.overwrites = [bool(n.inputs) and n.inputs[0] in context.nodes and overwrites_input(
             n, context.nodes[n.inputs[0]], readers[n.inputs[0]], n.inputs[0] in self.outputs) for n in order]
+        #: Per node, the position of its one reader when it also back-propagates in place, if
+        #: that reader is in its segment (``tilec.ops.overwrites_gradient``); else ``None``.
+        first_reader = {}
+        for p, n in enumerate(order):
+            for name in n.inputs:
+                first_reader.setdefault(name, p)
+        self.gradient_reader = []
+        for n, overwrites in zip(order, self.overwrites, strict=True):
+            reader = first_reader.get(n.name)
+            fits = overwrites and reader is not None and overwrites_gradient(
+                n, order[reader], readers[n.name], n.name in self.outputs)
+            self.gradient_reader.append(reader if fits else None)
         rates = [flops_per_output(n, shapes, prod(context.shape(n.inputs[0])) if n.inputs else 0) for n in order]
         self.flops = np.array([rate * prod(n.shape) for rate, n in zip(rates, order, strict=True)])
         self.backward_flops = np.array([backward_factor(n) for n in order]) * self.flops
@@ -635,10 +648,12 @@ class Estimator:
             op = self.op[p]
             if p in grads:
                 transient: defaultdict[int, float] = defaultdict(float)
+                reader = self.gradient_reader[p]
+                in_place = tiled and reader is not None and reader < stop and self.inputs[p][0] >= first
                 for i in self.inputs[p]:
                     if not self.grad[i]:
                         continue
-                    if i >= first and op in PASS_THROUGH:
+                    if i >= first and (op in PASS_THROUGH or in_place):
                         if i not in grads:
                             grads[i] = grads[p]
                             run.hold(grads[i])

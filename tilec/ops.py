@@ -278,6 +278,9 @@ IN_PLACE = {"relu": "aten.relu_.default", "leaky_relu": "aten.leaky_relu_.defaul
 #: statistics, max-pooling its input and indices).
 FRESH_RESULT = frozenset({"conv2d", "conv_transpose2d", "batch_norm", "_native_batch_norm_legit_no_training",
                           "add", "sub", "max_pool2d", "avg_pool2d"})
+#: Ops whose backward hands their input a fresh gradient that nothing else reads (add and sub
+#: hand the same one to both inputs; views hand on a view of theirs).
+FRESH_GRADIENT = frozenset({"conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d"})
 
 
 def reader_counts(nodes: Iterable[NodeSpec]) -> Counter:
@@ -295,6 +298,16 @@ def overwrites_input(node: NodeSpec, producer: NodeSpec | None, readers: int, mo
     if node.op == "leaky_relu" and const(node, 1, 0.01) < 0:
         return False
     return readers == 1 and not model_output
+
+
+def overwrites_gradient(node: NodeSpec, reader: NodeSpec | None, readers: int, model_output: bool) -> bool:
+    """Whether a tile's in-place ``node`` (``overwrites_input``) also back-propagates in place,
+    overwriting the output gradient it is handed with its input gradient: when its one reader
+    ``reader`` (``None``: outside the tile, whose gradient is the caller's) is in
+    ``FRESH_GRADIENT`` and ``node`` is no model output. Saves one gradient-sized allocation per
+    activation in the tile backward; the values are the same."""
+    return node.op in IN_PLACE and reader is not None and reader.op in FRESH_GRADIENT and readers == 1 \
+        and not model_output
 
 
 def _fail(node: NodeSpec, why: str):
