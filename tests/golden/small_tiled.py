@@ -535,6 +535,7 @@ class _Tiled(torch.autograd.Function):
                 outs = _outputs(segment, parts, zeros=group is not None)
             for out, (_, spatial, _), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
                 _narrow(out, spatial, r, c).copy_(part)
+            del parts  # before the next tile allocates
             _report(progress, f"{segment.label} forward", done + 1, total)
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             kernel, row_in, col_in, _, _ = next(segment.tiles())
@@ -556,28 +557,38 @@ class _Tiled(torch.autograd.Function):
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         gx = [torch.zeros_like(x) if need else None for x, need in zip(xs, needs[:count])]
         total = segment.count(group)
-        device_type, autocast, dtype = ctx.autocast
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
-            tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
-                    for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs[:count])]
-            with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=autocast):
-                parts = [_grad_channels_last(part) if part.requires_grad else part
-                         for part in kernel(_channels_last(tile), bs, p)]
-            pairs = [(part, _narrow(g, spatial, r, c))
-                     for part, g, (_, spatial, _), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
-                     if part.requires_grad]
-            wanted = [t for t in (*tile, *leaves) if t.requires_grad]
-            if pairs and wanted:
-                torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
-            for full, t, spatial, r, c in zip(gx, tile, segment.sliced, row_in, col_in):
-                if full is not None and t.grad is not None:
-                    _narrow(full, spatial, r, c).add_(t.grad)
+            _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs[:count], ctx.autocast,
+                           (row_in, col_in, row_own, col_own))
             _report(ctx.progress, f"{segment.label} backward", done + 1, total)
         gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
         if group is not None:  # a rank without tiles here contributes zeros
             gp = [torch.zeros_like(leaf) if leaf.requires_grad and g is None else g for leaf, g in zip(leaves, gp)]
             _sum_over(group, [g for g in (*gx, *gp) if g is not None])
         return (None, None, None, *gx, *gp)
+
+
+def _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs, autocast, bounds):
+    """One tile's backward: its forward again under autograd (with the forward's ``autocast``
+    state), back-propagated from its owned part of each output gradient; its input gradients are
+    added into ``gx``, its parameter gradients accumulate into ``leaves``. Everything else it
+    made is freed on return, before the next tile allocates."""
+    row_in, col_in, row_own, col_own = bounds
+    device_type, enabled, dtype = autocast
+    tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
+            for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs)]
+    with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+        parts = [_grad_channels_last(part) if part.requires_grad else part
+                 for part in kernel(_channels_last(tile), bs, p)]
+    pairs = [(part, _narrow(g, spatial, r, c))
+             for part, g, (_, spatial, _), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
+             if part.requires_grad]
+    wanted = [t for t in (*tile, *leaves) if t.requires_grad]
+    if pairs and wanted:
+        torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
+    for full, t, spatial, r, c in zip(gx, tile, segment.sliced, row_in, col_in):
+        if full is not None and t.grad is not None:
+            _narrow(full, spatial, r, c).add_(t.grad)
 
 
 # Segment 0: nodes 0..4, grid 2x3, tiled.
