@@ -10,9 +10,11 @@ weight gradients (backward), in multiples of its input's bytes times its kernel 
 channels-last inputs (as tiles compute), ``stored`` for contiguous ones (stored segments). Measured
 on a small convolution of the autocast device and dtype (on CPU as resident memory, as the
 benchmarks measure: kernels may allocate outside torch's allocator, e.g. float32 buffers of an
-emulated bfloat16 matrix product; with glibc's mmap threshold pinned as ``TiledModel`` pins it),
-rounded to 1/4, and cached in ``$XDG_CACHE_HOME/tilec/calibration.json`` (default ``~/.cache``),
-keyed by torch version, device and dtype; delete the file to measure again.
+emulated bfloat16 matrix product; with glibc's mmap threshold pinned as ``TiledModel`` pins it and
+freed heap pages trimmed first, so that the growth does not depend on what the process freed
+before), the median of three, rounded to 1/4, and cached in
+``$XDG_CACHE_HOME/tilec/calibration.json`` (default ``~/.cache``), keyed by torch version, device
+and dtype; delete the file to measure again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import ctypes
 import json
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +32,8 @@ import torch
 
 #: The measured convolution: channels in and out, input height and width, kernel size.
 CHANNELS, SIDE, KERNEL = 16, 256, 3
+#: Each peak is the median of this many measurements.
+REPEATS = 3
 #: glibc's mallopt parameter M_MMAP_THRESHOLD and the value the generated module pins it to.
 _M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
 
@@ -103,12 +108,12 @@ def conv_workspace(device: str, dtype: torch.dtype, channels_last: bool) -> tupl
         return torch.nn.functional.conv2d(x, w, padding=KERNEL // 2)
 
     def backward(y):
-        torch.autograd.grad(y, (x, w), g)
+        torch.autograd.grad(y, (x, w), g, retain_graph=True)
 
     backward(forward())  # first calls pick and cache kernels
     y = forward()
-    forward_peak = _peak(device, forward)
-    backward_peak = _peak(device, lambda: backward(y))
+    forward_peak = statistics.median(_peak(device, forward) for _ in range(REPEATS))
+    backward_peak = statistics.median(_peak(device, lambda: backward(y)) for _ in range(REPEATS))
     unit = x.numel() * x.element_size() * KERNEL * KERNEL
     inputs, weights = x.numel() * x.element_size(), w.numel() * w.element_size()
     return (_quarters((forward_peak - inputs) / unit), _quarters((backward_peak - inputs - weights) / unit))
@@ -155,7 +160,9 @@ def _resident_peak(step) -> int | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        pinned = ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+        libc = ctypes.CDLL(None)
+        pinned = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+        libc.malloc_trim(0)  # freed pages go back: what ``step`` touches shows as resident growth
     except (OSError, AttributeError):
         return None
     if not pinned or not reset_high_water_mark():

@@ -14,7 +14,6 @@ under autograd; see ``templates/module.py.j2``).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,16 +24,7 @@ from tilec import __version__
 from tilec.cost import GEMM_MIN_CHANNELS, axis_weights
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
-from tilec.ops import (
-    IN_PLACE,
-    Context,
-    const,
-    overwrites_gradient,
-    overwrites_input,
-    plan_context,
-    reader_counts,
-    window_args,
-)
+from tilec.ops import IN_PLACE, Context, activations_in_place, const, plan_context, window_args
 from tilec.planner import output_leaves
 from tilec.regions import Interval
 
@@ -337,19 +327,13 @@ def _table(tiles: tuple[AxisTile, ...]) -> str:
     return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
 
 
-def _overwriting(segment: Segment, context: Context, order: list[str], readers: Counter,
-                 model_outputs: set[str]) -> dict[str, bool]:
-    """The nodes of a tiled segment its tiles compute in place (``tilec.ops.overwrites_input``),
-    each mapped to whether it back-propagates in place too (``tilec.ops.overwrites_gradient``)."""
-    members = [context.nodes[name] for name in order[segment.first:segment.stop]]
-    inside = {node.name: node for node in members}
-    chosen = {}
-    for node in members:
-        source = node.inputs[0] if node.inputs else None
-        if overwrites_input(node, inside.get(source), readers[source], source in model_outputs):
-            reader = next((m for m in members if node.name in m.inputs), None)
-            chosen[node.name] = overwrites_gradient(node, reader, readers[node.name], node.name in model_outputs)
-    return chosen
+def _overwriting(segment: Segment, context: Context, order: list[str], in_place: dict[str, str | None]
+                 ) -> dict[str, bool]:
+    """The nodes of a tiled segment its tiles compute in place, each mapped to whether it
+    back-propagates in place too (``tilec.ops.activations_in_place``)."""
+    inside = set(order[segment.first:segment.stop])
+    return {name: reader in inside for name, reader in in_place.items()
+            if name in inside and context.nodes[name].inputs[0] in inside}
 
 
 def _tile_function(plan: Plan, segment: Segment, context: Context, slots: dict[str, int], constants: _Constants,
@@ -410,11 +394,11 @@ def _slots(segment: Segment, context: Context, order: list[str], all_tensors: li
 
 @dataclass(frozen=True)
 class _Uses:
-    """Who reads each tensor: how many nodes (``readers``), whether the model returns it, and the
-    4-D tensors that only tiled segments read (allocated channels-last)."""
+    """The activations tiles may compute in place (``tilec.ops.activations_in_place``) and the
+    4-D tensors that only tiled segments read and the model does not return (allocated
+    channels-last)."""
 
-    readers: Counter
-    model_outputs: frozenset[str]
+    in_place: dict[str, str | None]
     channels_last: frozenset[str]
 
     @classmethod
@@ -424,7 +408,7 @@ class _Uses:
         stored_reads = {i for name, m in mode.items() if m == "stored" for i in context.nodes[name].inputs}
         channels_last = frozenset(name for name in order if len(context.shape(name)) == 4
                                   and name not in outputs and name not in stored_reads)
-        return cls(reader_counts(plan.model.nodes), outputs, channels_last)
+        return cls(activations_in_place(plan.model.nodes, outputs), channels_last)
 
 
 def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[str], all_tensors: list[str],
@@ -437,7 +421,7 @@ def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[st
                 name in uses.channels_last) for name in segment.outputs]
     functions, costs = [], ""
     if segment.mode == "tiled":
-        in_place = _overwriting(segment, context, order, uses.readers, uses.model_outputs)
+        in_place = _overwriting(segment, context, order, uses.in_place)
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
                 functions.append(_tile_function(plan, segment, context, slots, constants, in_place, rows, cols))

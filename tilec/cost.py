@@ -28,9 +28,9 @@ re-runs each tile under autograd, each op keeping what its backward reads (``SAV
 back-propagates the tile: gradients of the tile's tensors (an activation that back-propagates
 in place, ``tilec.ops.overwrites_gradient``, hands on its output's), and of its slice of each
 sliced input. A stored segment runs the same ops untiled. Convolutions take a kernel
-workspace on top (``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image axes replaced by the
-tile's lengths, times the element size. Bytes are linear in a handful of lengths per axis, so
-every distinct (row tile, column tile) pair is evaluated at once.
+workspace on top (``CONV_*_WORKSPACE``). A tile tensor's bytes are its shape with the image
+axes replaced by the tile's lengths, times the element size. Bytes are linear in a handful of
+lengths per axis, so every distinct (row tile, column tile) pair is evaluated at once.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from math import prod
 import numpy as np
 
 from tilec.ir import INPUT, AxisTile, NodeSpec
-from tilec.ops import Context, const, overwrites_gradient, overwrites_input, reader_counts, window_args
+from tilec.ops import Context, activations_in_place, const, window_args
 from tilec.planner import Boundaries, model_outputs
 from tilec.trace import VIEWS as ALIASING
 
@@ -482,22 +482,12 @@ class Estimator:
                         for n, size in zip(order, self.computes, strict=True)}}
         self.outputs = [name for name in dict.fromkeys(model_outputs(bounds.graph)) if name != INPUT]
         #: Per node, whether a tile computes it in place on its first input when that input's
-        #: producer is in the same segment (``tilec.ops.overwrites_input``).
-        readers = reader_counts(order)
-        self.overwrites = [bool(n.inputs) and n.inputs[0] in context.nodes and overwrites_input(
-            n, context.nodes[n.inputs[0]], readers[n.inputs[0]], n.inputs[0] in self.outputs) for n in order]
-        #: Per node, the position of its one reader when it also back-propagates in place, if
-        #: that reader is in its segment (``tilec.ops.overwrites_gradient``); else ``None``.
-        first_reader = {}
-        for p, n in enumerate(order):
-            for name in n.inputs:
-                first_reader.setdefault(name, p)
-        self.gradient_reader = []
-        for n, overwrites in zip(order, self.overwrites, strict=True):
-            reader = first_reader.get(n.name)
-            fits = overwrites and reader is not None and overwrites_gradient(
-                n, order[reader], readers[n.name], n.name in self.outputs)
-            self.gradient_reader.append(reader if fits else None)
+        #: producer is in the same segment, and the position of its one reader if it also
+        #: back-propagates in place when that reader is in the segment (else ``None``):
+        #: ``tilec.ops.activations_in_place``.
+        in_place = activations_in_place(order, self.outputs)
+        self.overwrites = [n.name in in_place for n in order]
+        self.gradient_reader = [position[in_place[n.name]] if in_place.get(n.name) else None for n in order]
         rates = [flops_per_output(n, shapes, prod(context.shape(n.inputs[0])) if n.inputs else 0) for n in order]
         self.flops = np.array([rate * prod(n.shape) for rate, n in zip(rates, order, strict=True)])
         self.backward_flops = np.array([backward_factor(n) for n in order]) * self.flops

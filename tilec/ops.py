@@ -19,7 +19,7 @@ they and everything computed only from their results run untiled.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from tilec.errors import UnsupportedLayerError
@@ -283,7 +283,7 @@ FRESH_RESULT = frozenset({"conv2d", "conv_transpose2d", "batch_norm", "_native_b
 FRESH_GRADIENT = frozenset({"conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d"})
 
 
-def reader_counts(nodes: Iterable[NodeSpec]) -> Counter:
+def _reader_counts(nodes: Iterable[NodeSpec]) -> Counter:
     """Per tensor name, how many nodes read it."""
     return Counter(name for node in nodes for name in dict.fromkeys(node.inputs))
 
@@ -308,6 +308,28 @@ def overwrites_gradient(node: NodeSpec, reader: NodeSpec | None, readers: int, m
     activation in the tile backward; the values are the same."""
     return node.op in IN_PLACE and reader is not None and reader.op in FRESH_GRADIENT and readers == 1 \
         and not model_output
+
+
+def activations_in_place(nodes: Sequence[NodeSpec], model_outputs: Iterable[str]) -> dict[str, str | None]:
+    """The activations among ``nodes`` (the model's, in order) that a tile computes in place
+    when their input's producer is in its segment (``overwrites_input``), each mapped to its one
+    reader's name if it also back-propagates in place when that reader is in its segment
+    (``overwrites_gradient``), else ``None``."""
+    by_name = {node.name: node for node in nodes}
+    readers = _reader_counts(nodes)
+    outputs = set(model_outputs)
+    first_reader: dict[str, NodeSpec] = {}
+    for node in nodes:
+        for name in node.inputs:
+            first_reader.setdefault(name, node)
+    chosen = {}
+    for node in nodes:
+        source = node.inputs[0] if node.inputs else None
+        if source in by_name and overwrites_input(node, by_name[source], readers[source], source in outputs):
+            reader = first_reader.get(node.name)
+            gradient = overwrites_gradient(node, reader, readers[node.name], node.name in outputs)
+            chosen[node.name] = reader.name if gradient else None
+    return chosen
 
 
 def _fail(node: NodeSpec, why: str):
