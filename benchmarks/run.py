@@ -143,8 +143,8 @@ def notes(records: list[dict]) -> str:
     repeats = sorted({len(r["times_s"]) for r in records if "times_s" in r})
     out.append(f"- step time: wall time, best of {'/'.join(map(str, repeats))} step(s); float32; "
                f"backward of {records[0].get('grad', 'out.sum()') if records else ''}")
-    out.append("- step CPU: user+system CPU time of the process during the step (all threads); CPU stall: "
-               "share of the step's wall time during which some task on the machine waited for a CPU "
+    out.append("- step CPU: user+system CPU time of the process during that (fastest) step (all threads); CPU "
+               "stall: share of its wall time during which some task on the machine waited for a CPU "
                "(/proc/pressure/cpu); high values mean the machine was shared and wall times are inflated")
     reused = [f"{r['size']}² {r['label']}" for r in records if r.get("reused")]
     if reused:

@@ -36,10 +36,11 @@ time ("code_paged_in_bytes": growth of RssFile, file-backed and shared, not data
 ``--repeats K`` "last_peak_bytes" is the same measurement of the last step.
 
 Step time ("step_s") is the wall time of a step; with ``--repeats K`` the best of K steps (the
-"peak_bytes" is always the first's). Because the machine may be shared, the first step
-also records the process's CPU time ("cpu_s", user + system, all threads) and the fraction of its
-wall time during which some task waited for a CPU ("cpu_stall_fraction", from /proc/pressure/cpu;
-near 0 on an idle machine).
+"peak_bytes" is always the first's). Because the machine may be shared, every step also records
+the process's CPU time (user + system, all threads; "cpu_s" is the best step's, "cpus_s" all of
+them) and the fraction of its wall time during which some task waited for a CPU
+("cpu_stall_fraction", the best step's, from /proc/pressure/cpu; near 0 on an idle machine). A
+tiled module's first step also sizes the arenas of its later ones (``_Arena``).
 """
 
 from __future__ import annotations
@@ -393,6 +394,7 @@ def main(argv=None) -> int:
             one_step(fn, x, args.grad, generator, args.autocast)
         meters.append(later)
     times = [m.seconds for m in meters]
+    best = meters[times.index(min(times))]
 
     record.update(
         peak_bytes=meter.growth,
@@ -400,8 +402,9 @@ def main(argv=None) -> int:
         last_peak_bytes=meters[-1].growth,
         step_s=min(times),
         first_step_s=times[0],
-        cpu_s=meter.cpu_seconds,
-        cpu_stall_fraction=meter.stalled,
+        cpu_s=best.cpu_seconds,
+        cpus_s=[m.cpu_seconds for m in meters],
+        cpu_stall_fraction=best.stalled,
         loadavg_1m=os.getloadavg()[0],
         times_s=times,
         memory_method=meter.method,

@@ -13,14 +13,16 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def poisoned_empty(monkeypatch):
-    """Fill tensors from ``torch.empty``, ``torch.empty_like`` and ``Tensor.new_empty`` with NaN
-    (floating dtypes).
+    """Fill tensors from ``torch.empty``, ``torch.empty_like``, ``Tensor.new_empty`` and
+    ``Tensor.set_`` on an untyped storage with NaN (floating dtypes).
 
     The generated code allocates each tiled segment's outputs with ``torch.empty`` and relies on
     its tiles' owned parts covering every element; fresh pages are zero, which would hide a region
-    no tile writes. NaN makes the exactness checks fail there instead.
+    no tile writes. Its tiles carve their tensors from an arena (``set_`` on the arena's untyped
+    storage; ``deepcopy`` sets typed ones) that holds the last tile's values, which would hide one
+    as well. NaN makes the exactness checks fail there instead.
     """
-    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+    empty, empty_like, new_empty, set_ = torch.empty, torch.empty_like, torch.Tensor.new_empty, torch.Tensor.set_
 
     def poison(tensor):
         return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
@@ -28,3 +30,9 @@ def poisoned_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda *a, **k: poison(new_empty(*a, **k)))
+
+    def carve(tensor, *args, **kwargs):
+        set_(tensor, *args, **kwargs)
+        return poison(tensor) if args and isinstance(args[0], torch.UntypedStorage) else tensor
+
+    monkeypatch.setattr(torch.Tensor, "set_", carve)

@@ -1,6 +1,7 @@
 """The generated module's tile convolution ``_conv2d``: its weight gradient by matrix products
-(``_weight_grad``, from ``GEMM_MIN_CHANNELS`` input channels) equals PyTorch's, and the tiles and
-the cost model agree on which convolutions take that path."""
+(``_weight_grad``, from ``GEMM_MIN_CHANNELS`` input channels, with its scratch in the tile's
+arena) equals PyTorch's, and the tiles and the cost model agree on which convolutions take that
+path."""
 
 from __future__ import annotations
 
@@ -37,12 +38,14 @@ def test_gemm_gradients_equal_pytorch(batch, channels, out, kernel, dilation, pa
     b = torch.randn(out, dtype=torch.float64, generator=generator) if bias else None
     g = torch.randn(batch, out, *size, dtype=torch.float64, generator=generator)
     assert GENERATED["_gemm_weight_grad"](x, w, (1, 1), 1)
+    arena = GENERATED["_Arena"](x.device, 1 << 20)
     grads = []
-    for conv in (GENERATED["_conv2d"], torch.nn.functional.conv2d):
+    for conv in (lambda *args: GENERATED["_conv2d"](*args, arena), torch.nn.functional.conv2d):
         leaves = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
         y = conv(leaves[0], leaves[1], leaves[2] if bias else None, (1, 1), padding, dilation, 1)
         y.backward(g)
         grads.append([leaf.grad for leaf in leaves])
+    assert arena.top == 0 and arena.need > 0  # the scratch was given back
     for ours, theirs in zip(*grads, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
 
@@ -73,9 +76,9 @@ def test_tiles_and_cost_model_agree_on_the_gemm_path():
     generated = type(tiled).__init__.__globals__
     weight_grad, seen = generated["_weight_grad"], []
 
-    def counted(g, x, kernel, dilation):
+    def counted(g, x, kernel, dilation, arena):
         seen.append((g.shape[1], x.shape[1], *kernel))
-        return weight_grad(g, x, kernel, dilation)
+        return weight_grad(g, x, kernel, dilation, arena)
 
     generated["_weight_grad"] = counted
     tiled(torch.randn(shape, dtype=torch.float64)).sum().backward()

@@ -7,7 +7,8 @@ and crops the tile needs) and the tensors that die after each. The jinja2 templa
 of row and column classes), never per tile; per-tile data is a table of slice bounds.
 
 A tile function takes ``xs`` (the tile's slices of the segment's sliced inputs), ``bs`` (its
-broadcast inputs, whole) and ``p`` (the segment's model tensors) and returns the owned parts
+broadcast inputs, whole), ``p`` (the segment's model tensors) and ``arena`` (where its
+convolutions, max-poolings and border padding put their results) and returns the owned parts
 of the segment's outputs. The same function serves forward (under no_grad) and backward (re-run
 under autograd; see ``templates/module.py.j2``).
 """
@@ -196,7 +197,7 @@ class _TileEmitter:
                 native.append(0)
                 explicit[2 - 2 * axis: 4 - 2 * axis] = [before, after]
         if any(explicit):
-            source = f"aten.constant_pad_nd.default({source}, {tuple(explicit)!r}, {value})"
+            source = f"_pad(arena, {source}, {tuple(explicit)!r}, {value})"
         return source, tuple(native)
 
     def _conv(self, node, reads, pads) -> str:
@@ -205,14 +206,13 @@ class _TileEmitter:
         bias = self.arg(node.args[2], reads)
         args = window_args(node, self.context.tensor_shapes[weight])
         return (f"_conv2d({source}, {self.tensor(weight)}, {bias}, {args.stride!r}, {native!r}, "
-                f"{args.dilation!r}, {const(node, 6, 1)})")
+                f"{args.dilation!r}, {const(node, 6, 1)}, arena)")
 
     def _max_pool(self, node, reads, pads) -> str:
         args = window_args(node)
         limit = (args.kernel[0] // 2, args.kernel[1] // 2)
         source, native = self._padded(reads[node.inputs[0]], pads[node.inputs[0]], "float('-inf')", limit)
-        return (f"aten.max_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, {native!r}, "
-                f"{args.dilation!r}, False)")
+        return f"_max_pool(arena, {source}, {args.kernel!r}, {args.stride!r}, {native!r}, {args.dilation!r})"
 
     def _avg_pool(self, node, reads, pads, row, col) -> str:
         args = window_args(node)
@@ -222,7 +222,7 @@ class _TileEmitter:
         if (rb, ra, cb, ca) == (0, 0, 0, 0):
             return (f"aten.avg_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, (0, 0), False, True, "
                     f"{override!r})")
-        source = f"aten.constant_pad_nd.default({source}, {(cb, ca, rb, ra)!r}, 0.0)"
+        source = f"_pad(arena, {source}, {(cb, ca, rb, ra)!r}, 0.0)"
         rows = avg_divisors(node, row, 0, self.context)
         cols = avg_divisors(node, col, 1, self.context)
         kernel_rows, kernel_cols = args.kernel

@@ -19,11 +19,13 @@ of its producer. While segment ``k`` runs:
 ``kept``: a tiled segment keeps its outputs until its backward; a stored segment (untiled,
 through autograd) also keeps what autograd saves for its backward.
 
-Working sets are simulated op by op on the tensors alive (``_simulate``). A tiled segment's
-forward runs each tile without autograd, on a channels-last copy of its slice of each sliced
-input (freed after its last reader): a fresh tensor per op (views, identity copies and the
-activations a tile computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy
-where a border tile pads asymmetrically, intermediates freed after their last use. Its backward
+Working sets are simulated op by op on the tensors alive (``_Forward``, ``Estimator._program``).
+A tiled segment's forward runs each tile without autograd, on a channels-last copy of its slice
+of each sliced input: a fresh tensor per op (views, identity copies and the activations a tile
+computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy where a border tile
+pads asymmetrically, intermediates freed after their last use, except what the tile keeps in
+its arena (the generated module's ``_Arena``): its input copies, padded copies, max-pooling
+results and indices and float32 convolution results live until the tile ends. Its backward
 re-runs each tile under autograd, each op keeping what its backward reads (``SAVES_*``), then
 back-propagates the tile: gradients of the tile's tensors (an activation that back-propagates
 in place, ``tilec.ops.overwrites_gradient``, hands on its output's), and of its slice of each
@@ -168,8 +170,8 @@ def tile_cost(row_weights: Sequence[int], col_weights: Sequence[int]) -> list[in
 class AxisArrays:
     """One axis of the tiles of a run of nodes, as ``[tile, node]`` arrays of lengths.
 
-    Columns are node positions minus ``offset``. ``out``: output length; ``read``: length of a
-    window op's input read, ``padded``: that plus its border padding; ``copied`` / ``copies``:
+    Columns are node positions minus ``offset``. ``out``: output length; ``padded``: length of a
+    window op's input read plus its border padding; ``copied`` / ``copies``:
     length of its padded copy and whether the tile makes one (1 or 0, see ``PADDED_COPY``). ``reads[name]``: per
     input of the node, ``(input, start, stop)`` of the interval read, over ``tiles`` of the arrays
     (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles.
@@ -181,7 +183,6 @@ class AxisArrays:
         stop, pad before, pad after)``; arrays over the tiles."""
         self.parts, self.offset, self.tiles = parts, offset, slice(0, parts)
         self.out = np.zeros((parts, count), dtype=np.int64)
-        self.read = np.zeros((parts, count), dtype=np.int64)
         self.padded = np.zeros((parts, count), dtype=np.int64)
         self.copied = np.zeros((parts, count), dtype=np.int64)
         self.copies = np.zeros((parts, count), dtype=np.int64)
@@ -194,7 +195,6 @@ class AxisArrays:
             if op not in WINDOWS:
                 continue
             _, read_start, read_stop, before, after = reads[0]
-            self.read[:, column] = read_stop - read_start
             self.padded[:, column] = read_stop - read_start + before + after
             if op in PADDED_COPY:
                 copies = before + after > 0 if op == "avg_pool2d" else before != after
@@ -206,8 +206,8 @@ class AxisArrays:
         """Tiles ``[start, stop)`` only (several grids computed together, then taken apart)."""
         part = copy.copy(self)
         part.parts, part.tiles = stop - start, slice(start, stop)
-        part.out, part.read, part.padded, part.copied, part.copies = (
-            a[start:stop] for a in (self.out, self.read, self.padded, self.copied, self.copies))
+        part.out, part.padded, part.copied, part.copies = (
+            a[start:stop] for a in (self.out, self.padded, self.copied, self.copies))
         part.sums = part.out.sum(axis=0)
         return part
 
@@ -267,16 +267,21 @@ class _Run:
 
     def __init__(self):
         self.holders: dict[int, int] = {}
+        self.pinned: set[int] = set()
         self.quantity: list[int] = []
         self.changes: list[tuple[int, int]] = []
         self.events: list[int] = []
         self.transients: list[tuple[int, int, float]] = []
         self.constants: list[float] = []
 
-    def new(self, quantity: int) -> int:
+    def new(self, quantity: int, pinned: bool = False) -> int:
+        """A storage of ``quantity``; a ``pinned`` one stays alive to the end of the run (a tile's
+        arena tensors) whoever lets go of it."""
         self.quantity.append(quantity)
         self.holders[len(self.quantity) - 1] = 1
         self.changes.append((quantity, 1))
+        if pinned:
+            self.pinned.add(len(self.quantity) - 1)
         return len(self.quantity) - 1
 
     def hold(self, storage: int | None) -> None:
@@ -289,7 +294,8 @@ class _Run:
         self.holders[storage] -= 1
         if not self.holders[storage]:
             del self.holders[storage]
-            self.changes.append((self.quantity[storage], -1))
+            if storage not in self.pinned:
+                self.changes.append((self.quantity[storage], -1))
 
     def event(self, transient: dict[int, float] | None = None, constant: float = 0.0) -> None:
         if transient:
@@ -313,6 +319,7 @@ class _Run:
         run = _Run()
         changes, count, transients, holders = mark
         run.holders, run.quantity, run.changes = dict(holders), list(self.quantity), self.changes[:changes]
+        run.pinned = set(self.pinned)
         if events:
             run.events, run.constants = self.events[:count], self.constants[:count]
             run.transients = self.transients[:transients]
@@ -320,8 +327,8 @@ class _Run:
 
 
 #: Kinds of node quantities; quantity ``slices + KINDS * (position - first) + kind`` (see ``_Program``).
-OUT, PADDED, COPY, INDEX, EXCESS = range(5)
-KINDS = 5
+OUT, PADDED, COPY, INDEX = range(4)
+KINDS = 4
 
 
 @dataclass(frozen=True)
@@ -330,12 +337,10 @@ class _Program:
 
     Quantities: first one per sliced input of the forward run (``slices``: the input's name and
     the segment's nodes reading it), the tile's slice of it (its channels-last copy, and the
-    gradient of the slice); then ``KINDS`` per node:
-    its result (``OUT``), a window op's padded input (``PADDED``), a border tile's padded copy of
-    it (``COPY``), max-pool indices (``INDEX``), and what the padded copy adds to the read it
-    replaces (``EXCESS``: autograd keeps the copy in border tiles and the input in the others, so
-    the simulation keeps the input and this difference). ``forward``: a tiled segment's forward (a
-    stored one's comes from ``Estimator.stored_forward``).
+    gradient of the slice); then ``KINDS`` per node: its result (``OUT``), a window op's padded
+    input (``PADDED``), a border tile's padded copy of it (``COPY``) and max-pool indices
+    (``INDEX``). ``forward``: a tiled segment's forward (a stored one's comes from
+    ``Estimator.stored_forward``).
     """
 
     first: int
@@ -363,7 +368,7 @@ class _Forward:
         base = len(self.slices) - KINDS * first
         last_reader = {}
         for quantity, source in enumerate(self.slices):  # each tile's channels-last copy of its slice
-            self.value[source] = run.new(quantity)
+            self.value[source] = run.new(quantity, pinned=True)
             last_reader[source] = max(p for p in range(first, end) if source in e.inputs[p])
         for position in range(first, end):
             op, inputs = e.op[position], e.inputs[position]
@@ -372,10 +377,12 @@ class _Forward:
                 self.value[position] = self.value.get(inputs[0]) if inputs else None
                 run.hold(self.value[position])
                 if in_place and autograd and e.grad[position]:
-                    self.saved[position] = self._saves(op, position, inputs, None, base)
+                    self.saved[position] = self._saves(op, position, inputs, None, None, base)
             else:
-                copied = run.new(base + KINDS * position + COPY) if tiled and op in PADDED_COPY else None
-                self.value[position] = run.new(base + KINDS * position + OUT)
+                copied = run.new(base + KINDS * position + COPY, pinned=True) if tiled and op in PADDED_COPY else None
+                self.value[position] = run.new(base + KINDS * position + OUT, pinned=tiled and e.in_arena[position])
+                indices = run.new(base + KINDS * position + INDEX, pinned=True) \
+                    if tiled and op == "max_pool2d" else None
                 if op not in CONVS:
                     run.event()
                 elif tiled:
@@ -385,8 +392,9 @@ class _Forward:
                 else:
                     run.event({base + KINDS * position + PADDED: e.stored_workspace[position][0]})
                 if autograd and e.grad[position]:
-                    self.saved[position] = self._saves(op, position, inputs, copied, base)
+                    self.saved[position] = self._saves(op, position, inputs, copied, indices, base)
                 run.drop(copied)
+                run.drop(indices)
             for dying in e.dies_at[position]:
                 if dying >= first:
                     run.drop(self.value[dying])
@@ -395,14 +403,13 @@ class _Forward:
                     run.drop(self.value[source])
             self.marks.append(run.mark(autograd))
 
-    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copied: int | None, base: int) -> list:
+    def _saves(self, op: str, position: int, inputs: tuple[int, ...], copied: int | None, indices: int | None,
+               base: int) -> list:
         """Hold and return the storages autograd keeps for the node's backward (``None``: a tensor
-        of another segment); ``copied``: the padded copy a border tile may feed the op.
-
-        The op keeps the copy where a tile makes one and its input elsewhere. If an earlier op
-        keeps that input for its own backward (a ReLU its output), it stays alive either way and
-        the copy comes on top; else the input is kept and the copy's excess over it (``EXCESS``).
-        """
+        of another segment); ``copied`` and ``indices``: a tile's padded copy of the op's input
+        and its max-pool indices (in the tile's arena, alive anyway). The op keeps its input too
+        (border tiles keep only the copy, but the input is nearly always kept by another op or
+        in the arena)."""
         if op in SAVES_NOTHING:
             return []
         if op in SAVES_OUTPUT:
@@ -411,15 +418,10 @@ class _Forward:
             kept = [self.value.get(i) for i in inputs]
         else:
             kept = [self.value.get(inputs[0]) if inputs else None]
+        kept += [storage for storage in (copied, indices) if storage is not None]
         for storage in kept:
             self.run.hold(storage)
-        if copied is not None:
-            if any(kept[0] in storages for storages in self.saved.values()):
-                self.run.hold(copied)
-                kept.append(copied)
-            else:
-                kept.append(self.run.new(base + KINDS * position + EXCESS))
-        if op == "max_pool2d":
+        if op == "max_pool2d" and indices is None:  # a stored segment's: made for the backward
             kept.append(self.run.new(base + KINDS * position + INDEX))
         return kept
 
@@ -444,11 +446,17 @@ class Estimator:
         self.inputs = [tuple(position[i] for i in node.inputs) for node in order]
         self.weights = [self.element * sum(prod(shapes[a.value]) for a in node.args
                                            if a.kind == "tensor" and a.value in parameters) for node in order]
+        #: Per node, whether tiles write its result into their arena (the generated module's
+        #: ``_Arena``, on CPU): max-pooling, and a convolution computed in float32 (``_convolve``).
+        self.in_arena = [n.op == "max_pool2d" or (n.op == "conv2d" and size == 4)
+                         for n, size in zip(order, self.computes, strict=True)]
         #: Per node, the bytes of the weight copies one tile's call makes in forward and in backward
-        #: (convolutions; see WEIGHT_BACKWARD_EXTRA_COPIES).
-        self.weight_copies = [w * size // self.element * (1 + (prod(shapes[n.args[1].value][2:]) > 1))
-                              if n.op in CONVS else 0
-                              for w, n, size in zip(self.weights, order, self.computes, strict=True)]
+        #: (convolutions; see WEIGHT_BACKWARD_EXTRA_COPIES); in the arena, one channels-last copy
+        #: (none of a 1x1 weight, channels-last already).
+        spread = [prod(shapes[n.args[1].value][2:]) > 1 if n.op in CONVS else False for n in order]
+        self.weight_copies = [w * size // self.element * (k if arena else 1 + k) if n.op in CONVS else 0
+                              for w, n, size, arena, k in zip(self.weights, order, self.computes, self.in_arena,
+                                                              spread, strict=True)]
         #: Per node, whether tiles compute its weight gradient as matrix products (GEMM_MIN_CHANNELS),
         #: and then its output channels per input channel.
         self.gemm = [size in (4, 8) and gemm_weight_grad(n, shapes)
@@ -494,12 +502,12 @@ class Estimator:
         areas = [self._area(name) for name in bounds.order]
         #: Forward FLOPs per output pixel (row x column) of each node.
         self.pixel_flops = self.flops / np.array(areas)
-        # Bytes of each node quantity (OUT, PADDED, COPY, INDEX, EXCESS), in all and per tile pixel.
+        # Bytes of each node quantity (OUT, PADDED, COPY, INDEX), in all and per tile pixel.
         source = [n.inputs[0] if n.op in WINDOWS else n.name for n in order]
         self.scale_full = np.array([[self.full[n.name], self.full[s], self.full[s],
-                                     prod(context.shape(n.name)) * INDEX_BYTES, self.full[s]]
+                                     prod(context.shape(n.name)) * INDEX_BYTES]
                                     for n, s in zip(order, source, strict=True)])
-        self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a, self._area(s)]
+        self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a]
                                                        for a, s in zip(areas, source, strict=True)])
         self.forward = cache(self._forward)
         self.program = cache(self._program)
@@ -607,15 +615,13 @@ class Estimator:
     def _pair_bytes(self, program: _Program, rows: AxisArrays, cols: AxisArrays) -> np.ndarray:
         """Bytes of each quantity in each distinct (row tile, column tile) pair: ``[pairs, quantities]``."""
         first, stop, count = program.first, program.stop, len(program.slices)
-        row_lengths, row_reads, row_flags = _classes(program, rows)
-        col_lengths, col_reads, col_flags = _classes(program, cols)
+        row_lengths, row_flags = _classes(program, rows)
+        col_lengths, col_flags = _classes(program, cols)
         scale = np.concatenate([[self.full[name] / self._area(name) for name, _ in program.slices],
                                 self.scale_pixel[first:stop].ravel()])
         flags = np.ones((len(row_flags), len(col_flags), count + KINDS * (stop - first)))
-        copies = np.maximum(row_flags[:, None], col_flags[None])
-        flags[:, :, count + COPY::KINDS] = flags[:, :, count + EXCESS::KINDS] = copies
-        areas = row_lengths[:, None] * col_lengths[None] - row_reads[:, None] * col_reads[None]
-        return (areas * flags * scale).reshape(-1, len(scale))
+        flags[:, :, count + COPY::KINDS] = np.maximum(row_flags[:, None], col_flags[None])
+        return (row_lengths[:, None] * col_lengths[None] * flags * scale).reshape(-1, len(scale))
 
     def _forward(self, first: int, tiled: bool, autograd: bool) -> _Forward:
         end = first
@@ -681,24 +687,18 @@ class Estimator:
         return _Program(first, stop, slices, forward, run.trace())
 
 
-def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per distinct tile of one axis: each quantity's length, the length subtracted from it
-    (``EXCESS`` is the padded copy less the read; the area of a tile pair is the product of
-    lengths less the product of subtracted ones), and whether a padded copy exists."""
+def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
     columns = slice(program.first - arrays.offset, program.stop - arrays.offset)
     hulls = [_hull(arrays, name, readers) for name, readers in program.slices]
     table = np.concatenate([np.array(hulls, dtype=np.int64).reshape(-1, arrays.parts).T, arrays.out[:, columns],
-                            arrays.read[:, columns], arrays.padded[:, columns], arrays.copied[:, columns],
-                            arrays.copies[:, columns]], axis=1)
+                            arrays.padded[:, columns], arrays.copied[:, columns], arrays.copies[:, columns]], axis=1)
     table = table[list({row.tobytes(): index for index, row in enumerate(table)}.values())]
     count, width = len(program.slices), program.stop - program.first
-    out, read, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(5))
-    zero, none = np.zeros_like(out), np.zeros((len(table), count), dtype=np.int64)
-    lengths = np.concatenate([table[:, :count], np.stack([out, padded, copied, out, copied], axis=2)
+    out, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(4))
+    lengths = np.concatenate([table[:, :count], np.stack([out, padded, copied, out], axis=2)
                               .reshape(len(table), -1)], axis=1)
-    subtracted = np.concatenate([none, np.stack([zero, zero, zero, zero, read], axis=2).reshape(len(table), -1)],
-                                axis=1)
-    return lengths, subtracted, copies
+    return lengths, copies
 
 
 def _hull(arrays: AxisArrays, name: str, readers: Sequence[str]) -> np.ndarray:

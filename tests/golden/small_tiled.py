@@ -17,6 +17,7 @@ Conventions: slice bounds are half-open [start, stop) in full-tensor coordinates
 import ctypes
 import functools
 import hashlib
+import math
 import sys
 import warnings
 
@@ -279,6 +280,187 @@ def _narrow(t, spatial, rows, cols):
     return t.narrow(spatial[0], rows[0], rows[1] - rows[0]).narrow(spatial[1], cols[0], cols[1] - cols[0])
 
 
+def _layout(x):
+    """The memory format of a tile tensor made from ``x``: channels-last where ``x`` is."""
+    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+#: Linux's madvise advice for transparent huge pages, and their size.
+_MADV_HUGEPAGE, _HUGE_PAGE = 14, 2 << 20
+
+
+def _advise_huge_pages(address, length):
+    """Ask Linux to back ``[address, address + length)`` with transparent huge pages (one fault
+    per 2 MiB instead of one per 4 KiB); elsewhere, or if refused, nothing changes."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), _MADV_HUGEPAGE)
+        except (OSError, AttributeError):
+            pass
+
+
+class _Arena:
+    """One buffer that every tile of a segment's pass reuses for its own tensors, on CPU.
+
+    ``take`` hands out tensors one after the other from ``top``: a tile's input copies, the padded
+    copies of its border tiles, its convolution and max-pooling results and max-pooling indices,
+    all of which live until the tile ends (autograd keeps them for the tile's backward), and on
+    top of them a convolution backward's scratch, given back by restoring ``top``. ``reset``
+    starts the next tile at 0. Fresh, every such tensor is a block of 128 KiB or more that the
+    pinned allocator maps and unmaps, and the kernel faults in again page by page, tile after
+    tile. The buffer holds ``capacity`` bytes (the most a tile of the segment's earlier passes
+    took, ``need``); past it, and on devices other than the CPU (whose caching allocators reuse
+    blocks themselves), tensors are fresh. Tensors carved from the buffer are not views, so
+    autograd treats them as any fresh tensor; none of them is ever a gradient."""
+
+    def __init__(self, device, capacity=0):
+        self.top = self.need = 0
+        self.buffer, self.base, self.capacity = None, 0, capacity
+        if device.type == "cpu" and capacity:
+            self.buffer = torch.empty(capacity + _HUGE_PAGE, dtype=torch.uint8)
+            self.base = -self.buffer.data_ptr() % _HUGE_PAGE
+            _advise_huge_pages(self.buffer.data_ptr() + self.base, capacity + _HUGE_PAGE - self.base)
+
+    def reset(self):
+        self.top = 0
+
+    def take(self, shape, dtype, device, memory_format=torch.contiguous_format):
+        """An uninitialised tensor of ``shape`` (4-D for channels-last) at ``top``, 64-byte aligned."""
+        start = -(-self.top // 64) * 64
+        self.top = start + math.prod(shape) * dtype.itemsize
+        self.need = max(self.need, self.top)
+        if self.buffer is None or device.type != "cpu" or self.top > self.capacity:
+            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+        if memory_format == torch.channels_last:
+            n, c, h, w = shape
+            strides = (h * w * c, 1, w * c, c)
+        else:
+            strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        offset = (self.base + start) // dtype.itemsize
+        return torch.empty(0, dtype=dtype).set_(self.buffer.untyped_storage(), offset, shape, strides)
+
+    def channels_last(self, w):
+        """A convolution weight as channels-last scratch (the caller gives it back): with a
+        channels-last input, oneDNN copies a contiguous weight twice per call, outside the arena."""
+        if w.is_contiguous(memory_format=torch.channels_last):
+            return w
+        return self.take(tuple(w.shape), w.dtype, w.device, torch.channels_last).copy_(w)
+
+
+class _CopyIn(torch.autograd.Function):
+    """A tile's slice of a sliced input, copied channels-last into the arena (every op of the tile
+    then computes channels-last: convolution kernels read and write it without reordering); its
+    gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, x, arena):
+        return arena.take(tuple(x.shape), x.dtype, x.device, torch.channels_last).copy_(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _copy_in(arena, tile):
+    return [_CopyIn.apply(t, arena) if t.dim() == 4 else t for t in tile]
+
+
+def _padded_copy(arena, x, pads, value):
+    """``x`` padded with ``value`` (``pads``: left, right, top, bottom), in the arena."""
+    left, right, top, bottom = pads
+    n, c, h, w = x.shape
+    y = arena.take((n, c, h + top + bottom, w + left + right), x.dtype, x.device, _layout(x))
+    for rows, cols in ((slice(0, top), slice(None)), (slice(top + h, None), slice(None)),
+                       (slice(top, top + h), slice(0, left)), (slice(top, top + h), slice(left + w, None))):
+        y[:, :, rows, cols].fill_(value)
+    y[:, :, top:top + h, left:left + w].copy_(x)
+    return y
+
+
+class _Pad(torch.autograd.Function):
+    """A border tile's own share of a window op's padding, into the arena; its gradient is the
+    inner part of the output gradient."""
+
+    @staticmethod
+    def forward(ctx, x, pads, value, arena):
+        ctx.inner = pads[2], x.shape[2], pads[0], x.shape[3]
+        return _padded_copy(arena, x, pads, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        top, height, left, width = ctx.inner
+        return g.narrow(2, top, height).narrow(3, left, width), None, None, None
+
+
+def _pad(arena, x, pads, value):
+    return _Pad.apply(x, pads, value, arena)
+
+
+def _pooled(size, kernel, stride, padding, dilation):
+    """Output length of a window op (no ceil mode) along one axis."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+class _MaxPool2d(torch.autograd.Function):
+    """A tile's max_pool2d, its result and indices in the arena; aten's kernels both ways."""
+
+    @staticmethod
+    def forward(ctx, x, kernel, stride, padding, dilation, arena):
+        shape = (*x.shape[:2], *(_pooled(x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i])
+                                 for i in range(2)))
+        y = arena.take(shape, x.dtype, x.device, _layout(x))
+        indices = arena.take(shape, torch.int64, x.device, _layout(x))
+        aten.max_pool2d_with_indices.out(x, kernel, stride, padding, dilation, False, out=y, indices=indices)
+        ctx.save_for_backward(x, indices)
+        ctx.args = kernel, stride, padding, dilation
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, indices = ctx.saved_tensors
+        return (aten.max_pool2d_with_indices_backward.default(g, x, *ctx.args, False, indices),
+                None, None, None, None, None)
+
+
+def _max_pool(arena, x, kernel, stride, padding, dilation):
+    return _MaxPool2d.apply(x, kernel, stride, padding, dilation, arena)
+
+
+#: oneDNN's convolution adding into a given tensor, where this build of torch has it.
+_CONVOLVE_INTO = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise_", None)
+
+
+def _onednn(x, w):
+    """Whether a tile convolution of ``x`` by ``w`` runs on oneDNN with the arena: a
+    channels-last float32 ``x`` on CPU (outside autocast, which would cast it)."""
+    return (_CONVOLVE_INTO is not None and x.device.type == "cpu" and x.dtype == torch.float32
+            and w.dtype == x.dtype and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def _convolve(arena, x, w, b, stride, padding, dilation, groups):
+    """``conv2d(x, w, b)``: where ``_onednn`` says so, written into the arena by oneDNN (which
+    adds the convolution to the tensor it is given: the bias, broadcast) with the arena's
+    channels-last copy of ``w``; elsewhere aten's ``conv2d``."""
+    if not _onednn(x, w) or torch.is_autocast_enabled("cpu"):
+        return aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
+    shape = (x.shape[0], w.shape[0], *(_pooled(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
+                                       for i in range(2)))
+    y = arena.take(shape, x.dtype, x.device, torch.channels_last)
+    if b is None:
+        y.zero_()
+    else:
+        y.copy_(b.view(1, -1, 1, 1).expand(shape))
+    if y.numel() == 0:
+        return y
+    mark = arena.top
+    _CONVOLVE_INTO.binary(y, x, arena.channels_last(w), None, list(padding), list(stride), list(dilation), groups,
+                          "add", 1.0, None, [], None)
+    arena.top = mark
+    return y
+
+
 #: Input channels from which a tile convolution's weight gradient is computed as matrix products.
 _GEMM_MIN_CHANNELS = 32
 
@@ -293,15 +475,16 @@ def _gemm_weight_grad(x, w, stride, groups):
             and x.is_contiguous(memory_format=torch.channels_last))
 
 
-def _weight_grad(g, x, kernel, dilation):
+def _weight_grad(g, x, kernel, dilation, arena):
     """Weight gradient of a stride-1 convolution of the channels-last, already padded ``x`` whose
     output gradient is ``g``: one matrix product per kernel tap. Flattened to (pixel, channel)
     rows, tap (a, b) pairs output pixel q with input pixel q + a * dilation * padded width +
     b * dilation when ``g`` is padded with zeros to the input's height and width: each tap is one
-    contiguous slice of ``x``'s rows, and the padding rows contribute nothing."""
+    contiguous slice of ``x``'s rows, and the padding rows contribute nothing. The padded
+    gradient and the taps are scratch on top of ``arena`` (the caller releases them)."""
     n, channels, height, width = x.shape
     out, g_height, g_width = g.shape[1:]
-    rows = g.new_empty((n, height, width, out))  # zeroing only the padding, not all of it
+    rows = arena.take((n, height, width, out), g.dtype, g.device)  # zeroing only the padding, not all of it
     rows[:, g_height:].zero_()
     rows[:, :g_height, g_width:].zero_()
     rows[:, :g_height, :g_width].copy_(g.permute(0, 2, 3, 1))
@@ -309,7 +492,7 @@ def _weight_grad(g, x, kernel, dilation):
     pixels = x.permute(0, 2, 3, 1).reshape(-1, channels)
     (kh, kw), (dh, dw) = kernel, dilation
     length = rows.shape[0] - (kh - 1) * dh * width - (kw - 1) * dw
-    taps = g.new_empty((kh, kw, out, channels))
+    taps = arena.take((kh, kw, out, channels), g.dtype, g.device)
     for a in range(kh):
         for b in range(kw):
             start = a * dh * width + b * dw
@@ -318,15 +501,17 @@ def _weight_grad(g, x, kernel, dilation):
 
 
 class _Conv2d(torch.autograd.Function):
-    """A tile's conv2d: aten's forward, input and bias gradients; the weight gradient from
-    ``_weight_grad`` where ``_gemm_weight_grad`` says so. The backward runs in the dtype the
-    forward computed in (autocast's, if it cast), which autograd casts back to the inputs'."""
+    """A tile's conv2d (``_convolve``); its input and bias gradients from aten, its weight gradient
+    from ``_weight_grad`` where ``_gemm_weight_grad`` says so, else from aten too. The backward
+    runs in the dtype the forward computed in (autocast's, if it cast), which autograd casts back
+    to the inputs'."""
 
     @staticmethod
-    def forward(ctx, x, w, b, stride, padding, dilation, groups):
-        y = aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
+    def forward(ctx, x, w, b, stride, padding, dilation, groups, arena):
+        y = _convolve(arena, x, w, b, stride, padding, dilation, groups)
         ctx.save_for_backward(x, w)
         ctx.args = stride, padding, dilation, groups, b is not None
+        ctx.arena = arena
         return y
 
     @staticmethod
@@ -336,16 +521,20 @@ class _Conv2d(torch.autograd.Function):
         stride, padding, dilation, groups, bias = ctx.args
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         gemm = need_w and _gemm_weight_grad(x, w, stride, groups)
+        arena, mark = ctx.arena, ctx.arena.top
+        weight = arena.channels_last(w) if _onednn(x, w) else w
         # oneDNN computes a bias gradient together with the weight gradient: not on the GEMM path
         gx, gw, gb = aten.convolution_backward.default(
-            g, x, w, [w.shape[0]] if bias else None, stride, padding, dilation, False, [0, 0], groups,
+            g, x, weight, [w.shape[0]] if bias else None, stride, padding, dilation, False, [0, 0], groups,
             [need_x, need_w and not gemm, need_b and not gemm])
+        arena.top = mark
         if gemm:
             if any(padding):
-                x = aten.constant_pad_nd.default(x, (padding[1], padding[1], padding[0], padding[0]), 0.0)
-            gw = _weight_grad(g, x, w.shape[2:], dilation)
+                x = _padded_copy(arena, x, (padding[1], padding[1], padding[0], padding[0]), 0.0)
+            gw = _weight_grad(g, x, w.shape[2:], dilation, arena)
             gb = g.sum((0, 2, 3)) if need_b else None
-        return gx, gw, gb, None, None, None, None
+        arena.top = mark
+        return gx, gw, gb, None, None, None, None, None
 
 
 _conv2d = _Conv2d.apply
@@ -416,12 +605,22 @@ def _report(progress, label, done, total):
 
 class _Segment:
     """A tiled segment: its tile functions by (row class, column class), per-axis tables, per-axis
-    cost weights, and the plan's shares per rank (if compiled with --ranks)."""
+    cost weights, the plan's shares per rank (if compiled with --ranks), and the arena capacity
+    its passes needed so far, by device, dtype and autocast state."""
 
     def __init__(self, label, kernels, rows, cols, sliced, broadcast, outputs, costs, shares):
         self.label, self.kernels, self.rows, self.cols = label, kernels, rows, cols
         self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
+        self._capacity = {}
+
+    def arena(self, x, autocast):
+        """An arena for one pass over the tiles of input ``x`` (the first pass learns its size)."""
+        return _Arena(x.device, self._capacity.get((x.device, x.dtype, autocast), 0))
+
+    def learn(self, x, autocast, arena):
+        key = (x.device, x.dtype, autocast)
+        self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
     def tiles(self, group=None):
         """The tiles this process runs: all of them, or its rank's share of ``group``'s."""
@@ -478,13 +677,6 @@ def _slices(segment, xs, row_in, col_in):
     return [_narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in)]
 
 
-def _channels_last(tile):
-    """A tile's inputs as channels-last copies (4-D ones), so that every op of the tile computes
-    channels-last: convolution kernels then read and write it directly, without reordering each
-    input into a blocked layout and each output back (fewer and smaller temporaries)."""
-    return [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in tile]
-
-
 class _GradChannelsLast(torch.autograd.Function):
     """Identity; its backward hands the output gradient on as a channels-last copy (4-D ones).
 
@@ -520,17 +712,20 @@ def _outputs(segment, parts, zeros):
 
 class _Tiled(torch.autograd.Function):
     """Forward: every tile under no_grad. Backward: every tile again under autograd, with the
-    autocast state the forward ran under."""
+    autocast state the forward ran under. Each pass carves its tiles' own tensors from one arena."""
 
     @staticmethod
     def forward(ctx, segment, progress, group, *tensors):
         count = len(segment.sliced)
         xs, rest = tensors[:count], tensors[count:]
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
+        autocast = (xs[0].device.type, *_autocast_state(xs[0].device.type))
+        arena = segment.arena(xs[0], autocast)
         outs = None
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
-            parts = kernel(_channels_last(_slices(segment, xs, row_in, col_in)), bs, p)
+            arena.reset()
+            parts = kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena)
             if outs is None:
                 outs = _outputs(segment, parts, zeros=group is not None)
             for out, (_, spatial, _), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
@@ -539,11 +734,14 @@ class _Tiled(torch.autograd.Function):
             _report(progress, f"{segment.label} forward", done + 1, total)
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             kernel, row_in, col_in, _, _ = next(segment.tiles())
-            outs = _outputs(segment, kernel(_channels_last(_slices(segment, xs, row_in, col_in)), bs, p), zeros=True)
+            arena.reset()
+            outs = _outputs(segment, kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena),
+                            zeros=True)
+        segment.learn(xs[0], autocast, arena)
+        del arena
         if group is not None:
             _sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
-        ctx.segment, ctx.progress, ctx.group = segment, progress, group
-        ctx.autocast = (xs[0].device.type, *_autocast_state(xs[0].device.type))
+        ctx.segment, ctx.progress, ctx.group, ctx.autocast = segment, progress, group, autocast
         ctx.save_for_backward(*tensors)
         return tuple(outs)
 
@@ -556,11 +754,15 @@ class _Tiled(torch.autograd.Function):
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:])]
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         gx = [torch.zeros_like(x) if need else None for x, need in zip(xs, needs[:count])]
+        arena = segment.arena(xs[0], ctx.autocast)
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
+            arena.reset()
             _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs[:count], ctx.autocast,
-                           (row_in, col_in, row_own, col_own))
+                           (row_in, col_in, row_own, col_own), arena)
             _report(ctx.progress, f"{segment.label} backward", done + 1, total)
+        segment.learn(xs[0], ctx.autocast, arena)
+        del arena
         gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
         if group is not None:  # a rank without tiles here contributes zeros
             gp = [torch.zeros_like(leaf) if leaf.requires_grad and g is None else g for leaf, g in zip(leaves, gp)]
@@ -568,18 +770,18 @@ class _Tiled(torch.autograd.Function):
         return (None, None, None, *gx, *gp)
 
 
-def _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs, autocast, bounds):
+def _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs, autocast, bounds, arena):
     """One tile's backward: its forward again under autograd (with the forward's ``autocast``
     state), back-propagated from its owned part of each output gradient; its input gradients are
     added into ``gx``, its parameter gradients accumulate into ``leaves``. Everything else it
-    made is freed on return, before the next tile allocates."""
+    made is freed on return (its arena tensors are dead), before the next tile allocates."""
     row_in, col_in, row_own, col_own = bounds
     device_type, enabled, dtype = autocast
     tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
             for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs)]
     with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
         parts = [_grad_channels_last(part) if part.requires_grad else part
-                 for part in kernel(_channels_last(tile), bs, p)]
+                 for part in kernel(_copy_in(arena, tile), bs, p, arena)]
     pairs = [(part, _narrow(g, spatial, r, c))
              for part, g, (_, spatial, _), r, c in zip(parts, grads, segment.outputs, row_own, col_own)
              if part.requires_grad]
@@ -609,85 +811,85 @@ _S0_COSTS = ((171996, 148896), (121368, 133536, 94068))
 _S0_SHARES = ()
 
 
-def _s0_0_0(xs, bs, p):
+def _s0_0_0(xs, bs, p, arena):
     """Segment 0, shape class (0, 0)."""
     x_in, = xs
-    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(_pad(arena, x_in, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(_pad(arena, v_relu_, (1, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1, arena)
     v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 0:4], v_relu,)
 
 
-def _s0_0_1(xs, bs, p):
+def _s0_0_1(xs, bs, p, arena):
     """Segment 0, shape class (0, 1)."""
     x_in, = xs
-    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(_pad(arena, x_in, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(_pad(arena, v_relu_, (0, 0, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1, arena)
     v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:5], v_relu,)
 
 
-def _s0_0_2(xs, bs, p):
+def _s0_0_2(xs, bs, p, arena):
     """Segment 0, shape class (0, 2)."""
     x_in, = xs
-    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(_pad(arena, x_in, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(_pad(arena, v_relu_, (0, 1, 1, 0), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1, arena)
     v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 0:7, 1:4], v_relu,)
 
 
-def _s0_1_0(xs, bs, p):
+def _s0_1_0(xs, bs, p, arena):
     """Segment 0, shape class (1, 0)."""
     x_in, = xs
-    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(_pad(arena, x_in, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(_pad(arena, v_relu_, (1, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1, arena)
     v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 0:4], v_relu,)
 
 
-def _s0_1_1(xs, bs, p):
+def _s0_1_1(xs, bs, p, arena):
     """Segment 0, shape class (1, 1)."""
     x_in, = xs
-    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(_pad(arena, x_in, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(_pad(arena, v_relu_, (0, 0, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1, arena)
     v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:5], v_relu,)
 
 
-def _s0_1_2(xs, bs, p):
+def _s0_1_2(xs, bs, p, arena):
     """Segment 0, shape class (1, 2)."""
     x_in, = xs
-    v_conv2d = _conv2d(aten.constant_pad_nd.default(x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d = _conv2d(_pad(arena, x_in, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
     v_batch_norm = aten.batch_norm.default(v_conv2d, p[2], p[3], p[4], p[5], False, 0.1, 1e-05, False)
     del v_conv2d
     v_relu_ = aten.relu_.default(v_batch_norm)
     del v_batch_norm
-    v_conv2d_1 = _conv2d(aten.constant_pad_nd.default(v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_1 = _conv2d(_pad(arena, v_relu_, (0, 1, 0, 1), 0.0), p[6], p[7], (1, 1), (0, 0), (1, 1), 1, arena)
     v_relu = aten.relu_.default(v_conv2d_1)
     del v_conv2d_1
     return (v_relu_[:, :, 1:7, 1:4], v_relu,)
@@ -731,17 +933,17 @@ _S1_COSTS = ((303489, 297756, 232656), (441006, 357063))
 _S1_SHARES = ()
 
 
-def _s1_0_0(xs, bs, p):
+def _s1_0_0(xs, bs, p, arena):
     """Segment 1, shape class (0, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(_pad(arena, v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = _in_place(v_add, aten.relu_.default, _relu_grad_)
     del v_add
-    v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
+    v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (1, 0, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
     del v_conv2d_3
@@ -749,24 +951,24 @@ def _s1_0_0(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 0:6, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(_pad(arena, v_cat, (1, 0, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
     v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
 
-def _s1_0_1(xs, bs, p):
+def _s1_0_1(xs, bs, p, arena):
     """Segment 1, shape class (0, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(_pad(arena, v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = _in_place(v_add, aten.relu_.default, _relu_grad_)
     del v_add
-    v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
+    v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (0, 1, 1, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
     del v_conv2d_3
@@ -774,24 +976,24 @@ def _s1_0_1(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 0:6, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(_pad(arena, v_cat, (0, 1, 1, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
     v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
 
-def _s1_1_0(xs, bs, p):
+def _s1_1_0(xs, bs, p, arena):
     """Segment 1, shape class (1, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(_pad(arena, v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
     v_add = aten.add.Tensor(v_relu_, v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = _in_place(v_add, aten.relu_.default, _relu_grad_)
     del v_add
-    v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
+    v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
     del v_conv2d_3
@@ -799,24 +1001,24 @@ def _s1_1_0(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:8, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(_pad(arena, v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
     v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
 
-def _s1_1_1(xs, bs, p):
+def _s1_1_1(xs, bs, p, arena):
     """Segment 1, shape class (1, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
     v_add = aten.add.Tensor(v_relu_[:, :, :, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = _in_place(v_add, aten.relu_.default, _relu_grad_)
     del v_add
-    v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
+    v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
     del v_conv2d_3
@@ -824,24 +1026,24 @@ def _s1_1_1(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:8, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(_pad(arena, v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
     v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
 
-def _s1_2_0(xs, bs, p):
+def _s1_2_0(xs, bs, p, arena):
     """Segment 1, shape class (2, 0)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = _conv2d(aten.constant_pad_nd.default(v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(_pad(arena, v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = _in_place(v_add, aten.relu_.default, _relu_grad_)
     del v_add
-    v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
+    v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 0:7]
     del v_conv2d_3
@@ -849,24 +1051,24 @@ def _s1_2_0(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:7, 0:7], v_pad], 1)
     del v_pad
-    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(_pad(arena, v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
     v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
     return (v_leaky_relu,)
 
 
-def _s1_2_1(xs, bs, p):
+def _s1_2_1(xs, bs, p, arena):
     """Segment 1, shape class (2, 1)."""
     v_relu, v_relu_, = xs
-    v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_2 = _conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
     v_add = aten.add.Tensor(v_relu_[:, :, 0:6, 0:8], v_conv2d_2, alpha=1)
     del v_conv2d_2
     v_relu_1 = _in_place(v_add, aten.relu_.default, _relu_grad_)
     del v_add
-    v_max_pool2d = aten.max_pool2d.default(v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1), False)
+    v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(aten.constant_pad_nd.default(v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
     v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 1:6]
     del v_conv2d_3
@@ -874,7 +1076,7 @@ def _s1_2_1(xs, bs, p):
     del v_conv_transpose2d
     v_cat = aten.cat.default([v_relu_[:, :, 2:7, 3:9], v_pad], 1)
     del v_pad
-    v_conv2d_4 = _conv2d(aten.constant_pad_nd.default(v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1)
+    v_conv2d_4 = _conv2d(_pad(arena, v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
     v_leaky_relu = aten.leaky_relu_.default(v_conv2d_4, 0.1)
     del v_conv2d_4
