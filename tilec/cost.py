@@ -62,6 +62,10 @@ CONV_BACKWARD_WORKSPACE = 2.5
 #: kernel is 1x1. Measured on CPU: 1x (1x1) or 2x the weight's bytes in forward, one more in
 #: backward (besides the weight gradient).
 WEIGHT_BACKWARD_EXTRA_COPIES = 1.0
+#: A tile convolution in the arena (its channels-last weight copy there) whose weight gradient
+#: oneDNN computes: the backward's blocked copies of the weight and of its gradient besides
+#: (measured on CPU, 3x3 stride 2 and 1x1, 512-1024 channels: 1.96-1.99x the weight's bytes).
+ARENA_WEIGHT_BACKWARD_COPIES = 2.0
 #: From this many input channels, a tile convolution with stride 1, no groups and a kernel
 #: larger than 1x1 gets its weight gradient from the generated module's matrix products
 #: (``_weight_grad``): oneDNN's channels-last weight gradient took 1.5-3x as long there (measured
@@ -473,9 +477,11 @@ class Estimator:
                       if calibrated and t > 1 else fitted for t in taps]
         self.tile_workspace = [tile for tile, _ in workspaces]
         self.stored_workspace = [stored for _, stored in workspaces]
-        self.backward_weight_copies = [w if gemm else c + WEIGHT_BACKWARD_EXTRA_COPIES * w if n.op in CONVS else 0
-                                       for c, w, n, gemm in zip(self.weight_copies, self.weights, order, self.gemm,
-                                                                strict=True)]
+        self.backward_weight_copies = [
+            0 if n.op not in CONVS else w if gemm else
+            c + (ARENA_WEIGHT_BACKWARD_COPIES if arena else WEIGHT_BACKWARD_EXTRA_COPIES) * w
+            for c, w, n, gemm, arena in zip(self.weight_copies, self.weights, order, self.gemm, self.in_arena,
+                                            strict=True)]
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
         self.grad = [False] * (len(order) + 1)

@@ -606,7 +606,7 @@ def _report(progress, label, done, total):
 class _Segment:
     """A tiled segment: its tile functions by (row class, column class), per-axis tables, per-axis
     cost weights, the plan's shares per rank (if compiled with --ranks), and the arena capacity
-    its passes needed so far, by device, dtype and autocast state."""
+    its forward and backward passes needed so far, by device, dtype and autocast state."""
 
     def __init__(self, label, kernels, rows, cols, sliced, broadcast, outputs, costs, shares):
         self.label, self.kernels, self.rows, self.cols = label, kernels, rows, cols
@@ -614,12 +614,13 @@ class _Segment:
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
 
-    def arena(self, x, autocast):
-        """An arena for one pass over the tiles of input ``x`` (the first pass learns its size)."""
-        return _Arena(x.device, self._capacity.get((x.device, x.dtype, autocast), 0))
+    def arena(self, x, autocast, backward):
+        """An arena for one pass (forward or ``backward``) over the tiles of input ``x``: as large
+        as such passes needed before; the first one learns it with fresh tensors."""
+        return _Arena(x.device, self._capacity.get((x.device, x.dtype, autocast, backward), 0))
 
-    def learn(self, x, autocast, arena):
-        key = (x.device, x.dtype, autocast)
+    def learn(self, x, autocast, backward, arena):
+        key = (x.device, x.dtype, autocast, backward)
         self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
     def tiles(self, group=None):
@@ -720,7 +721,7 @@ class _Tiled(torch.autograd.Function):
         xs, rest = tensors[:count], tensors[count:]
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
         autocast = (xs[0].device.type, *_autocast_state(xs[0].device.type))
-        arena = segment.arena(xs[0], autocast)
+        arena = segment.arena(xs[0], autocast, backward=False)
         outs = None
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
@@ -737,7 +738,7 @@ class _Tiled(torch.autograd.Function):
             arena.reset()
             outs = _outputs(segment, kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena),
                             zeros=True)
-        segment.learn(xs[0], autocast, arena)
+        segment.learn(xs[0], autocast, False, arena)
         del arena
         if group is not None:
             _sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
@@ -754,14 +755,14 @@ class _Tiled(torch.autograd.Function):
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:])]
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         gx = [torch.zeros_like(x) if need else None for x, need in zip(xs, needs[:count])]
-        arena = segment.arena(xs[0], ctx.autocast)
+        arena = segment.arena(xs[0], ctx.autocast, backward=True)
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
             arena.reset()
             _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs[:count], ctx.autocast,
                            (row_in, col_in, row_own, col_own), arena)
             _report(ctx.progress, f"{segment.label} backward", done + 1, total)
-        segment.learn(xs[0], ctx.autocast, arena)
+        segment.learn(xs[0], ctx.autocast, True, arena)
         del arena
         gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
         if group is not None:  # a rank without tiles here contributes zeros
