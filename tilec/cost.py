@@ -66,6 +66,9 @@ WEIGHT_BACKWARD_EXTRA_COPIES = 1.0
 #: oneDNN computes: the backward's blocked copies of the weight and of its gradient besides
 #: (measured on CPU, 3x3 stride 2 and 1x1, 512-1024 channels: 1.96-1.99x the weight's bytes).
 ARENA_WEIGHT_BACKWARD_COPIES = 2.0
+#: One whose weight gradient is matrix products: the input gradient's blocked weight copy
+#: besides (3x3, 512-1024 channels, 11-14² tiles: 2.03-2.10x with the channels-last copy).
+ARENA_GEMM_WEIGHT_BACKWARD_COPIES = 1.0
 #: From this many input channels, a tile convolution with stride 1, no groups and a kernel
 #: larger than 1x1 gets its weight gradient from the generated module's matrix products
 #: (``_weight_grad``): oneDNN's channels-last weight gradient took 1.5-3x as long there (measured
@@ -478,7 +481,8 @@ class Estimator:
         self.tile_workspace = [tile for tile, _ in workspaces]
         self.stored_workspace = [stored for _, stored in workspaces]
         self.backward_weight_copies = [
-            0 if n.op not in CONVS else w if gemm else
+            0 if n.op not in CONVS else
+            c + ARENA_GEMM_WEIGHT_BACKWARD_COPIES * w if gemm and arena else w if gemm else
             c + (ARENA_WEIGHT_BACKWARD_COPIES if arena else WEIGHT_BACKWARD_EXTRA_COPIES) * w
             for c, w, n, gemm, arena in zip(self.weight_copies, self.weights, order, self.gemm, self.in_arena,
                                             strict=True)]
