@@ -4,7 +4,8 @@
 ``TiledModel`` that ``tilec.pipeline.build`` generates, with the same float64 input and the same
 random output gradients, and compares every output leaf (tensors, tuples, dicts...), the input
 gradient and every parameter gradient. The suite's conftest fills ``new_empty`` / ``empty_like``
-with NaN, so an output element no tile writes shows up as an error too.
+with NaN, so an output element no tile writes shows up as an error too. ``generated(tiled)``
+gives the globals of the generated module behind a ``TiledModel`` (its helpers and segments).
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ from torch.utils._pytree import tree_flatten
 from tilec.pipeline import build
 
 TOLERANCE = 1e-10
+
+
+def generated(tiled: nn.Module | None = None) -> dict:
+    """The globals of the generated module of ``tiled``; by default of a small one (the helpers,
+    ``_conv2d``, ``_Arena`` and the rest, are the same in every generated module)."""
+    if tiled is None:
+        tiled = build(nn.Sequential(nn.Conv2d(1, 1, 3)), (1, 1, 8, 8), grid=(2, 2))
+    return type(tiled).__init__.__globals__
 
 
 def randomise_buffers(model: nn.Module, generator: torch.Generator) -> None:

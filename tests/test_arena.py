@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from exactness import generated
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -14,8 +15,7 @@ from torch.nn import functional as F
 
 from tilec.pipeline import build
 
-#: The generated module's globals (its helpers are the same for every plan).
-GENERATED = type(build(nn.Sequential(nn.Conv2d(1, 1, 3)), (1, 1, 8, 8), grid=(2, 2))).__init__.__globals__
+GENERATED = generated()
 Arena = GENERATED["_Arena"]
 CPU = torch.device("cpu")
 
@@ -150,7 +150,7 @@ def test_float32_tiled_steps_through_the_arena_match_untiled_and_the_first_step(
     tiled = build(model, shape, grid)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
     first, second, third = (_step(tiled, model, x) for _ in range(3))
-    segments = [v for v in type(tiled).__init__.__globals__.values() if type(v).__name__ == "_Segment"]
+    segments = [v for v in generated(tiled).values() if type(v).__name__ == "_Segment"]
     assert segments and all(s._capacity and min(s._capacity.values()) > 0 for s in segments)
     plain = _step(model, model, x)
     for a, b, c, want in zip(first, second, third, plain, strict=True):

@@ -6,9 +6,9 @@ path."""
 from __future__ import annotations
 
 import torch
+from exactness import generated
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from torch import nn
 from zoo import SHAPES, ZOO
 
 from tilec.cost import GEMM_MIN_CHANNELS, Estimator
@@ -16,8 +16,7 @@ from tilec.pipeline import build
 from tilec.planner import Boundaries
 from tilec.trace import trace
 
-#: The generated module's globals (its helpers are the same for every plan).
-GENERATED = type(build(nn.Sequential(nn.Conv2d(1, 1, 3)), (1, 1, 8, 8), grid=(2, 2))).__init__.__globals__
+GENERATED = generated()
 
 
 @settings(max_examples=40, deadline=None)
@@ -73,14 +72,14 @@ def test_tiles_and_cost_model_agree_on_the_gemm_path():
                 for name, gemm in zip(bounds.order, estimator.gemm, strict=True) if gemm}
     assert len(expected) == 3
     tiled = build(model, shape, grid=(3, 2), dtype="float64")
-    generated = type(tiled).__init__.__globals__
-    weight_grad, seen = generated["_weight_grad"], []
+    module = generated(tiled)
+    weight_grad, seen = module["_weight_grad"], []
 
     def counted(g, x, kernel, dilation, arena):
         seen.append((g.shape[1], x.shape[1], *kernel))
         return weight_grad(g, x, kernel, dilation, arena)
 
-    generated["_weight_grad"] = counted
+    module["_weight_grad"] = counted
     tiled(torch.randn(shape, dtype=torch.float64)).sum().backward()
     assert set(seen) == {tuple(s) for s in expected}
     assert len(seen) == 3 * 6  # in every tile of the 3x2 grid

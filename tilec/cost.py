@@ -480,12 +480,9 @@ class Estimator:
                       if calibrated and t > 1 else fitted for t in taps]
         self.tile_workspace = [tile for tile, _ in workspaces]
         self.stored_workspace = [stored for _, stored in workspaces]
-        self.backward_weight_copies = [
-            0 if n.op not in CONVS else
-            c + ARENA_GEMM_WEIGHT_BACKWARD_COPIES * w if gemm and arena else w if gemm else
-            c + (ARENA_WEIGHT_BACKWARD_COPIES if arena else WEIGHT_BACKWARD_EXTRA_COPIES) * w
-            for c, w, n, gemm, arena in zip(self.weight_copies, self.weights, order, self.gemm, self.in_arena,
-                                            strict=True)]
+        self.backward_weight_copies = [_backward_weight_copies(c, w, gemm, arena) if n.op in CONVS else 0
+                                       for c, w, n, gemm, arena in zip(self.weight_copies, self.weights, order,
+                                                                       self.gemm, self.in_arena, strict=True)]
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
         self.grad = [False] * (len(order) + 1)
@@ -695,6 +692,14 @@ class Estimator:
         plain = self.forward(first, True, False) if tiled else None
         forward = plain.run.trace(plain.marks[stop - first - 1]) if plain else None
         return _Program(first, stop, slices, forward, run.trace())
+
+
+def _backward_weight_copies(forward: float, weight: float, gemm: bool, arena: bool) -> float:
+    """Bytes of the weight copies a tile convolution's backward makes, given its forward's and its
+    weight's bytes, whether its weight gradient is matrix products and whether it is in the arena."""
+    if gemm:
+        return forward + ARENA_GEMM_WEIGHT_BACKWARD_COPIES * weight if arena else weight
+    return forward + (ARENA_WEIGHT_BACKWARD_COPIES if arena else WEIGHT_BACKWARD_EXTRA_COPIES) * weight
 
 
 def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:

@@ -436,14 +436,15 @@ def _onednn(x, w):
     """Whether a tile convolution of ``x`` by ``w`` runs on oneDNN with the arena: a
     channels-last float32 ``x`` on CPU (outside autocast, which would cast it)."""
     return (_CONVOLVE_INTO is not None and x.device.type == "cpu" and x.dtype == torch.float32
-            and w.dtype == x.dtype and x.is_contiguous(memory_format=torch.channels_last))
+            and w.dtype == x.dtype and x.is_contiguous(memory_format=torch.channels_last)
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def _convolve(arena, x, w, b, stride, padding, dilation, groups):
     """``conv2d(x, w, b)``: where ``_onednn`` says so, written into the arena by oneDNN (which
     adds the convolution to the tensor it is given: the bias, broadcast) with the arena's
     channels-last copy of ``w``; elsewhere aten's ``conv2d``."""
-    if not _onednn(x, w) or torch.is_autocast_enabled("cpu"):
+    if not _onednn(x, w):
         return aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
     shape = (x.shape[0], w.shape[0], *(_pooled(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
                                        for i in range(2)))
