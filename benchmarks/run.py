@@ -122,8 +122,12 @@ def notes(records: list[dict]) -> str:
     seen, out = set(), []
     for r in records:
         if r["variant"] == "auto" and "plan_segments" in r:
+            estimate = ""
+            if "estimated_seconds" in r and "step_s" in r:
+                guess = r["estimated_seconds"]
+                estimate = f", estimated step {guess:.1f} s (measured {r['step_s'] / guess:.2f}x)"
             out.append(f"- {r['size']}² {r['label']}: chose segments {', '.join(r['plan_segments'])} "
-                       f"(FIRST:STOP:grid), planning took {r['build_s']:.1f} s")
+                       f"(FIRST:STOP:grid), planning took {r['build_s']:.1f} s{estimate}")
     out.append("- malloc: every process runs in the environment as is (no allocator variables; tilec's module "
                "pins glibc's mmap threshold itself) unless its label says tuned malloc: "
                + ", ".join(f"{k}={v}" for k, v in TUNED_MALLOC.items()))

@@ -17,7 +17,9 @@ Variants:
   tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
               ``--tilec-segments``;
   auto        tilec planning for ``--budget`` bytes (``memory_budget``).
-For tilec and auto the JSON line also has the plan's segments and ``predicted_peak_bytes``;
+For tilec and auto the JSON line also has the plan's segments, ``predicted_peak_bytes`` and
+``estimated_seconds`` (the plan's time estimate, ``tilec.cost.Speed``; auto's from this machine's
+rates, ``tilec.clock``);
 ``--allocator`` picks how their process's malloc returns memory: ``pinned`` (the default: the
 generated module pins glibc's mmap threshold), ``as-is`` (``return_freed_memory=False``) or
 ``heap`` (as-is, and glibc keeps freed blocks below 32 MiB in its heap, untrimmed).
@@ -272,6 +274,7 @@ def compile_tiled(model: nn.Module, shape, record: dict, autocast: str | None, a
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["plan_segments"] = [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}{'' if s.mode == 'tiled' else ' stored'}"
                                for s in plan.segments]
+    record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)
     return tiled
 
 

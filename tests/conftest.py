@@ -8,7 +8,27 @@ keeps timings stable, so the whole suite uses one.
 import pytest
 import torch
 
+import tilec.pipeline
+from tilec.cost import REFERENCE_SPEED
+
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reference_speed(tmp_path_factory):
+    """In this process, budget searches rank plans at ``REFERENCE_SPEED`` instead of this
+    machine's measured rates (``tilec.clock``), so that what they pick does not depend on the
+    machine; measurements (subprocesses measure) go to the session's own cache directory."""
+
+    def at_reference(graph, dtype):
+        timed = graph.copy()
+        timed.graph["speed"] = REFERENCE_SPEED
+        return timed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        patch.setattr(tilec.pipeline, "clock", at_reference)
+        yield
 
 
 @pytest.fixture(autouse=True)

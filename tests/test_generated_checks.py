@@ -194,8 +194,8 @@ def test_the_plan_it_was_built_from_is_accepted(generated, plan_file):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: d.update(schema_version=1), r"has schema_version 1, this module has 3$"),
-        (lambda d: d.update(schema_version="3"), r"has schema_version '3', this module has 3$"),
+        (lambda d: d.update(schema_version=1), r"has schema_version 1, this module has 4$"),
+        (lambda d: d.update(schema_version="3"), r"has schema_version '3', this module has 4$"),
         (lambda d: d["model"].update(digest="0" * 64), r"is for model digest '0{64}', this module for '[0-9a-f]{64}'$"),
         (lambda d: d.update(input_shape=[1, 3, 15, 14]),
          r"has input shape \[1, 3, 15, 14\], this module \(1, 3, 15, 13\)$"),

@@ -25,10 +25,14 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import networkx as nx
 import torch
+
+T = TypeVar("T")
 
 #: The measured convolution: channels in and out, input height and width, kernel size.
 CHANNELS, SIDE, KERNEL = 16, 256, 3
@@ -45,7 +49,8 @@ def calibrate(graph: nx.DiGraph) -> nx.DiGraph:
         return graph
     device, dtype = autocast.split(":")
     calibrated = graph.copy()
-    calibrated.graph["conv_workspace"] = _cached(device, dtype)
+    calibrated.graph["conv_workspace"] = cached(machine_key(device, dtype),
+                                                lambda: _measured_workspace(device, dtype), _workspace)
     return calibrated
 
 
@@ -67,29 +72,43 @@ def _cpu_model() -> str:
         return platform.processor()
 
 
-def _cached(device: str, dtype: str) -> tuple[tuple[float, float], tuple[float, float]]:
-    key = f"torch {torch.__version__} | {_device_name(device)} | {dtype}"
+def machine_key(device: str, dtype: str) -> str:
+    """What a measurement depends on: the torch version, the device's model and the dtype."""
+    return f"torch {torch.__version__} | {_device_name(device)} | {dtype}"
+
+
+def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T]) -> T:
+    """``parse`` of the cache's entry ``key``; if absent, or malformed (``parse`` raises
+    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first."""
     path = cache_path()
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         entries = {}
-    entry = entries.get(key) if isinstance(entries, dict) else None
-    try:
-        (tile_forward, tile_backward), (stored_forward, stored_backward) = entry
-        return (float(tile_forward), float(tile_backward)), (float(stored_forward), float(stored_backward))
-    except (TypeError, ValueError):
-        pass  # absent or malformed: measure
-    measured = tuple(conv_workspace(device, getattr(torch, dtype), last) for last in (True, False))
-    entries = {**(entries if isinstance(entries, dict) else {}), key: [list(pair) for pair in measured]}
+    entries = entries if isinstance(entries, dict) else {}
+    if key in entries:
+        try:
+            return parse(entries[key])
+        except (TypeError, ValueError):
+            pass  # malformed: measure again
+    measured = measure()
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        partial.write_text(json.dumps({**entries, key: measured}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         partial.replace(path)
     except OSError:  # an unwritable cache only means measuring again next time
         partial.unlink(missing_ok=True)
-    return measured
+    return parse(measured)
+
+
+def _workspace(entry) -> tuple[tuple[float, float], tuple[float, float]]:
+    (tile_forward, tile_backward), (stored_forward, stored_backward) = entry
+    return (float(tile_forward), float(tile_backward)), (float(stored_forward), float(stored_backward))
+
+
+def _measured_workspace(device: str, dtype: str) -> list[list[float]]:
+    return [list(conv_workspace(device, getattr(torch, dtype), last)) for last in (True, False)]
 
 
 def conv_workspace(device: str, dtype: torch.dtype, channels_last: bool) -> tuple[float, float]:

@@ -79,13 +79,8 @@ GEMM_MIN_CHANNELS = 32
 #: Ops whose channels-last backward takes a temporary the size of their input (measured on CPU:
 #: eval-mode batch_norm's takes 2x its input channels-last, 1x in NCHW).
 CHANNELS_LAST_BACKWARD_COPY = frozenset({"batch_norm", "_native_batch_norm_legit_no_training"})
-#: Reference machine for the time estimate: sustained FLOP/s, and seconds per kernel call.
-FLOP_RATE = 1e11
-CALL_SECONDS = 3e-5
-#: Fixed cost of a segment (autograd node, Python), so that equal plans prefer fewer segments;
-#: and the rate at which a tiled segment assembles its output and sums its input gradient.
+#: Fixed cost of a segment (autograd node, Python), so that equal plans prefer fewer segments.
 SEGMENT_SECONDS = 1e-3
-COPY_RATE = 5e9
 
 #: Ops whose result aliases an input (no bytes of their own): views and identity copies.
 VIEWS = ALIASING | {"clone", "contiguous", "detach", "lift_fresh_copy", "dropout", "feature_dropout",
@@ -107,14 +102,36 @@ PADDED_COPY = frozenset({"conv2d", "max_pool2d", "avg_pool2d"})
 
 
 @dataclass(frozen=True)
+class Speed:
+    """The time estimate's rates: FLOP/s of the step's kernels, seconds per op call per tile
+    (Python, autograd, kernel launch), and bytes/s of copies (a tiled segment assembling its
+    outputs and input gradients, a tile's weight copies). A segment takes ``SEGMENT_SECONDS`` +
+    FLOPs / ``flop_rate`` + calls * ``call_seconds`` + bytes copied / ``copy_rate``."""
+
+    flop_rate: float
+    call_seconds: float
+    copy_rate: float
+
+    def seconds(self, flops: float, calls: int, copied: float) -> float:
+        return SEGMENT_SECONDS + flops / self.flop_rate + calls * self.call_seconds + copied / self.copy_rate
+
+
+#: The rates of a graph not timed on its device (``tilec.clock``): a 2-core x86 CPU in float32.
+REFERENCE_SPEED = Speed(flop_rate=1e11, call_seconds=3e-5, copy_rate=5e9)
+
+
+@dataclass(frozen=True)
 class SegmentCost:
-    """What one segment choice costs; bytes are per the module docstring's timeline."""
+    """What one segment choice costs; bytes are per the module docstring's timeline; ``calls``
+    and ``copied`` bytes as ``Speed`` counts them."""
 
     forward_local: int
     backward_local: int
     kept: int
     flops: int
     flop_overhead: float
+    calls: int
+    copied: int
     seconds: float
 
 
@@ -439,6 +456,7 @@ class Estimator:
     def __init__(self, bounds: Boundaries, dtype: str):
         self.bounds = bounds
         self.element = ELEMENT_BYTES[dtype]
+        self.speed: Speed = bounds.graph.graph.get("speed", REFERENCE_SPEED)
         context = bounds.context
         shapes = context.tensor_shapes
         parameters = {t.name for t in bounds.graph.graph["tensors"] if not t.buffer}
@@ -535,13 +553,16 @@ class Estimator:
         forward, kept = self.stored_forward(first)
         backward = self.program(first, stop, False).backward.peak(self.scale_full[first:stop].reshape(1, -1))
         flops = float(self.flops[first:stop].sum() + self.backward_flops[first:stop].sum())
+        calls = 2 * (stop - first)
         return SegmentCost(
             forward_local=forward[stop - first - 1],
             backward_local=self.gradients(first, stop) + self.later_weights[first] + backward,
             kept=kept[stop - first - 1],
             flops=round(flops),
             flop_overhead=0.0,
-            seconds=flops / FLOP_RATE + 2 * (stop - first) * CALL_SECONDS + SEGMENT_SECONDS,
+            calls=calls,
+            copied=0,
+            seconds=self.speed.seconds(flops, calls, 0),
         )
 
     def _stored_forward(self, first: int) -> tuple[list[int], list[int]]:
@@ -566,14 +587,16 @@ class Estimator:
         # every tile copies its convolutions' weights: forward, autograd re-run, backward
         copied_weights = rows.parts * cols.parts * sum(2 * self.weight_copies[p] + self.backward_weight_copies[p]
                                                        for p in range(first, stop))
+        copied = outputs + 2 * in_grad + copied_weights
         return SegmentCost(
             forward_local=outputs + program.forward.peak(sizes),
             backward_local=fixed + program.backward.peak(sizes),
             kept=outputs,
             flops=round(flops),
             flop_overhead=halo - 1,
-            seconds=(flops / FLOP_RATE + calls * CALL_SECONDS + SEGMENT_SECONDS
-                     + (outputs + 2 * in_grad + copied_weights) / COPY_RATE),
+            calls=calls,
+            copied=copied,
+            seconds=self.speed.seconds(flops, calls, copied),
         )
 
     def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 INPUT = "input"
 
 Shape = tuple[int, ...]
@@ -179,6 +179,10 @@ class Plan(Frozen):
         None, description="with autocast: the (forward, backward) bytes a convolution allocates beyond its tensors, "
                           "in multiples of its input's bytes times its kernel taps, in tiles and in stored segments, "
                           "as measured on the autocast device and dtype (tilec.calibrate)")
+    speed: tuple[float, float, float] | None = Field(
+        None, description="with a memory budget: the rates of the time estimate the search ranked plans by, as "
+                          "measured on the device it planned for (tilec.clock): FLOP/s, seconds per op call per tile, "
+                          "bytes/s of copies; without one, estimated_seconds assume tilec.cost.REFERENCE_SPEED")
     memory_budget: int | None = Field(description="bytes the plan was chosen to fit, if any")
     predicted_peak_bytes: int = Field(
         description="peak bytes the training step allocates above the input, the parameters and the "

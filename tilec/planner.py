@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 
 import networkx as nx
 
@@ -289,6 +290,7 @@ def plan(
         dtype=dtype,
         autocast=graph.graph.get("autocast"),
         conv_workspace=graph.graph.get("conv_workspace"),
+        speed=astuple(graph.graph["speed"]) if "speed" in graph.graph else None,
         memory_budget=memory_budget,
         predicted_peak_bytes=max(peaks),
         model=fingerprint(graph),

@@ -1,0 +1,106 @@
+"""``tilec.clock``: the time estimate's rates are measured on the device, once, and steer the search."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import tilec.clock
+import tilec.pipeline
+from tilec.clock import clock
+from tilec.cost import REFERENCE_SPEED, Estimator, Speed
+from tilec.pipeline import plan_for
+from tilec.planner import Boundaries, plan
+from tilec.search import choose, smallest_budget
+from tilec.trace import trace
+
+
+def chain() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU())
+
+
+SHAPE = (1, 3, 64, 64)
+
+
+def test_measured_rates_are_plausible():
+    speed = tilec.clock.measure("cpu", "float32")
+    assert 1e8 < speed.flop_rate < 1e15 and 0 <= speed.call_seconds < 0.1 and 1e8 < speed.copy_rate < 1e13
+
+
+@pytest.fixture
+def measured(tmp_path, monkeypatch):
+    """Every measurement made, into an empty cache; the n-th measures a FLOP rate of n GFLOP/s."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def measure(device, dtype, autocast=None):
+        calls.append((device, dtype, autocast))
+        return Speed(1e9 * len(calls), 1e-4, 1e9)
+
+    monkeypatch.setattr(tilec.clock, "measure", measure)
+    return calls
+
+
+def test_rates_are_measured_once_per_device_and_dtype(measured, tmp_path):
+    graph = trace(chain(), SHAPE)
+    first = clock(graph, "float32").graph["speed"]
+    assert first == Speed(1e9, 1e-4, 1e9) and clock(graph, "float32").graph["speed"] == first
+    assert clock(graph, "float64").graph["speed"] == Speed(2e9, 1e-4, 1e9)
+    assert clock(trace(chain(), SHAPE, "cpu:bfloat16"), "float32").graph["speed"] == Speed(3e9, 1e-4, 1e9)
+    assert measured == [("cpu", "float32", None), ("cpu", "float64", None), ("cpu", "bfloat16", "cpu:bfloat16")]
+    assert "speed" not in graph.graph, "clock returns a copy"
+    cache = tmp_path / "tilec" / "calibration.json"
+    assert sorted(key.split(" | ")[-1] for key in json.loads(cache.read_text())) == ["bfloat16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("entry", ["{not json", '{"KEY": [1.0, 0.001]}', '{"KEY": [-1.0, 0.001, 1.0]}',
+                                   '{"KEY": [1.0, "x", 1.0]}'])
+def test_a_malformed_cache_entry_is_measured_again(measured, tmp_path, entry):
+    graph = trace(chain(), SHAPE)
+    clock(graph, "float32")
+    cache = tmp_path / "tilec" / "calibration.json"
+    key = next(iter(json.loads(cache.read_text())))
+    cache.write_text(entry.replace("KEY", key))
+    assert clock(graph, "float32").graph["speed"] == Speed(2e9, 1e-4, 1e9) and len(measured) == 2
+
+
+def test_budget_plans_record_the_rates_they_were_ranked_by(measured, monkeypatch):
+    monkeypatch.setattr(tilec.pipeline, "clock", clock)
+    graph = trace(chain(), SHAPE)
+    budgeted = plan_for(graph, "m", memory_budget=2 * smallest_budget(graph))
+    assert budgeted.speed == (1e9, 1e-4, 1e9)
+    assert plan_for(graph, "m", grid=(2, 2)).speed is None
+
+
+def test_the_rates_steer_the_search():
+    """Where calls are dear the search takes fewer tiles; where FLOPs are, fewer halo FLOPs."""
+    graph = trace(chain(), SHAPE)
+    low, high = smallest_budget(graph), plan(graph, name="m", grid=(1, 1)).predicted_peak_bytes
+    differs = False
+    for budget in (low + (high - low) * k // 6 for k in range(7)):
+        picked = []
+        for speed in (Speed(1e15, 1.0, 1e15), Speed(1e6, 0.0, 1e15)):
+            timed = graph.copy()
+            timed.graph["speed"] = speed
+            chosen = choose(timed, budget)
+            planned = plan(chosen.graph, name="m", segments=chosen.segments)
+            estimator = Estimator(Boundaries(chosen.graph), "float32")
+            costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned.segments]
+            tiles = sum(math.prod(s.grid) for s in planned.segments if s.mode == "tiled")
+            picked.append((tiles, sum(cost.flops for cost in costs)))
+        (call_tiles, call_flops), (flop_tiles, flop_flops) = picked
+        assert call_tiles <= flop_tiles and call_flops >= flop_flops, budget
+        differs |= picked[0] != picked[1]
+    assert differs
+
+
+def test_the_suite_ranks_at_the_reference_rates():
+    graph = trace(chain(), SHAPE)
+    budget = 2 * smallest_budget(graph)
+    assert plan_for(graph, "m", memory_budget=budget).speed == tuple(REFERENCE_SPEED.__dict__.values())
