@@ -25,7 +25,8 @@ of each sliced input: a fresh tensor per op (views, identity copies and the acti
 computes in place, ``tilec.ops.overwrites_input``, are free), a padded copy where a border tile
 pads asymmetrically, intermediates freed after their last use, except what the tile keeps in
 its arena (the generated module's ``_Arena``): its input copies, padded copies, max-pooling
-results and indices and float32 convolution results live until the tile ends. Its backward
+results and indices and float32 convolution results live until the tile ends, and the weights
+of those convolutions in oneDNN's blocked layout until the forward pass ends. Its backward
 re-runs each tile under autograd, each op keeping what its backward reads (``SAVES_*``), then
 back-propagates the tile: gradients of the tile's tensors (an activation that back-propagates
 in place, ``tilec.ops.overwrites_gradient``, hands on its output's), and of its slice of each
@@ -412,7 +413,7 @@ class _Forward:
                 elif tiled:
                     workspace = e.tile_workspace[position][0]
                     run.event({base + KINDS * position + PADDED: workspace} if workspace else None,
-                              e.weight_copies[position])
+                              0 if e.packed[position] and not autograd else e.weight_copies[position])
                 else:
                     run.event({base + KINDS * position + PADDED: e.stored_workspace[position][0]})
                 if autograd and e.grad[position]:
@@ -501,6 +502,12 @@ class Estimator:
         self.backward_weight_copies = [_backward_weight_copies(c, w, gemm, arena) if n.op in CONVS else 0
                                        for c, w, n, gemm, arena in zip(self.weight_copies, self.weights, order,
                                                                        self.gemm, self.in_arena, strict=True)]
+        #: Per node, the bytes of its weight a tiled forward pass keeps in oneDNN's blocked layout
+        #: from its first tile to its end (``_Arena.packed``: convolutions in the arena, which then
+        #: copy no weight there), and their sums from each position on.
+        self.packed = [w if arena and n.op in CONVS else 0 for w, n, arena in zip(self.weights, order, self.in_arena,
+                                                                                   strict=True)]
+        self.packed_after = np.concatenate([np.cumsum(self.packed[::-1])[::-1], [0]]).astype(int).tolist()
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
         self.grad = [False] * (len(order) + 1)
@@ -584,12 +591,14 @@ class Estimator:
         halo = tiled / untiled if untiled else 1.0
         flops = 2 * tiled + float(self.backward_flops[first:stop].sum()) * halo
         calls = rows.parts * cols.parts * (stop - first) * 3
-        # every tile copies its convolutions' weights: forward, autograd re-run, backward
-        copied_weights = rows.parts * cols.parts * sum(2 * self.weight_copies[p] + self.backward_weight_copies[p]
-                                                       for p in range(first, stop))
+        # every tile copies its convolutions' weights: forward (once where packed), autograd re-run, backward
+        packed = self.packed_after[first] - self.packed_after[stop]
+        copied_weights = packed + rows.parts * cols.parts * sum(
+            (1 if self.packed[p] else 2) * self.weight_copies[p] + self.backward_weight_copies[p]
+            for p in range(first, stop))
         copied = outputs + 2 * in_grad + copied_weights
         return SegmentCost(
-            forward_local=outputs + program.forward.peak(sizes),
+            forward_local=outputs + packed + program.forward.peak(sizes),
             backward_local=fixed + program.backward.peak(sizes),
             kept=outputs,
             flops=round(flops),
@@ -618,7 +627,7 @@ class Estimator:
     def floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
         outputs, _, fixed = self.boundary(first, stop)
-        return max(outputs, fixed)
+        return max(outputs + self.packed_after[first] - self.packed_after[stop], fixed)
 
     def step_peaks(self, spans: Sequence[tuple[int, int]], costs: Sequence[SegmentCost]) -> list[int]:
         """Predicted step peak while each segment runs (forward or backward, whichever is higher)."""

@@ -314,8 +314,9 @@ class _Arena:
     blocks themselves), tensors are fresh. Tensors carved from the buffer are not views, so
     autograd treats them as any fresh tensor; none of them is ever a gradient."""
 
-    def __init__(self, device, capacity=0):
+    def __init__(self, device, capacity=0, pack=False):
         self.top = self.need = 0
+        self.packed_weights = {} if pack else None
         self.buffer, self.base, self.capacity = None, 0, capacity
         if device.type == "cpu" and capacity:
             self.buffer = torch.empty(capacity + _HUGE_PAGE, dtype=torch.uint8)
@@ -339,6 +340,20 @@ class _Arena:
             strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
         offset = (self.base + start) // dtype.itemsize
         return torch.empty(0, dtype=dtype).set_(self.buffer.untyped_storage(), offset, shape, strides)
+
+    def packed(self, w, x, stride, padding, dilation, groups):
+        """Convolution weight ``w`` for oneDNN: in an arena that packs (a forward pass's), in
+        oneDNN's blocked layout for inputs like ``x``, reordered at its first tile and kept until
+        the pass ends (outside the buffer), since given as it is oneDNN reorders it on every call,
+        which takes most of a small tile's call; else channels-last scratch (``channels_last``).
+        A backward pass does not pack: the blocked weights would add to its higher peak."""
+        if self.packed_weights is None:
+            return self.channels_last(w)
+        found = self.packed_weights.get(id(w))
+        if found is None:
+            blocked = _PACK(w.detach(), list(padding), list(stride), list(dilation), groups, list(x.shape))
+            found = self.packed_weights[id(w)] = (w, blocked)  # holding w: no other tensor takes its id
+        return found[1]
 
     def channels_last(self, w):
         """A convolution weight as channels-last scratch (the caller gives it back): with a
@@ -428,22 +443,24 @@ def _max_pool(arena, x, kernel, stride, padding, dilation):
     return _MaxPool2d.apply(x, kernel, stride, padding, dilation, arena)
 
 
-#: oneDNN's convolution adding into a given tensor, where this build of torch has it.
+#: oneDNN's convolution adding into a given tensor, and its reorder of a convolution weight into
+#: its blocked layout, where this build of torch has them.
 _CONVOLVE_INTO = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise_", None)
+_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_convolution_weight", None)
 
 
 def _onednn(x, w):
     """Whether a tile convolution of ``x`` by ``w`` runs on oneDNN with the arena: a
     channels-last float32 ``x`` on CPU (outside autocast, which would cast it)."""
-    return (_CONVOLVE_INTO is not None and x.device.type == "cpu" and x.dtype == torch.float32
-            and w.dtype == x.dtype and x.is_contiguous(memory_format=torch.channels_last)
+    return (_CONVOLVE_INTO is not None and _PACK is not None and x.device.type == "cpu"
+            and x.dtype == torch.float32 and w.dtype == x.dtype and x.is_contiguous(memory_format=torch.channels_last)
             and not torch.is_autocast_enabled("cpu"))
 
 
 def _convolve(arena, x, w, b, stride, padding, dilation, groups):
     """``conv2d(x, w, b)``: where ``_onednn`` says so, written into the arena by oneDNN (which
-    adds the convolution to the tensor it is given: the bias, broadcast) with the arena's
-    channels-last copy of ``w``; elsewhere aten's ``conv2d``."""
+    adds the convolution to the tensor it is given: the bias, broadcast) with ``w`` as the arena
+    gives it (``_Arena.packed``); elsewhere aten's ``conv2d``."""
     if not _onednn(x, w):
         return aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
     shape = (x.shape[0], w.shape[0], *(_pooled(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
@@ -456,8 +473,8 @@ def _convolve(arena, x, w, b, stride, padding, dilation, groups):
     if y.numel() == 0:
         return y
     mark = arena.top
-    _CONVOLVE_INTO.binary(y, x, arena.channels_last(w), None, list(padding), list(stride), list(dilation), groups,
-                          "add", 1.0, None, [], None)
+    _CONVOLVE_INTO.binary(y, x, arena.packed(w, x, stride, padding, dilation, groups), None, list(padding),
+                          list(stride), list(dilation), groups, "add", 1.0, None, [], None)
     arena.top = mark
     return y
 
@@ -618,7 +635,7 @@ class _Segment:
     def arena(self, x, autocast, backward):
         """An arena for one pass (forward or ``backward``) over the tiles of input ``x``: as large
         as such passes needed before; the first one learns it with fresh tensors."""
-        return _Arena(x.device, self._capacity.get((x.device, x.dtype, autocast, backward), 0))
+        return _Arena(x.device, self._capacity.get((x.device, x.dtype, autocast, backward), 0), pack=not backward)
 
     def learn(self, x, autocast, backward, arena):
         key = (x.device, x.dtype, autocast, backward)
