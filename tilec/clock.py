@@ -83,7 +83,7 @@ def measure(device: str, dtype: str, autocast: str | None = None) -> Speed:
     call_seconds = max((large_flops * small - small_flops * large) / determinant, 0.0)
     flop_seconds = (large - large_calls * call_seconds) / large_flops
     if flop_seconds <= 0:  # noise: the large step's calls cannot have taken all of its time
-        flop_seconds = large / large_flops
+        flop_seconds = max(large, 1e-9) / large_flops
     return Speed(flop_rate=1 / flop_seconds, call_seconds=call_seconds, copy_rate=copy_rate)
 
 
