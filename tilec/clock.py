@@ -15,6 +15,7 @@ keyed by torch version, device and dtype; delete the cache file to measure again
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import nullcontext
 from dataclasses import astuple
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from tilec.calibrate import cached, machine_key
-from tilec.cost import SEGMENT_SECONDS, Estimator, Speed
+from tilec.cost import Estimator, Speed
 
 #: The timed chain: two 3x3 convolutions with ReLUs, this many channels in and out.
 CHANNELS = 64
@@ -46,10 +47,10 @@ def clock(graph: nx.DiGraph, dtype: str) -> nx.DiGraph:
 
 
 def _speed(entry) -> Speed:
-    rates = [float(value) for value in entry]
-    if len(rates) != 3 or not all(0 < rate < float("inf") for rate in rates[:1] + rates[2:]) or rates[1] < 0:
+    flop_rate, call_seconds, copy_rate = (float(value) for value in entry)
+    if not (0 < flop_rate < math.inf and 0 <= call_seconds < math.inf and 0 < copy_rate < math.inf):
         raise ValueError(f"not a speed: {entry!r}")
-    return Speed(*rates)
+    return Speed(flop_rate, call_seconds, copy_rate)
 
 
 def measure(device: str, dtype: str, autocast: str | None = None) -> Speed:
@@ -68,6 +69,7 @@ def measure(device: str, dtype: str, autocast: str | None = None) -> Speed:
     planned = "float32" if autocast else dtype
     chain.to(device=device, dtype=getattr(torch, planned))
     copy_rate = COPY_BYTES / _best(_copy(device), device)
+    copies_only = Speed(flop_rate=math.inf, call_seconds=0.0, copy_rate=copy_rate)  # what the fit need not solve for
     rows = []
     for graph, x, (_, grid) in zip(graphs, inputs, (LARGE, SMALL), strict=True):
         the_plan = plan(graph, name="clock", grid=(grid, grid), dtype=planned)
@@ -76,7 +78,7 @@ def measure(device: str, dtype: str, autocast: str | None = None) -> Speed:
         tiled = load_source(render(the_plan), "tilec_clock").TiledModel(chain)
         x = x.to(device=device, dtype=getattr(torch, planned))
         seconds = _best(lambda: _step(tiled, x, autocast), device)  # noqa: B023 - called within the iteration
-        known = len(costs) * SEGMENT_SECONDS + sum(c.copied for c in costs) / copy_rate
+        known = sum(copies_only.seconds(0, 0, c.copied) for c in costs)
         rows.append((sum(c.flops for c in costs), sum(c.calls for c in costs), max(seconds - known, 0.0)))
     (large_flops, large_calls, large), (small_flops, small_calls, small) = rows
     determinant = large_flops * small_calls - small_flops * large_calls

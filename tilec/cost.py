@@ -507,9 +507,9 @@ class Estimator:
         #: copy no weight there), and their sums from each position on.
         self.packed = [w if arena and n.op in CONVS else 0 for w, n, arena in zip(self.weights, order, self.in_arena,
                                                                                    strict=True)]
-        self.packed_after = np.concatenate([np.cumsum(self.packed[::-1])[::-1], [0]]).astype(int).tolist()
+        self.packed_after = _suffix_sums(self.packed)
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
-        self.later_weights = np.concatenate([np.cumsum(self.weights[::-1])[::-1], [0]]).astype(int).tolist()
+        self.later_weights = _suffix_sums(self.weights)
         self.grad = [False] * (len(order) + 1)
         for p in range(len(order)):
             self.grad[p] = self.weights[p] > 0 or any(self.grad[i] for i in self.inputs[p])
@@ -592,7 +592,7 @@ class Estimator:
         flops = 2 * tiled + float(self.backward_flops[first:stop].sum()) * halo
         calls = rows.parts * cols.parts * (stop - first) * 3
         # every tile copies its convolutions' weights: forward (once where packed), autograd re-run, backward
-        packed = self.packed_after[first] - self.packed_after[stop]
+        packed = self.packed_bytes(first, stop)
         copied_weights = packed + rows.parts * cols.parts * sum(
             (1 if self.packed[p] else 2) * self.weight_copies[p] + self.backward_weight_copies[p]
             for p in range(first, stop))
@@ -627,7 +627,11 @@ class Estimator:
     def floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
         outputs, _, fixed = self.boundary(first, stop)
-        return max(outputs + self.packed_after[first] - self.packed_after[stop], fixed)
+        return max(outputs + self.packed_bytes(first, stop), fixed)
+
+    def packed_bytes(self, first: int, stop: int) -> int:
+        """Bytes of the packed weights a tiled forward pass of nodes ``[first, stop)`` keeps."""
+        return self.packed_after[first] - self.packed_after[stop]
 
     def step_peaks(self, spans: Sequence[tuple[int, int]], costs: Sequence[SegmentCost]) -> list[int]:
         """Predicted step peak while each segment runs (forward or backward, whichever is higher)."""
@@ -724,6 +728,11 @@ class Estimator:
         plain = self.forward(first, True, False) if tiled else None
         forward = plain.run.trace(plain.marks[stop - first - 1]) if plain else None
         return _Program(first, stop, slices, forward, run.trace())
+
+
+def _suffix_sums(values: Sequence[int]) -> list[int]:
+    """Per position 0..len(values), the sum of ``values`` from there on."""
+    return np.concatenate([np.cumsum(values[::-1])[::-1], [0]]).astype(int).tolist()
 
 
 def _backward_weight_copies(forward: float, weight: float, gemm: bool, arena: bool) -> float:
