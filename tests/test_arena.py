@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from exactness import generated
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
@@ -73,20 +73,24 @@ def test_a_channels_last_weight_copy_is_scratch():
        dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        padding=st.tuples(st.integers(0, 2), st.integers(0, 2)),
        size=st.tuples(st.integers(1, 12), st.integers(1, 12)), bias=st.booleans(),
-       dtype=st.sampled_from([torch.float32, torch.float64]))
+       dtype=st.sampled_from([torch.float32, torch.float64]), pack=st.booleans())
+@example(batch=2, groups=1, per_group=2, out_per_group=2, kernel=(1, 1), stride=(2, 3), dilation=(1, 2),
+         padding=(2, 2), size=(6, 1), bias=True, dtype=torch.float32, pack=False)  # crashed oneDNN
 def test_tile_convolution_equals_pytorch(batch, groups, per_group, out_per_group, kernel, stride, dilation,
-                                         padding, size, bias, dtype):
-    """``_conv2d`` (oneDNN into the arena for channels-last float32, aten otherwise): output,
-    input, weight and bias gradients against ``F.conv2d``; the arena's scratch is given back."""
+                                         padding, size, bias, dtype, pack):
+    """``_conv2d`` (oneDNN into the arena for channels-last float32, with the weight packed where
+    the arena packs, aten otherwise): output, input, weight and bias gradients against
+    ``F.conv2d`` of the NCHW input (torch's channels-last conv2d crashes on the example below);
+    the arena's scratch is given back."""
     assume(all(s + 2 * p >= d * (k - 1) + 1 for s, p, d, k in zip(size, padding, dilation, kernel, strict=True)))
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch, groups * per_group, *size, dtype=dtype, generator=generator)
     x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(groups * out_per_group, per_group, *kernel, dtype=dtype, generator=generator)
     b = torch.randn(groups * out_per_group, dtype=dtype, generator=generator) if bias else None
-    arena = Arena(CPU, 1 << 20)
+    arena = Arena(CPU, 1 << 20, pack=pack)
     results = []
-    for conv in (lambda *args: GENERATED["_conv2d"](*args, arena), F.conv2d):
+    for conv in (lambda *args: GENERATED["_conv2d"](*args, arena), lambda x, *args: F.conv2d(x.contiguous(), *args)):
         leaves = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
         y = conv(leaves[0], leaves[1], leaves[2] if bias else None, stride, padding, dilation, groups)
         y.backward(torch.linspace(-1, 1, y.numel(), dtype=dtype).view_as(y))

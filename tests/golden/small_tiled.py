@@ -472,6 +472,9 @@ def _convolve(arena, x, w, b, stride, padding, dilation, groups):
         y.copy_(b.view(1, -1, 1, 1).expand(shape))
     if y.numel() == 0:
         return y
+    # dilating an axis of one tap changes nothing, but oneDNN crashes on some (a 1x1 kernel
+    # dilated 2, an input 1 wide, padding, stride 2 or more)
+    dilation = [1 if w.shape[2 + i] == 1 else dilation[i] for i in range(2)]
     mark = arena.top
     _CONVOLVE_INTO.binary(y, x, arena.packed(w, x, stride, padding, dilation, groups), None, list(padding),
                           list(stride), list(dilation), groups, "add", 1.0, None, [], None)
