@@ -638,10 +638,10 @@ class _Segment:
     def arena(self, x, autocast, backward):
         """An arena for one pass (forward or ``backward``) over the tiles of input ``x``: as large
         as such passes needed before; the first one learns it with fresh tensors."""
-        return _Arena(x.device, self._capacity.get((x.device, x.dtype, autocast, backward), 0), pack=not backward)
+        return _Arena(x.device, self._capacity.get(_pass_kind(x, autocast, backward), 0), pack=not backward)
 
     def learn(self, x, autocast, backward, arena):
-        key = (x.device, x.dtype, autocast, backward)
+        key = _pass_kind(x, autocast, backward)
         self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
     def tiles(self, group=None):
@@ -672,6 +672,11 @@ class _Segment:
     def count(self, group=None):
         return len(self.rows) * len(self.cols) if group is None else len(self.share(
             dist.get_world_size(group), dist.get_rank(group)))
+
+
+def _pass_kind(x, autocast, backward):
+    """What an arena's capacity depends on: the device, dtype, autocast state and direction."""
+    return x.device, x.dtype, autocast, backward
 
 
 def _sum_over(group, tensors):
