@@ -11,6 +11,7 @@ from torch import nn
 from tilec import schema
 from tilec.errors import PlanError
 from tilec.ir import SCHEMA_VERSION, Plan
+from tilec.modelfile import load_model
 from tilec.planio import dumps, load, loads
 from tilec.planner import plan
 from tilec.trace import trace
@@ -95,3 +96,16 @@ def test_invalid_plan_text_is_one_plan_error(mutate, message):
     with pytest.raises(PlanError, match=message) as caught:
         loads(mutate(dumps(_plan())), source="x.plan.json")
     assert "\n" not in str(caught.value) and str(caught.value).startswith("x.plan.json")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "plans").glob("*.plan.json")), ids=lambda p: p.name)
+def test_committed_plans_are_current(path):
+    """Each committed plan is what the planner now makes of its example at its shape and segments."""
+    committed = load(path)
+    name = path.name.removesuffix(".plan.json")
+    assert committed.memory_budget is None and committed.ranks is None and committed.autocast is None
+    model, _ = load_model(ROOT / "examples" / f"{name}.py", "model")
+    segments = [(s.first, s.stop, s.grid, s.mode) for s in committed.segments]
+    again = plan(trace(model, committed.input_shape), name=name, segments=segments, dtype=committed.dtype)
+    assert dumps(again) == path.read_text(encoding="utf-8"), (
+        f"plans/{path.name} is out of date; regenerate it with the command the README gives for it")
