@@ -298,12 +298,15 @@ def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None, 
     return shape, checksum
 
 
-def warm_up(model: nn.Module, shape, device) -> None:
-    """A tiny forward+backward of the plain model (loads kernels, starts threads); grads reset."""
+def warm_up(model: nn.Module, shape, device, autocast: str | None = None) -> None:
+    """A tiny forward+backward of the plain model (loads kernels, starts threads), under
+    ``torch.autocast`` with dtype ``autocast`` if given (the measured steps' kernels); grads reset."""
     pools = [m for m in model.modules() if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))]
     side = max(64, 2 ** len(pools)) if type(model) is not nn.Sequential else max(32, 2 ** len(pools))
     x = torch.randn((1, shape[1], side, side), device=device)
-    torch.autograd.backward([out.sum() for out in _leaves(model(x))])
+    with torch.autocast(device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None):
+        outs = _leaves(model(x))
+    torch.autograd.backward([out.float().sum() for out in outs])
     model.zero_grad(set_to_none=True)
     del x
     gc.collect()
@@ -383,7 +386,7 @@ def main(argv=None) -> int:
         print(json.dumps(record), flush=True)
         return 0
     if not args.no_warmup:
-        warm_up(model, shape, device)
+        warm_up(model, shape, device, args.autocast)
     model.zero_grad(set_to_none=True)
     generator = torch.Generator(device=device).manual_seed(args.seed + 1)
 
