@@ -282,9 +282,14 @@ def _leaves(value) -> list[torch.Tensor]:
     return [leaf for leaf in torch.utils._pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
+def _autocast(device: torch.device, autocast: str | None):
+    """``torch.autocast`` on ``device`` with dtype ``autocast``; disabled if that is None."""
+    return torch.autocast(device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None)
+
+
 def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None, autocast: str | None = None):
     """Forward (under ``torch.autocast`` with dtype ``autocast`` if given), then backward."""
-    with torch.autocast(x.device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None):
+    with _autocast(x.device, autocast):
         outs = _leaves(fn(x))
     if grad == "sum":
         torch.autograd.backward([out.sum() for out in outs])
@@ -304,9 +309,9 @@ def warm_up(model: nn.Module, shape, device, autocast: str | None = None) -> Non
     pools = [m for m in model.modules() if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))]
     side = max(64, 2 ** len(pools)) if type(model) is not nn.Sequential else max(32, 2 ** len(pools))
     x = torch.randn((1, shape[1], side, side), device=device)
-    with torch.autocast(device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None):
+    with _autocast(device, autocast):
         outs = _leaves(model(x))
-    torch.autograd.backward([out.float().sum() for out in outs])
+    torch.autograd.backward([out.sum() for out in outs])
     model.zero_grad(set_to_none=True)
     del x
     gc.collect()
