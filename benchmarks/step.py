@@ -56,7 +56,9 @@ import os
 import platform
 import re
 import resource
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,12 +71,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tilec.calibrate import calibrate, reset_high_water_mark, status_bytes  # noqa: E402
-from tilec.codegen import render  # noqa: E402
+from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
-from tilec.pipeline import load_source, plan_for  # noqa: E402
-from tilec.trace import trace  # noqa: E402
+from tilec.pipeline import load_source  # noqa: E402
+from tilec.planio import load as load_plan  # noqa: E402
 
 VARIANTS = ("plain", "checkpoint", "tilec", "auto")
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -240,13 +241,13 @@ def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict, device
         return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
     if args.variant == "tilec":
         if args.tilec_segments:
-            return compile_tiled(model, shape, record, autocast, args.allocator, segments=args.tilec_segments)
-        return compile_tiled(model, shape, record, autocast, args.allocator, grid=args.grid or (4, 4))
+            return compile_tiled(args, model, shape, record, autocast, segments=args.tilec_segments)
+        return compile_tiled(args, model, shape, record, autocast, grid=args.grid or (4, 4))
     if args.variant == "auto":
         if args.budget is None:
             raise SystemExit("step.py: --variant auto needs --budget (e.g. --budget 2GiB)")
         record["budget_bytes"] = args.budget
-        return compile_tiled(model, shape, record, autocast, args.allocator, memory_budget=args.budget)
+        return compile_tiled(args, model, shape, record, autocast, memory_budget=args.budget)
     raise SystemExit(f"step.py: unknown variant {args.variant!r}")
 
 
@@ -255,27 +256,46 @@ def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict, device
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
-def compile_tiled(model: nn.Module, shape, record: dict, autocast: str | None, allocator: str = "pinned",
-                  **how) -> nn.Module:
-    """``tilec.pipeline.build`` step by step, recording the plan's segments and predicted peak;
-    ``autocast``: "DEVICE:DTYPE" the plan budgets for (``--autocast``); ``allocator``: "pinned"
-    (the module's default), "as-is" (``return_freed_memory=False``) or "heap" (as-is, with glibc
-    keeping every block below 32 MiB in its heap: no page faults after the first tiles, but a
-    fragmented heap)."""
+def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | None, **how) -> nn.Module:
+    """Compile as users do: ``tilec compile`` in a process of its own (so that its planning leaves
+    no freed blocks in this process's heap for the measured steps to reuse), then import the
+    generated module and wrap ``model``; record the plan's segments and predicted peak.
+    ``autocast``: "DEVICE:DTYPE" the plan budgets for (``--autocast``); ``how``: one of ``grid``,
+    ``segments`` or ``memory_budget`` (bytes). ``args.allocator``: "pinned" (the module's
+    default), "as-is" (``return_freed_memory=False``) or "heap" (as-is, with glibc keeping every
+    block below 32 MiB in its heap: no page faults after the first tiles, but a fragmented heap)."""
     start = time.perf_counter()
-    plan = plan_for(calibrate(trace(model, shape, autocast)), "model", **how)
-    if allocator == "heap":
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "tilec", "compile", str(args.model), "--attr", args.attr,
+                   "--input-shape", ",".join(map(str, shape)), "--name", "model", "--out-dir", out,
+                   "--plan-dir", out, *compile_flags(**how), *(["--autocast", autocast] if autocast else [])]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            raise (BudgetError if "no plan fits" in message else SystemExit)(f"step.py: tilec compile: {message}")
+        plan = load_plan(Path(out) / "model.plan.json")
+        source = (Path(out) / "model_tiled.py").read_text(encoding="utf-8")
+    if args.allocator == "heap":
         libc = ctypes.CDLL(None)
         if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
             raise SystemExit("step.py: --allocator heap needs glibc's mallopt")
-    record["allocator"] = allocator
-    tiled = load_source(render(plan), "model_tiled").TiledModel(model, return_freed_memory=allocator == "pinned")
+    record["allocator"] = args.allocator
+    tiled = load_source(source, "model_tiled").TiledModel(model, return_freed_memory=args.allocator == "pinned")
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["plan_segments"] = [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}{'' if s.mode == 'tiled' else ' stored'}"
                                for s in plan.segments]
     record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)
     return tiled
+
+
+def compile_flags(grid=None, segments=None, memory_budget=None) -> list[str]:
+    """``tilec compile``'s flags for one of a grid, segments ``(first, stop, (rows, cols))`` or a budget."""
+    if grid is not None:
+        return ["--grid", f"{grid[0]}x{grid[1]}"]
+    if segments is not None:
+        return ["--segments", ",".join(f"{first}:{stop}@{rows}x{cols}" for first, stop, (rows, cols) in segments)]
+    return ["--memory-budget", f"{memory_budget}B"]
 
 
 def _leaves(value) -> list[torch.Tensor]:

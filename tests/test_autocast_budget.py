@@ -19,7 +19,9 @@ from zoo import SHAPES, ZOO
 import tilec.calibrate as calibration
 from tilec.calibrate import calibrate
 from tilec.cli import main
+from tilec.cost import Estimator
 from tilec.pipeline import build, plan_for
+from tilec.planner import Boundaries
 from tilec.trace import trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +61,24 @@ def test_autocast_plans_predict_fewer_bytes(tmp_path, monkeypatch):
     assert full.autocast is None and full.conv_workspace is None
     assert mixed.predicted_peak_bytes < full.predicted_peak_bytes
     assert mixed.model.digest != full.model.digest
+
+
+def test_stored_segments_keep_autocasts_parameter_copies(tmp_path, monkeypatch):
+    """Under autocast a stored segment keeps the lower-precision copies of its convolutions' and
+    linear layers' parameters (autocast caches them, autograd saves them); without it, none."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model, shape = ZOO["resnet_head"](), SHAPES["resnet_head"]
+    copied = sum(m.weight.numel() + (m.bias.numel() if m.bias is not None else 0) for m in model.modules()
+                 if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)) * 2
+    for autocast, expected in ((None, 0), ("cpu:bfloat16", copied)):
+        graph = calibrate(trace(model, shape, autocast))
+        estimator = Estimator(Boundaries(graph), "float32")
+        nodes = len(graph.graph["order"])
+        assert estimator.cast_bytes(0, nodes) == expected
+        uncounted = Estimator(Boundaries(graph), "float32")
+        uncounted.casts_after = [0] * (nodes + 1)
+        stored, without = (e.segment(0, nodes, (), (), stored=True) for e in (estimator, uncounted))
+        assert stored.kept - without.kept == stored.forward_local - without.forward_local == expected
 
 
 def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):

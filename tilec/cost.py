@@ -17,7 +17,9 @@ of its producer. While segment ``k`` runs:
   ``zero_grad(set_to_none=False)``, are not the step's), and its working set.
 
 ``kept``: a tiled segment keeps its outputs until its backward; a stored segment (untiled,
-through autograd) also keeps what autograd saves for its backward.
+through autograd) also keeps what autograd saves for its backward, under autocast the
+lower-precision copies of its parameters too (``Estimator.casts``). The step's forward is assumed
+to run under autocast and its backward outside it, as PyTorch's mixed-precision recipe does.
 
 Working sets are simulated op by op on the tensors alive (``_Forward``, ``Estimator._program``).
 A tiled segment's forward runs each tile without autograd, on a channels-last copy of its slice
@@ -95,6 +97,8 @@ SAVES_OUTPUT = frozenset({"relu", "sigmoid", "tanh", "hardtanh", "relu6", "exp",
                           "_softmax", "log_softmax"})
 SAVES_INPUTS = frozenset({"mul", "div", "maximum", "minimum"})
 CONVS = frozenset({"conv2d", "conv_transpose2d"})
+#: Ops whose parameters autocast casts to its lower precision when they compute in it.
+CASTS_PARAMETERS = CONVS | {"linear"}
 #: Ops reading a window of their input: their input gradient covers the padded read.
 WINDOWS = CONVS | {"max_pool2d", "avg_pool2d"}
 #: Ops a border tile feeds a padded copy of its input (``tilec.codegen``): asymmetric padding for
@@ -502,6 +506,13 @@ class Estimator:
         self.backward_weight_copies = [_backward_weight_copies(c, w, gemm, arena) if n.op in CONVS else 0
                                        for c, w, n, gemm, arena in zip(self.weight_copies, self.weights, order,
                                                                        self.gemm, self.in_arena, strict=True)]
+        #: Per node, the bytes of autocast's lower-precision copies of its parameters. A stored
+        #: segment keeps them (autocast caches them through the forward, autograd saves them for the
+        #: backward); a tile's call casts its own (the generated module turns the cache off there),
+        #: one of ``weight_copies``.
+        self.casts = [w * size // self.element if n.op in CASTS_PARAMETERS and size < self.element else 0
+                      for w, n, size in zip(self.weights, order, self.computes, strict=True)]
+        self.casts_after = _suffix_sums(self.casts)
         #: Per node, the bytes of its weight a tiled forward pass keeps in oneDNN's blocked layout
         #: from its first tile to its end (``_Arena.packed``: convolutions in the arena, which then
         #: copy no weight there), and their sums from each position on.
@@ -559,12 +570,13 @@ class Estimator:
     def _stored(self, first: int, stop: int) -> SegmentCost:
         forward, kept = self.stored_forward(first)
         backward = self.program(first, stop, False).backward.peak(self.scale_full[first:stop].reshape(1, -1))
+        casts = self.cast_bytes(first, stop)
         flops = float(self.flops[first:stop].sum() + self.backward_flops[first:stop].sum())
         calls = 2 * (stop - first)
         return SegmentCost(
-            forward_local=forward[stop - first - 1],
-            backward_local=self.gradients(first, stop) + self.later_weights[first] + backward,
-            kept=kept[stop - first - 1],
+            forward_local=forward[stop - first - 1] + casts,
+            backward_local=self.gradients(first, stop) + self.later_weights[first] + backward + casts,
+            kept=kept[stop - first - 1] + casts,
             flops=round(flops),
             flop_overhead=0.0,
             calls=calls,
@@ -621,13 +633,17 @@ class Estimator:
 
     def stored_floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment stored, without simulating its backward."""
-        forward = self.stored_forward(first)[0][stop - first - 1]
+        forward = self.stored_forward(first)[0][stop - first - 1] + self.cast_bytes(first, stop)
         return max(forward, self.gradients(first, stop) + self.later_weights[first])
 
     def floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
         outputs, _, fixed = self.boundary(first, stop)
         return max(outputs + self.packed_bytes(first, stop), fixed)
+
+    def cast_bytes(self, first: int, stop: int) -> int:
+        """Bytes of autocast's copies of the parameters of nodes ``[first, stop)`` stored."""
+        return self.casts_after[first] - self.casts_after[stop]
 
     def packed_bytes(self, first: int, stop: int) -> int:
         """Bytes of the packed weights a tiled forward pass of nodes ``[first, stop)`` keeps."""

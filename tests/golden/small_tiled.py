@@ -23,6 +23,10 @@ import warnings
 
 import torch
 import torch.distributed as dist
+# torch.autograd.backward imports this (and sympy) the first time it is given gradients, as every
+# tile's backward gives them: imported with the module, its ~30 MiB of Python objects are not a
+# first step's.
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 aten = torch.ops.aten
 
@@ -748,22 +752,25 @@ class _Tiled(torch.autograd.Function):
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
         autocast = (xs[0].device.type, *_autocast_state(xs[0].device.type))
         arena = segment.arena(xs[0], autocast, backward=False)
-        outs = None
-        total = segment.count(group)
-        for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
-            arena.reset()
-            parts = kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena)
-            if outs is None:
-                outs = _outputs(segment, parts, zeros=group is not None)
-            for out, (_, spatial, _), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
-                _narrow(out, spatial, r, c).copy_(part)
-            del parts  # before the next tile allocates
-            _report(progress, f"{segment.label} forward", done + 1, total)
-        if outs is None:  # this rank has no tile here: one tile tells the output dtypes
-            kernel, row_in, col_in, _, _ = next(segment.tiles())
-            arena.reset()
-            outs = _outputs(segment, kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena),
-                            zeros=True)
+        # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
+        # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
+        with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
+            outs = None
+            total = segment.count(group)
+            for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
+                arena.reset()
+                parts = kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena)
+                if outs is None:
+                    outs = _outputs(segment, parts, zeros=group is not None)
+                for out, (_, spatial, _), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own):
+                    _narrow(out, spatial, r, c).copy_(part)
+                del parts  # before the next tile allocates
+                _report(progress, f"{segment.label} forward", done + 1, total)
+            if outs is None:  # this rank has no tile here: one tile tells the output dtypes
+                kernel, row_in, col_in, _, _ = next(segment.tiles())
+                arena.reset()
+                parts = kernel(_copy_in(arena, _slices(segment, xs, row_in, col_in)), bs, p, arena)
+                outs = _outputs(segment, parts, zeros=True)
         segment.learn(xs[0], autocast, False, arena)
         del arena
         if group is not None:
