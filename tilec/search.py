@@ -50,8 +50,9 @@ from tilec.regions import Interval, split
 GRIDS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
 #: Share of the budget a plan's predicted peak may use. The rest is headroom for what the cost
 #: model does not count: library code the first step of a process pages in (0-18 MiB measured on
-#: CPU), allocator metadata, Python objects, and its error (measured later steps at 0.82-1.20
-#: times the prediction, README).
+#: CPU), the kernels it compiles and caches (oneDNN: one per convolution, tile shape and pass),
+#: allocator metadata, Python objects, and its error (measured later steps at 0.84-1.15 times the
+#: prediction, README).
 USABLE_PERCENT = 90
 #: Most cut candidates chosen besides those where tileability changes (at least ``MIN_CUTS``).
 MAX_CUTS = 36
