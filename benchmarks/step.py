@@ -266,7 +266,7 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     block below 32 MiB in its heap: no page faults after the first tiles, but a fragmented heap)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "tilec", "compile", str(args.model), "--attr", args.attr,
+        command = [sys.executable, "-m", "tilec", "compile", str(args.model.resolve()), "--attr", args.attr,
                    "--input-shape", ",".join(map(str, shape)), "--name", "model", "--out-dir", out,
                    "--plan-dir", out, *compile_flags(**how), *(["--autocast", autocast] if autocast else [])]
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
