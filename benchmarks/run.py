@@ -110,12 +110,16 @@ def mebibytes(count: int | None) -> str:
 
 
 def predicted(record: dict) -> str:
-    """tilec's predicted peak and the measured peak as a multiple of it (the later step's, if any)."""
+    """tilec's predicted peak of a first step and the first step as a multiple of it; with later
+    steps, the last as a multiple of the prediction less the kernel state the first one created."""
     if "predicted_peak_bytes" not in record:
         return ""
     guess = record["predicted_peak_bytes"]
-    real = record["last_peak_bytes"] if len(record.get("times_s", [])) > 1 else record["peak_bytes"]
-    return f"{guess / MiB:,.0f} (measured {real / guess:.2f}x)"
+    text = f"{guess / MiB:,.0f} (first {record['peak_bytes'] / guess:.2f}x"
+    if len(record.get("times_s", [])) > 1:
+        later = guess - record.get("kernel_state_bytes", 0)
+        text += f", later {record['last_peak_bytes'] / later:.2f}x"
+    return text + ")"
 
 
 def notes(records: list[dict]) -> str:
@@ -141,8 +145,9 @@ def notes(records: list[dict]) -> str:
                f"just before it (model, input and tilec module built, tiny warm-up done); method: "
                f"{', '.join(methods)} (see benchmarks/step.py). Code paged in: library code the first step "
                f"ran for the first time (growth of RssFile; file-backed, shared, not data). Later step (tilec): "
-               f"the same measurement of the last step; the predicted column gives it (else the first) as a "
-               f"multiple of the prediction. Plain and checkpoint are shown by their first step: their later "
+               f"the same measurement of the last step. Predicted: the plan's predicted peak of a first step, "
+               f"with the kernel state it creates and keeps (oneDNN's compiled kernels); the first step is "
+               f"compared with it, a later step with it less that state. Plain and checkpoint are shown by their first step: their later "
                f"steps reuse what glibc's heap kept from the first")
     repeats = sorted({len(r["times_s"]) for r in records if "times_s" in r})
     out.append(f"- step time: wall time, best of {'/'.join(map(str, repeats))} step(s); float32; "

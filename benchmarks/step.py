@@ -17,7 +17,8 @@ Variants:
   tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
               ``--tilec-segments``;
   auto        tilec planning for ``--budget`` bytes (``memory_budget``).
-For tilec and auto the JSON line also has the plan's segments, ``predicted_peak_bytes`` and
+For tilec and auto the JSON line also has the plan's segments, ``predicted_peak_bytes`` (of a
+first step), ``kernel_state_bytes`` (of it, what the first step creates and later steps find) and
 ``estimated_seconds`` (the plan's time estimate, ``tilec.cost.Speed``; auto's from this machine's
 rates, ``tilec.clock``);
 ``--allocator`` picks how their process's malloc returns memory: ``pinned`` (the default: the
@@ -283,6 +284,7 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     tiled = load_source(source, "model_tiled").TiledModel(model, return_freed_memory=args.allocator == "pinned")
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
+    record["kernel_state_bytes"] = plan.kernel_state_bytes
     record["plan_segments"] = [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}{'' if s.mode == 'tiled' else ' stored'}"
                                for s in plan.segments]
     record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)

@@ -8,6 +8,7 @@ import pytest
 from exactness import TOLERANCE
 from zoo import SHAPES, ZOO
 
+from tilec.calibrate import measure_kernels
 from tilec.codegen import render
 from tilec.distribute import distribute
 from tilec.pipeline import plan_for
@@ -71,8 +72,8 @@ def test_ddp_over_tiled_models_averages_like_untiled(planning, tmp_path):
     name = "resnet_head"
     if planning == "grid":
         source = _source(tmp_path, name, grid=(2, 2))
-    else:  # the smallest feasible budget: a fine grid (12x12 here) before the stored head
-        budget = smallest_budget(trace(ZOO[name](), SHAPES[name]), "float64")
+    else:  # the smallest feasible budget, as the budget search measures kernel state
+        budget = smallest_budget(measure_kernels(trace(ZOO[name](), SHAPES[name]), "float64"), "float64")
         source = _source(tmp_path, name, memory_budget=budget)
     results = _results(distributed.launch(2, distributed.ddp, source, name, SHAPES[name], folder=tmp_path))
     _assert_exact(results)

@@ -1,4 +1,5 @@
-"""``calibrate``: measure, once per machine, what tile convolutions allocate beyond their tensors.
+"""``calibrate`` and ``measure_kernels``: measure, once per machine, what tile convolutions
+allocate beyond their tensors, and what their kernels keep.
 
 Which convolution kernel torch picks depends on the device, the dtype and the build: on a CPU
 without bfloat16 instructions, a bfloat16 convolution falls back to an im2col kernel whose backward
@@ -15,6 +16,11 @@ freed heap pages trimmed first, so that the growth does not depend on what the p
 before), the median of three, rounded to 1/4, and cached in
 ``$XDG_CACHE_HOME/tilec/calibration.json`` (default ``~/.cache``), keyed by torch version, device
 and dtype; delete the file to measure again.
+
+``measure_kernels`` gives a graph a budget search plans ``kernel_state``: the bytes a process
+keeps per convolution kernel it runs for the first time (``tilec.cost.KERNEL_STATE_BYTES``),
+measured as the growth of anonymous resident memory (pinned and trimmed as above) over new
+convolution shapes, and cached alike.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ CHANNELS, SIDE, KERNEL = 16, 256, 3
 REPEATS = 3
 #: glibc's mallopt parameter M_MMAP_THRESHOLD and the value the generated module pins it to.
 _M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
+#: Kernel state: a 3x3 convolution of this many channels in and out runs, forward and both
+#: gradients, on square channels-last inputs of these sides, each new to the process.
+KERNEL_CHANNELS, KERNEL_SIDES = 64, tuple(range(24, 40))
 
 
 def calibrate(graph: nx.DiGraph) -> nx.DiGraph:
@@ -52,6 +61,62 @@ def calibrate(graph: nx.DiGraph) -> nx.DiGraph:
     calibrated.graph["conv_workspace"] = cached(machine_key(device, dtype),
                                                 lambda: _measured_workspace(device, dtype), _workspace)
     return calibrated
+
+
+def measure_kernels(graph: nx.DiGraph, dtype: str) -> nx.DiGraph:
+    """``graph`` with ``kernel_state``: the bytes a process keeps per convolution kernel it runs for
+    the first time (``tilec.cost.KERNEL_STATE_BYTES``) on the device and dtype a budget search
+    plans for (``search_device``)."""
+    device, dtype = search_device(graph, dtype)
+    measured = graph.copy()
+    measured.graph["kernel_state"] = cached(f"kernel state | {machine_key(device, dtype)}",
+                                            lambda: kernel_state(device, getattr(torch, dtype)), _bytes)
+    return measured
+
+
+def search_device(graph: nx.DiGraph, dtype: str) -> tuple[str, str]:
+    """The device and dtype a budget plan is for: autocast's, else CUDA if this torch can use it,
+    else the CPU, in ``dtype``."""
+    autocast = graph.graph.get("autocast")
+    return tuple(autocast.split(":")) if autocast else ("cuda" if torch.cuda.is_available() else "cpu", dtype)
+
+
+def kernel_state(device: str, dtype: torch.dtype) -> int:
+    """Growth of anonymous resident memory per kernel over ``KERNEL_SIDES[1:]``, each a new shape of
+    three kernels (the first side runs before, so that one-time state does not count). 0 on CUDA:
+    cuDNN keeps its state in host memory, not in the device memory a budget is for."""
+    from tilec.cost import KERNEL_STATE_BYTES
+
+    if device != "cpu":
+        return 0
+    try:
+        libc = ctypes.CDLL(None)
+        pinned = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+    except (OSError, AttributeError):
+        pinned = False
+    if not (pinned and sys.platform.startswith("linux")):
+        return KERNEL_STATE_BYTES
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(KERNEL_CHANNELS, KERNEL_CHANNELS, 3, 3, generator=generator).to(dtype).requires_grad_()
+
+    def run(side: int) -> None:
+        x = torch.randn(1, KERNEL_CHANNELS, side, side, generator=generator).to(
+            dtype=dtype, memory_format=torch.channels_last).requires_grad_()
+        y = torch.nn.functional.conv2d(x, weight, padding=1)
+        torch.autograd.grad(y, (x, weight), torch.ones_like(y))
+
+    run(KERNEL_SIDES[0])
+    libc.malloc_trim(0)
+    before = status_bytes("RssAnon")
+    for side in KERNEL_SIDES[1:]:
+        run(side)
+    return max(0, status_bytes("RssAnon") - before) // (3 * (len(KERNEL_SIDES) - 1))
+
+
+def _bytes(entry) -> int:
+    if isinstance(entry, bool) or not isinstance(entry, int) or entry < 0:
+        raise ValueError(f"not a byte count: {entry!r}")
+    return entry
 
 
 def cache_path() -> Path:

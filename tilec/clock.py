@@ -24,7 +24,7 @@ import networkx as nx
 import torch
 from torch import nn
 
-from tilec.calibrate import cached, machine_key
+from tilec.calibrate import cached, machine_key, search_device
 from tilec.cost import Estimator, Speed
 
 #: The timed chain: two 3x3 convolutions with ReLUs, this many channels in and out.
@@ -39,7 +39,7 @@ COPY_BYTES = 64 << 20
 def clock(graph: nx.DiGraph, dtype: str) -> nx.DiGraph:
     """``graph`` with ``speed``: the rates of its device and of ``dtype`` (autocast's, under autocast)."""
     autocast = graph.graph.get("autocast")
-    device, dtype = autocast.split(":") if autocast else ("cuda" if torch.cuda.is_available() else "cpu", dtype)
+    device, dtype = search_device(graph, dtype)
     timed = graph.copy()
     timed.graph["speed"] = cached(f"speed | {machine_key(device, dtype)}",
                                   lambda: list(astuple(measure(device, dtype, autocast))), _speed)

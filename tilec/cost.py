@@ -1,7 +1,10 @@
 """Cost model: FLOPs, time and peak bytes of one training step of a segmented plan.
 
 Memory convention (``predicted_peak_bytes``): bytes the step allocates above the input, the
-parameters and the final output gradient. The input is assumed not to need a gradient (images).
+parameters and the final output gradient, plus the kernel state a process's first step creates
+and keeps (``KERNEL_STATE_BYTES`` per distinct convolution call shape; all of it is counted in
+every segment's peak, as the first segment's backward, which runs last, finds it all). The input
+is assumed not to need a gradient (images).
 
 Step timeline. Segments run in order in forward, then in reverse in backward. Every segment
 output (a boundary tensor) stays alive from its creation until the backward of its last reader;
@@ -84,6 +87,14 @@ GEMM_MIN_CHANNELS = 32
 CHANNELS_LAST_BACKWARD_COPY = frozenset({"batch_norm", "_native_batch_norm_legit_no_training"})
 #: Fixed cost of a segment (autograd node, Python), so that equal plans prefer fewer segments.
 SEGMENT_SECONDS = 1e-3
+#: Bytes a process keeps from then on for each convolution kernel it runs for the first time: on
+#: CPU, oneDNN's primitive cache holds one compiled kernel per pass (forward, input gradient,
+#: weight gradient unless ``_weight_grad``'s matrix products compute it) and call shape, and a
+#: tile's convolution runs one shape per distinct tile class. Measured per machine for a budget
+#: search (``tilec.calibrate.kernel_state``; 0 on CUDA, whose kernels keep host memory); this is
+#: the measurement on a 2-core AVX-512 CPU, float32 (70-95 KiB from 3 to 1024 channels, 1x1 and
+#: 3x3; DarkNet19's 5% plan at 2048²: 360 kernels, 30 MiB).
+KERNEL_STATE_BYTES = 84 << 10
 
 #: Ops whose result aliases an input (no bytes of their own): views and identity copies.
 VIEWS = ALIASING | {"clone", "contiguous", "detach", "lift_fresh_copy", "dropout", "feature_dropout",
@@ -138,6 +149,8 @@ class SegmentCost:
     calls: int
     copied: int
     seconds: float
+    #: Bytes of kernel state its convolutions create and the process keeps (KERNEL_STATE_BYTES).
+    kernels: int = 0
 
 
 def flops_per_output(node: NodeSpec, shapes: dict[str, tuple[int, ...]], input_numel: int) -> float:
@@ -552,6 +565,17 @@ class Estimator:
                                     for n, s in zip(order, source, strict=True)])
         self.scale_pixel = self.scale_full / np.array([[a, self._area(s), self._area(s), a]
                                                        for a, s in zip(areas, source, strict=True)])
+        #: Bytes kept per new convolution call shape (KERNEL_STATE_BYTES, or measured), and the
+        #: convolutions' positions.
+        self.kernel_state = bounds.graph.graph.get("kernel_state", KERNEL_STATE_BYTES)
+        self.convolutions = [p for p, op in enumerate(self.op) if op in CONVS]
+        #: Per convolution position, what its kernels depend on besides the tile's lengths
+        #: (convolutions alike, as in a ResNet's repeated blocks, share them), and how many passes
+        #: in a tile and stored: forward, input gradient (if its input needs one), weight gradient.
+        self.kernel_key = {p: _kernel_key(order[p], self.computes[p], context) for p in self.convolutions}
+        input_grad = {p: int(self.grad[self.inputs[p][0]]) for p in self.convolutions}
+        self.tile_passes = {p: 1 + input_grad[p] + (not self.gemm[p]) for p in self.convolutions}
+        self.stored_passes = {p: 2 + input_grad[p] for p in self.convolutions}
         self.forward = cache(self._forward)
         self.program = cache(self._program)
         self.stored = cache(self._stored)
@@ -582,6 +606,8 @@ class Estimator:
             calls=calls,
             copied=0,
             seconds=self.speed.seconds(flops, calls, 0),
+            kernels=self.kernel_state * sum({(self.kernel_key[p], self.stored_passes[p]): self.stored_passes[p]
+                                             for p in self.convolutions if first <= p < stop}.values()),
         )
 
     def _stored_forward(self, first: int) -> tuple[list[int], list[int]]:
@@ -618,6 +644,9 @@ class Estimator:
             calls=calls,
             copied=copied,
             seconds=self.speed.seconds(flops, calls, copied),
+            kernels=self.kernel_state * sum({(self.kernel_key[p], self.tile_passes[p], row, col): self.tile_passes[p]
+                                             for p in self.convolutions if first <= p < stop
+                                             for row in _shapes(rows, p) for col in _shapes(cols, p)}.values()),
         )
 
     def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
@@ -649,11 +678,12 @@ class Estimator:
         """Bytes of the packed weights a tiled forward pass of nodes ``[first, stop)`` keeps."""
         return self.packed_after[first] - self.packed_after[stop]
 
-    def step_peaks(self, spans: Sequence[tuple[int, int]], costs: Sequence[SegmentCost]) -> list[int]:
-        """Predicted step peak while each segment runs (forward or backward, whichever is higher)."""
-        peaks, kept = [], 0
+    def step_peaks(self, costs: Sequence[SegmentCost]) -> list[int]:
+        """Predicted step peak while each segment runs (forward or backward, whichever is higher),
+        with the kernel state of every segment."""
+        peaks, kept, kernels = [], 0, sum(cost.kernels for cost in costs)
         for cost in costs:
-            peaks.append(kept + self.local(cost))
+            peaks.append(kept + self.local(cost) + kernels)
             kept += cost.kept
         return peaks
 
@@ -757,6 +787,25 @@ def _backward_weight_copies(forward: float, weight: float, gemm: bool, arena: bo
     if gemm:
         return forward + ARENA_GEMM_WEIGHT_BACKWARD_COPIES * weight if arena else weight
     return forward + (ARENA_WEIGHT_BACKWARD_COPIES if arena else WEIGHT_BACKWARD_EXTRA_COPIES) * weight
+
+
+def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
+    """The distinct ``(length, padding)`` along one axis of the convolution calls at ``position``
+    over the tiles: its read padded natively, or the copy of it padded (padding 0)."""
+    column = position - arrays.offset
+    length = np.where(arrays.copies[:, column] > 0, arrays.padded[:, column], arrays.copied[:, column])
+    return set(zip(length.tolist(), (arrays.padded[:, column] - length).tolist(), strict=True))
+
+
+def _kernel_key(node: NodeSpec, size: int, context: Context) -> tuple:
+    """A convolution's op, element size, input channels, weight and bias shapes and constants."""
+    def described(arg) -> object:
+        if arg.kind == "node":
+            return context.shape(arg.value)[:2]
+        if arg.kind == "tensor":
+            return tuple(context.tensor_shapes[arg.value])
+        return repr(arg.value)
+    return node.op, size, tuple(described(arg) for arg in node.args)
 
 
 def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:

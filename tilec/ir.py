@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 INPUT = "input"
 
 Shape = tuple[int, ...]
@@ -183,11 +183,20 @@ class Plan(Frozen):
         None, description="with a memory budget: the rates of the time estimate the search ranked plans by, as "
                           "measured on the device it planned for (tilec.clock): FLOP/s, seconds per op call per tile, "
                           "bytes/s of copies; without one, estimated_seconds assume tilec.cost.REFERENCE_SPEED")
+    kernel_state: int = Field(
+        description="bytes a process keeps per convolution call shape it runs for the first time (oneDNN's "
+                    "primitive cache on CPU), as measured on the device a budget search planned for "
+                    "(tilec.calibrate.kernel_state), else tilec.cost.KERNEL_STATE_BYTES")
     memory_budget: int | None = Field(description="bytes the plan was chosen to fit, if any")
     predicted_peak_bytes: int = Field(
-        description="peak bytes the training step allocates above the input, the parameters and the "
-        "output gradient: boundary activations, outputs, gradients, one tile's working set"
+        description="peak bytes the first training step of a process allocates above the input, the parameters "
+        "and the output gradient: boundary activations, outputs, gradients, one tile's working set, and "
+        "kernel_state_bytes"
     )
+    kernel_state_bytes: int = Field(
+        description="of predicted_peak_bytes, the kernel state the first step creates and later steps find: "
+                    "kernel_state times the distinct convolution call shapes of the plan; a later step's "
+                    "peak above its start is predicted_peak_bytes - kernel_state_bytes")
     model: ModelFingerprint
     segments: tuple[Segment, ...]
     ranks: int | None = Field(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
-from tilec.calibrate import calibrate
+from tilec.calibrate import calibrate, measure_kernels
 from tilec.clock import clock
 from tilec.codegen import render
 from tilec.config import CompileConfig
@@ -54,15 +54,16 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
 def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, dtype="float32",
              progress=None) -> Plan:
     """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes (the
-    search, timed on this machine's device, ``tilec.clock``, may then recompute long-lived
-    tensors: the plan's nodes include the copies)."""
+    search, timed on this machine's device, ``tilec.clock``, with its kernels' state measured,
+    ``tilec.calibrate.measure_kernels``, may then recompute long-lived tensors: the plan's nodes
+    include the copies)."""
     given = [option for option in (grid, segments, memory_budget) if option is not None]
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
     if memory_budget is not None:
         from tilec.search import choose
 
-        choice = choose(clock(graph, dtype), memory_budget, dtype)
+        choice = choose(measure_kernels(clock(graph, dtype), dtype), memory_budget, dtype)
         graph, segments = choice.graph, choice.segments
     return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 progress=progress)

@@ -278,7 +278,7 @@ def plan(
             rows=rows, cols=cols,
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned]
-    peaks = estimator.step_peaks([(s.first, s.stop) for s in planned], costs)
+    peaks = estimator.step_peaks(costs)
     planned = [
         s.model_copy(update={"predicted_peak_bytes": peak, "flop_overhead": round(cost.flop_overhead, 6),
                              "estimated_seconds": round(cost.seconds, 6)})
@@ -291,8 +291,10 @@ def plan(
         autocast=graph.graph.get("autocast"),
         conv_workspace=graph.graph.get("conv_workspace"),
         speed=astuple(graph.graph["speed"]) if "speed" in graph.graph else None,
+        kernel_state=estimator.kernel_state,
         memory_budget=memory_budget,
         predicted_peak_bytes=max(peaks),
+        kernel_state_bytes=sum(cost.kernels for cost in costs),
         model=fingerprint(graph),
         segments=tuple(planned),
     )

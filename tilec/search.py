@@ -166,13 +166,12 @@ def _merged(known, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.
     return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
 
 
-def _pareto(entries: list[tuple]) -> list[tuple]:
-    """Keep entries not dominated in their first two fields (both minimised)."""
-    front, best = [], inf
-    for entry in sorted(entries, key=lambda e: (e[0], e[1])):
-        if entry[1] < best:
+def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
+    """Keep entries not dominated in their first ``fields`` fields (all minimised)."""
+    front: list[tuple] = []
+    for entry in sorted(entries, key=lambda e: e[:fields]):
+        if not any(all(kept[k] <= entry[k] for k in range(1, fields)) for kept in front):
             front.append(entry)
-            best = entry[1]
     return front
 
 
@@ -211,10 +210,10 @@ class _Costs:
     def local(self, cost: SegmentCost) -> int:
         return self.estimator.local(cost)
 
-    def recurse(self, start: tuple, extend) -> list[tuple]:
+    def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
 
-        An entry is a tuple whose first two fields are minimised (a Pareto front is kept per
+        An entry is a tuple whose first ``fields`` fields are minimised (a Pareto front is kept per
         cut); ``extend(entry, first, stop)`` yields the entries one more segment
         ``[first, stop)`` makes of it. Returns the front at the last cut.
         """
@@ -224,7 +223,7 @@ class _Costs:
                 for stop in (c for c in self.cuts if c > first):
                     fronts.setdefault(stop, []).extend(extend(entry, first, stop))
             for stop in list(fronts):
-                fronts[stop] = _pareto(fronts[stop])
+                fronts[stop] = _pareto(fronts[stop], fields)
         return fronts[self.cuts[-1]]
 
 
@@ -256,7 +255,7 @@ def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> Choice:
         costs.append(_Costs(variant, dtype))
         best = _search(costs[-1], usable(budget))
         if best is not None:
-            found.append(Choice(variant, recomputed, best[2], best[0]))
+            found.append(Choice(variant, recomputed, best[3], best[0]))
     if not found:
         smallest = _budget_for(min(_smallest(cost) for cost in costs))
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
@@ -270,26 +269,33 @@ def _budget_for(peak: int) -> int:
 
 
 def _search(costs: _Costs, budget: int) -> tuple | None:
-    """``(seconds, kept, segments)`` of least estimated seconds with every predicted peak <=
-    ``budget`` (already the usable part); ``None`` when no plan fits."""
+    """``(seconds, held, peak, segments)`` of least estimated seconds with a predicted peak <=
+    ``budget`` (already the usable part); ``None`` when no plan fits. ``held``: bytes kept from
+    the segments so far on (their kept bytes and kernel state); ``peak``: their step peaks so far
+    with the kernel state so far (``Estimator.step_peaks`` counts all of it in every peak)."""
     def extend(entry: tuple, first: int, stop: int):
-        seconds, kept, choices = entry
+        seconds, held, peak, choices = entry
 
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
-            return seconds + cost.seconds, kept + cost.kept, (*choices, (first, stop, grid, mode))
+            return (seconds + cost.seconds, held + cost.kept + cost.kernels, _peak(costs, held, peak, cost),
+                    (*choices, (first, stop, grid, mode)))
 
-        if kept + costs.estimator.stored_floor(first, stop) <= budget:
+        if held + costs.estimator.stored_floor(first, stop) <= budget:
             stored = costs.option(first, stop, None)
-            if kept + costs.local(stored) <= budget:
+            if _peak(costs, held, peak, stored) <= budget:
                 yield grown((1, 1), "stored", stored)
-        if costs.grids(first, stop) and kept + costs.estimator.floor(first, stop) <= budget:
-            for grid in costs.grids(first, stop):  # finer grids only add time: the coarsest that fits
+        if costs.grids(first, stop) and held + costs.estimator.floor(first, stop) <= budget:
+            for grid in costs.grids(first, stop):  # a finer grid takes more time for a lower peak
                 tiled = costs.option(first, stop, grid)
-                if kept + costs.local(tiled) <= budget:
+                if _peak(costs, held, peak, tiled) <= budget:
                     yield grown(grid, "tiled", tiled)
-                    break
 
-    return min(costs.recurse((0.0, 0, ()), extend), default=None)
+    return min(costs.recurse((0.0, 0, 0, ()), extend, 3), default=None)
+
+
+def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost) -> int:
+    """The peak so far after one more segment: every peak also finds that segment's kernel state."""
+    return max(peak, held + costs.local(cost)) + cost.kernels
 
 
 def _smallest(costs: _Costs) -> int:
@@ -298,24 +304,25 @@ def _smallest(costs: _Costs) -> int:
     Options that cannot beat the plan cutting at every candidate (a quick upper bound) are
     not costed in full.
     """
-    def options(first: int, stop: int, peak: int, kept: int, bound: float):
-        if max(peak, kept + costs.estimator.stored_floor(first, stop)) <= bound:
+    def options(first: int, stop: int, peak: int, held: int, bound: float):
+        if max(peak, held + costs.estimator.stored_floor(first, stop)) <= bound:
             yield costs.option(first, stop, None)
-        if costs.grids(first, stop) and max(peak, kept + costs.estimator.floor(first, stop)) <= bound:
-            yield costs.option(first, stop, costs.grids(first, stop)[-1])
+        if costs.grids(first, stop) and max(peak, held + costs.estimator.floor(first, stop)) <= bound:
+            yield from (costs.option(first, stop, grid) for grid in costs.grids(first, stop))
 
-    bound, peak, kept = inf, 0, 0
+    peak, held = 0, 0
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
-        best = min(options(first, stop, peak, kept, inf), key=lambda cost: (kept + costs.local(cost), cost.kept))
-        peak, kept = max(peak, kept + costs.local(best)), kept + best.kept
+        best = min(options(first, stop, peak, held, inf),
+                   key=lambda cost: (_peak(costs, held, peak, cost), cost.kept + cost.kernels))  # noqa: B023
+        peak, held = _peak(costs, held, peak, best), held + best.kept + best.kernels
     bound = peak
 
     def extend(entry: tuple, first: int, stop: int):
-        peak, kept = entry
-        for cost in options(first, stop, peak, kept, bound):
-            yield max(peak, kept + costs.local(cost)), kept + cost.kept
+        peak, held = entry
+        for cost in options(first, stop, peak, held, bound):
+            yield _peak(costs, held, peak, cost), held + cost.kept + cost.kernels
 
-    return min(peak for peak, _ in costs.recurse((0, 0), extend))
+    return min(peak for peak, _ in costs.recurse((0, 0), extend, 2))
 
 
 def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:

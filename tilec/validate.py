@@ -102,15 +102,20 @@ def check_version(data: dict, source: str = "plan") -> None:
     chain = isinstance(model, dict) and "layers" in model and "nodes" not in model
     if (numeric and version < SCHEMA_VERSION) or chain:
         found = f"schema_version {version}" if numeric else "model.layers"
-        raise PlanError(f"{source} is a plan from an older tilec ({found}: layer chains); recompile the model "
+        layers = ": layer chains" if chain else ""
+        raise PlanError(f"{source} is a plan from an older tilec ({found}{layers}); recompile the model "
                         f"with `tilec compile` to get a schema {SCHEMA_VERSION} plan")
 
 
 def _check_predictions(plan: Plan) -> None:
     """Predictions are estimates, so only their range is checked: bytes and seconds not negative,
-    FLOP overhead at least -1 (a ratio minus one), all finite; a budget, if any, positive."""
+    FLOP overhead at least -1 (a ratio minus one), all finite; a budget, if any, positive; the
+    kernel state within the peak."""
     if plan.predicted_peak_bytes < 0 or (plan.memory_budget is not None and plan.memory_budget < 1):
         _fail(f"predicted_peak_bytes {plan.predicted_peak_bytes} or memory_budget {plan.memory_budget} is out of range")
+    if plan.kernel_state < 0 or not 0 <= plan.kernel_state_bytes <= plan.predicted_peak_bytes:
+        _fail(f"kernel_state {plan.kernel_state} or kernel_state_bytes {plan.kernel_state_bytes} is out of range "
+              f"(at most predicted_peak_bytes {plan.predicted_peak_bytes})")
     for segment in plan.segments:
         seconds, overhead = segment.estimated_seconds, segment.flop_overhead
         if segment.predicted_peak_bytes < 0 or not (0 <= seconds < math.inf and -1 <= overhead < math.inf):
