@@ -147,8 +147,8 @@ def notes(records: list[dict]) -> str:
                f"ran for the first time (growth of RssFile; file-backed, shared, not data). Later step (tilec): "
                f"the same measurement of the last step. Predicted: the plan's predicted peak of a first step, "
                f"with the kernel state it creates and keeps (oneDNN's compiled kernels); the first step is "
-               f"compared with it, a later step with it less that state. Plain and checkpoint are shown by their first step: their later "
-               f"steps reuse what glibc's heap kept from the first")
+               f"compared with it, a later step with it less that state. Plain and checkpoint are shown by "
+               f"their first step: their later steps reuse what glibc's heap kept from the first")
     repeats = sorted({len(r["times_s"]) for r in records if "times_s" in r})
     out.append(f"- step time: wall time, best of {'/'.join(map(str, repeats))} step(s); float32; "
                f"backward of {records[0].get('grad', 'out.sum()') if records else ''}")

@@ -85,25 +85,27 @@ def _budgets(graph) -> list[int]:
     return sorted({low, *(low + (high - low) * k // 6 for k in range(1, 7)), 2 * high})
 
 
-def _options(costs: _Costs, first: int, stop: int) -> list:
-    return [costs.option(first, stop, None), *(costs.option(first, stop, grid) for grid in costs.grids(first, stop))]
-
-
 def _brute_force(costs: _Costs, budget: int) -> float:
-    """Least estimated seconds over every segmentation at the cut candidates and every option,
-    its peaks as the planner predicts them (``Estimator.step_peaks``); a partial plan already
-    slower than the best complete one, or over the budget, is abandoned."""
+    """Least estimated seconds over every segmentation at the cut candidates, each segment stored
+    or tiled with the coarsest grid that fits or the finest (the search's options), its peaks as
+    the planner predicts them (``Estimator.step_peaks``); a partial plan already slower than the
+    best complete one, or over the budget, is abandoned."""
     best, last = float("inf"), costs.cuts[-1]
+
+    def fits(chosen: list) -> bool:
+        return max(costs.estimator.step_peaks(chosen), default=0) <= budget
 
     def extend(first: int, seconds: float, chosen: list) -> None:
         nonlocal best
-        if seconds >= best or max(costs.estimator.step_peaks(chosen), default=0) > budget:
+        if seconds >= best or not fits(chosen):
             return
         if first == last:
             best = seconds
             return
         for stop in (c for c in costs.cuts if c > first):
-            for cost in _options(costs, first, stop):
+            tiled = [costs.option(first, stop, grid) for grid in costs.grids(first, stop)]
+            coarsest = [cost for cost in tiled if fits([*chosen, cost])][:1]
+            for cost in [costs.option(first, stop, None), *coarsest, *tiled[-1:]]:
                 extend(stop, seconds + cost.seconds, [*chosen, cost])
 
     extend(0, 0.0, [])

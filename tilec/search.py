@@ -284,8 +284,13 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
             stored = costs.option(first, stop, None)
             if _peak(costs, held, peak, stored) <= budget:
                 yield grown((1, 1), "stored", stored)
-        if costs.grids(first, stop) and held + costs.estimator.floor(first, stop) <= budget:
-            for grid in costs.grids(first, stop):  # a finer grid takes more time for a lower peak
+        grids = costs.grids(first, stop)
+        if grids and held + costs.estimator.floor(first, stop) <= budget:
+            # finer grids add time for a lower working set, but may add kernel state: the coarsest
+            # that fits, and the finest (what ``_smallest`` builds on) for a lower peak so far
+            fitting = (grid for grid in grids if _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget)
+            coarsest = next(fitting, None)
+            for grid in dict.fromkeys(g for g in (coarsest, grids[-1]) if g is not None):
                 tiled = costs.option(first, stop, grid)
                 if _peak(costs, held, peak, tiled) <= budget:
                     yield grown(grid, "tiled", tiled)
@@ -308,7 +313,7 @@ def _smallest(costs: _Costs) -> int:
         if max(peak, held + costs.estimator.stored_floor(first, stop)) <= bound:
             yield costs.option(first, stop, None)
         if costs.grids(first, stop) and max(peak, held + costs.estimator.floor(first, stop)) <= bound:
-            yield from (costs.option(first, stop, grid) for grid in costs.grids(first, stop))
+            yield costs.option(first, stop, costs.grids(first, stop)[-1])
 
     peak, held = 0, 0
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
