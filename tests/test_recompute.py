@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from exactness import check_exact
 from torch import nn
-from zoo import SHAPES, ZOO
+from zoo import SHAPES, TINY_KERNEL_STATE, ZOO
 
 import tilec.recompute
 from tilec.errors import GridError
@@ -87,7 +87,7 @@ def test_recompute_lowers_the_smallest_budget_of_a_unet_whose_skips_dominate():
             return self.out(__import__("torch").cat([skip, self.deep(self.squeeze(skip))], 1))
 
     graph = trace(Wide(), (1, 1, 64, 64))
-    graph.graph["kernel_state"] = 256  # bytes per kernel: at the default, kernels would outweigh these tiny tensors
+    graph.graph["kernel_state"] = TINY_KERNEL_STATE
     assert [recomputed for recomputed, _ in variants(graph)] == [(), (_skips(graph)[0],)]
     kept = smallest_budget(graph)
     chosen = choose(graph, kept)

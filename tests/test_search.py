@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 from exactness import TOLERANCE, max_errors
 from torch import nn
+from zoo import TINY_KERNEL_STATE
 
 from tilec.cli import main
 from tilec.errors import BudgetError
@@ -63,12 +64,6 @@ MODELS = {"residual": (Residual, (1, 3, 22, 18)), "unet": (UNet, (1, 3, 14, 16))
 def build(name: str) -> nn.Module:
     torch.manual_seed(0)
     return MODELS[name][0]().eval()
-
-
-#: Kernel state per convolution call shape for these tiny models (tensors of a few KiB): enough to
-#: steer the search between grids without drowning out their tensors (``KERNEL_STATE_BYTES``
-#: would: its 256 KiB per shape is more than a whole tiny step).
-TINY_KERNEL_STATE = 256
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

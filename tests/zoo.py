@@ -18,6 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+#: Bytes per kernel (``graph.graph["kernel_state"]``) for tests of the budget search on tiny models,
+#: whose tensors take a few KiB: enough to steer the search between grids without drowning out
+#: the tensors, as ``tilec.cost.KERNEL_STATE_BYTES`` (84 KiB per kernel) would.
+TINY_KERNEL_STATE = 256
+
 # --------------------------------------------------------------------------------------------
 # helpers
 

@@ -89,12 +89,7 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
 
     if device != "cpu":
         return 0
-    try:
-        libc = ctypes.CDLL(None)
-        pinned = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
-    except (OSError, AttributeError):
-        pinned = False
-    if not (pinned and sys.platform.startswith("linux")):
+    if not _pin_and_trim():
         return KERNEL_STATE_BYTES
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(KERNEL_CHANNELS, KERNEL_CHANNELS, 3, 3, generator=generator).to(dtype).requires_grad_()
@@ -106,7 +101,7 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
         torch.autograd.grad(y, (x, weight), torch.ones_like(y))
 
     run(KERNEL_SIDES[0])
-    libc.malloc_trim(0)
+    _pin_and_trim()
     before = status_bytes("RssAnon")
     for side in KERNEL_SIDES[1:]:
         run(side)
@@ -239,17 +234,24 @@ def reset_high_water_mark() -> bool:
         return False
 
 
-def _resident_peak(step) -> int | None:
-    """Growth of resident memory during ``step`` (Linux with glibc), else None."""
+def _pin_and_trim() -> bool:
+    """Pin glibc's mmap threshold as ``TiledModel`` does and give freed heap pages back, so that what
+    runs next shows as resident growth; whether the threshold is pinned (Linux with glibc). Calling
+    it again only trims."""
     if not sys.platform.startswith("linux"):
-        return None
+        return False
     try:
         libc = ctypes.CDLL(None)
         pinned = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
-        libc.malloc_trim(0)  # freed pages go back: what ``step`` touches shows as resident growth
+        libc.malloc_trim(0)
     except (OSError, AttributeError):
-        return None
-    if not pinned or not reset_high_water_mark():
+        return False
+    return pinned
+
+
+def _resident_peak(step) -> int | None:
+    """Growth of resident memory during ``step`` (Linux with glibc), else None."""
+    if not _pin_and_trim() or not reset_high_water_mark():
         return None
     before = status_bytes("VmRSS")
     step()

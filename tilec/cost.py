@@ -606,8 +606,7 @@ class Estimator:
             calls=calls,
             copied=0,
             seconds=self.speed.seconds(flops, calls, 0),
-            kernels=self.kernel_state * sum({(self.kernel_key[p], self.stored_passes[p]): self.stored_passes[p]
-                                             for p in self.convolutions if first <= p < stop}.values()),
+            kernels=self.kernel_bytes((p, self.stored_passes[p], None) for p in self.convolutions if first <= p < stop),
         )
 
     def _stored_forward(self, first: int) -> tuple[list[int], list[int]]:
@@ -644,10 +643,15 @@ class Estimator:
             calls=calls,
             copied=copied,
             seconds=self.speed.seconds(flops, calls, copied),
-            kernels=self.kernel_state * sum({(self.kernel_key[p], self.tile_passes[p], row, col): self.tile_passes[p]
-                                             for p in self.convolutions if first <= p < stop
-                                             for row in _shapes(rows, p) for col in _shapes(cols, p)}.values()),
+            kernels=self.kernel_bytes((p, self.tile_passes[p], (row, col)) for p in self.convolutions
+                                      if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)),
         )
+
+    def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:
+        """Kernel state of convolution calls ``(position, passes, call shape)``: alike convolutions'
+        calls of one shape share their kernels."""
+        distinct = {(self.kernel_key[p], passes, shape) for p, passes, shape in calls}
+        return self.kernel_state * sum(passes for _, passes, _ in distinct)
 
     def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
         """A tiled segment's output bytes, sliced inputs' gradient bytes, and backward bytes besides

@@ -288,12 +288,14 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
         if grids and held + costs.estimator.floor(first, stop) <= budget:
             # finer grids add time for a lower working set, but may add kernel state: the coarsest
             # that fits, and the finest (what ``_smallest`` builds on) for a lower peak so far
-            fitting = (grid for grid in grids if _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget)
-            coarsest = next(fitting, None)
-            for grid in dict.fromkeys(g for g in (coarsest, grids[-1]) if g is not None):
-                tiled = costs.option(first, stop, grid)
-                if _peak(costs, held, peak, tiled) <= budget:
-                    yield grown(grid, "tiled", tiled)
+            def fits(grid: tuple[int, int]) -> bool:
+                return _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget
+
+            coarsest = next((grid for grid in grids if fits(grid)), None)
+            if coarsest is not None:
+                yield grown(coarsest, "tiled", costs.option(first, stop, coarsest))
+                if coarsest != grids[-1] and fits(grids[-1]):
+                    yield grown(grids[-1], "tiled", costs.option(first, stop, grids[-1]))
 
     return min(costs.recurse((0.0, 0, 0, ()), extend, 3), default=None)
 
