@@ -81,10 +81,14 @@ def test_interval_clip_properties(start, length, size):
 
 def test_split_examples():
     assert split(7, 1) == (Interval(0, 7),)
-    assert split(7, 3) == (Interval(0, 3), Interval(3, 5), Interval(5, 7))
+    assert split(7, 3) == (Interval(0, 3), Interval(3, 6), Interval(6, 7))
     assert split(8, 4) == (Interval(0, 2), Interval(2, 4), Interval(4, 6), Interval(6, 8))
     assert split(5, 5) == tuple(Interval(i, i + 1) for i in range(5))
-    assert split(11, 4) == (Interval(0, 3), Interval(3, 6), Interval(6, 9), Interval(9, 11))
+    assert split(256, 11)[1:-1] == tuple(Interval(24 * i, 24 * i + 24) for i in range(1, 10))
+    assert split(256, 11)[-1] == Interval(240, 256)
+    # ceil(10 / 6) = 2 would leave the sixth part empty: lengths differing by one instead
+    assert split(10, 6) == (Interval(0, 2), Interval(2, 4), Interval(4, 6), Interval(6, 8), Interval(8, 9),
+                            Interval(9, 10))
 
 
 @FAST
@@ -96,9 +100,12 @@ def test_split_partitions(size, data):
     assert pieces[0].start == 0 and pieces[-1].stop == size
     assert all(a.stop == b.start for a, b in zip(pieces[:-1], pieces[1:], strict=True))
     lengths = [p.length for p in pieces]
-    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
-    assert lengths == sorted(lengths, reverse=True)  # the longer ones come first
-    assert lengths.count(size // parts + 1) == size % parts
+    assert min(lengths) >= 1 and max(lengths) == -(-size // parts)  # no tile longer than it must be
+    uniform = len(set(lengths[:-1])) <= 1
+    balanced = max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True)
+    assert uniform or balanced
+    if (parts - 1) * -(-size // parts) < size:
+        assert uniform  # every interior tile one shape wherever the last part can take the rest
 
 
 # --- Window -----------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from exactness import TOLERANCE, max_errors
 from torch import nn
 from zoo import TINY_KERNEL_STATE
@@ -16,7 +18,7 @@ from tilec.cli import main
 from tilec.errors import BudgetError
 from tilec.ops import KINDS
 from tilec.planner import axis_tiles, plan
-from tilec.search import MAX_CUTS, _Costs, _search, choose, format_bytes, smallest_budget, usable, variants
+from tilec.search import MARGINS, MAX_CUTS, _Costs, _pareto, _search, choose, format_bytes, smallest_budget, usable, variants
 from tilec.trace import trace
 
 
@@ -82,13 +84,14 @@ def _budgets(graph) -> list[int]:
 
 def _brute_force(costs: _Costs, budget: int) -> float:
     """Least estimated seconds over every segmentation at the cut candidates, each segment stored
-    or tiled with the coarsest grid that fits or the finest (the search's options), its peaks as
+    or tiled with, per margin, the coarsest grid that fits with that share of the budget to spare,
+    or the finest (the search's options), its peaks as
     the planner predicts them (``Estimator.step_peaks``); a partial plan already slower than the
     best complete one, or over the budget, is abandoned."""
     best, last = float("inf"), costs.cuts[-1]
 
-    def fits(chosen: list) -> bool:
-        return max(costs.estimator.step_peaks(chosen), default=0) <= budget
+    def fits(chosen: list, limit: float = budget) -> bool:
+        return max(costs.estimator.step_peaks(chosen), default=0) <= limit
 
     def extend(first: int, seconds: float, chosen: list) -> None:
         nonlocal best
@@ -99,8 +102,9 @@ def _brute_force(costs: _Costs, budget: int) -> float:
             return
         for stop in (c for c in costs.cuts if c > first):
             tiled = [costs.option(first, stop, grid) for grid in costs.grids(first, stop)]
-            coarsest = [cost for cost in tiled if fits([*chosen, cost])][:1]
-            for cost in [costs.option(first, stop, None), *coarsest, *tiled[-1:]]:
+            coarsest = [next((cost for cost in tiled if fits([*chosen, cost], budget - budget * share)), None)
+                        for share in MARGINS]
+            for cost in {id(c): c for c in [costs.option(first, stop, None), *coarsest, *tiled[-1:]] if c}.values():
                 extend(stop, seconds + cost.seconds, [*chosen, cost])
 
     extend(0, 0.0, [])
@@ -134,6 +138,17 @@ def test_cut_candidates(graph):
 def _planned(graph, budget: int):
     chosen = choose(graph, budget)
     return plan(chosen.graph, name="m", segments=chosen.segments, memory_budget=budget)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(*[st.integers(0, 5)] * 3), max_size=30), st.sampled_from([2, 3]))
+def test_the_pareto_front_keeps_exactly_the_undominated(values, fields):
+    entries = [(*v, index) for index, v in enumerate(values)]  # the index: ties keep the first
+    expected = []
+    for entry in sorted(entries, key=lambda e: e[:fields]):
+        if not any(all(kept[k] <= entry[k] for k in range(1, fields)) for kept in expected):
+            expected.append(entry)
+    assert _pareto(entries, fields) == expected
 
 
 def test_every_budget_gets_a_plan_that_fits_it(graph):

@@ -244,7 +244,7 @@ CASES = {
     "shape classes merged": ("residual 3x2", _merge_classes, ["rows tile 1 shares shape_class 0 with tile 0"]),
     "tile index": ("residual 3x2", lambda d: d["segments"][0]["cols"][1].update(index=0),
                    ["cols tile 1 has index 0"]),
-    "owned uneven": ("residual 3x2", _uneven_owned, ["rows tile 0 owns [0, 5) of output conv2d_2", "even split"]),
+    "owned uneven": ("residual 3x2", _uneven_owned, ["rows tile 0 owns [0, 5) of output conv2d_2", "grid's split"]),
     "owned gap": ("residual 3x2", _owned_gap, ["cols tile 1 owns [5, 10)", "must partition [0, 10)"]),
     "owned short": ("residual 3x2", lambda d: shift(d["segments"][0]["cols"][1]["owned"][0], -1),
                     ["owned parts of output conv2d_2 cover [0, 9), not [0, 10)"]),
@@ -311,9 +311,10 @@ PLAN = plans()["se 3x2"]
 TEXT = dumps(PLAN)
 DATA = json.loads(TEXT)
 
-#: Integers validation does not constrain: predictions, and the input's batch and channels (tiles
-#: depend on the image sizes only; the generated module checks the whole input shape).
-FREE = {("predicted_peak_bytes",), ("input_shape", 0), ("input_shape", 1)}
+#: Integers validation does not constrain: predictions, the measured bytes per kernel, and the
+#: input's batch and channels (tiles depend on the image sizes only; the generated module checks
+#: the whole input shape).
+FREE = {("predicted_peak_bytes",), ("kernel_state",), ("kernel_state_bytes",), ("input_shape", 0), ("input_shape", 1)}
 
 
 def _paths(node, prefix=()):

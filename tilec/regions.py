@@ -107,10 +107,16 @@ class Window:
 
 
 def split(size: int, parts: int) -> tuple[Interval, ...]:
-    """Partition ``[0, size)`` into ``parts`` intervals whose lengths differ by at most one.
+    """Partition ``[0, size)`` into ``parts`` intervals.
 
-    The first ``size % parts`` intervals are the longer ones.
+    All but the last are ``ceil(size / parts)`` long and the last takes the rest, so that every
+    interior tile of a grid has one shape (one compiled kernel per convolution and pass, not two).
+    Where that would leave the last interval empty (``size`` 10 in 6 parts), the lengths differ
+    by at most one instead, the longer ones first.
     """
+    length = -(-size // parts)
+    if length * (parts - 1) < size:
+        return tuple(Interval(i * length, min((i + 1) * length, size)) for i in range(parts))
     base, extra = divmod(size, parts)
     bounds, start = [], 0
     for i in range(parts):

@@ -1,19 +1,23 @@
 """Search: ``choose`` picks segments, a mode and a grid per segment for a memory budget.
 
 Dynamic programming over candidate cut points of the node order, left to right. A partial
-plan ending at a cut is summarised by (estimated seconds, bytes kept alive for later segments);
-only the Pareto front of those pairs is kept per cut, since a later segment's feasibility
-depends on the kept bytes and the objective adds up seconds. A segment ``[first, stop)`` is
-stored (untiled), or tiled when all its nodes are tileable, with a square-ish grid; finer grids
-only add time, so grids are tried from coarse to fine and the first that fits is taken.
+plan ending at a cut is summarised by (estimated seconds, bytes held for later segments, peak
+so far), the held bytes and the peak both counting the kernel state so far; only the Pareto
+front of those is kept per cut, since a later segment's feasibility depends on the held bytes
+and the peak, and the objective adds up seconds. A segment ``[first, stop)`` is stored
+(untiled), or tiled when all its nodes are tileable, with a square-ish grid. Finer grids add
+time for a lower peak, which later segments may need (each adds its kernel state to every
+peak), so for each of ``MARGINS`` the coarsest grid that fits with that share of the budget to
+spare is offered, and the finest.
 
 Recompute: the search is run on the graph as traced and on ``variants`` of it where the
 cheapest long-lived tensors (a U-Net's skips) are recomputed from the model input by their late
 readers instead of kept (``tilec.recompute``); the fastest plan that fits wins.
 
-``smallest_budget`` runs the same recursion on (peak, kept bytes) instead, with the finest
-grid for tiled segments (finer tiles only shrink the working set), so an infeasible budget is
-refused at once with the smallest one that would do.
+``smallest_budget`` runs the same recursion on (peak, held bytes) instead, with the fine grids
+for tiled segments (``_Costs.fine_grids``: finer tiles shrink the working set, but a halo
+spanning several tiles makes more tile shapes, each with its own kernels), so an infeasible
+budget is refused at once with about the smallest one that would do.
 
 Cut candidates (``cut_points``): never right before a per-pixel op reading only the node
 before it (recomputing it is cheaper than storing its input); always where tileability changes;
@@ -29,6 +33,7 @@ known plan) by a lower bound of their peak are not costed in full.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -48,6 +53,11 @@ from tilec.regions import Interval, split
 #: Tiles per side tried for a tiled segment: every count to 16 (one step from 8 to 12 tiles per
 #: side cost VGG16's 5% plan at 2048² a tenth of its step), coarser steps beyond.
 GRIDS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
+#: Shares of the budget a tiled segment may leave to spare for later ones (their kernel state,
+#: their working set): the search offers the coarsest grid that fits with each.
+MARGINS = (0, 1 / 256, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8)
+#: The coarsest grid, in tiles a side, ``smallest_budget`` tries besides the finest.
+FINE_GRIDS_FROM = 8
 #: Share of the budget a plan's predicted peak may use. The rest is headroom for what the cost
 #: model does not count: library code the first step of a process pages in (0-18 MiB measured on
 #: CPU), the kernels it compiles and caches (oneDNN: one per convolution, tile shape and pass),
@@ -167,11 +177,26 @@ def _merged(known, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
-    """Keep entries not dominated in their first ``fields`` fields (all minimised)."""
+    """Keep entries not dominated in their first ``fields`` (2 or 3) fields, all minimised.
+
+    In order of the first field, an entry is kept unless an earlier kept one is no worse in the
+    others. The kept ones' other fields are tracked as a staircase (the second rising, the
+    third falling; each point one no kept entry beats in both), so one bisection finds the kept
+    entry with the least third field among those whose second is no worse.
+    """
     front: list[tuple] = []
+    seconds: list[int] = []
+    thirds: list[int] = []
     for entry in sorted(entries, key=lambda e: e[:fields]):
-        if not any(all(kept[k] <= entry[k] for k in range(1, fields)) for kept in front):
-            front.append(entry)
+        second, third = entry[1], entry[2] if fields == 3 else 0
+        below = bisect_right(seconds, second)
+        if below and thirds[below - 1] <= third:
+            continue
+        front.append(entry)
+        start = stop = bisect_left(seconds, second)
+        while stop < len(thirds) and thirds[stop] >= third:
+            stop += 1
+        seconds[start:stop], thirds[start:stop] = [second], [third]
     return front
 
 
@@ -206,6 +231,17 @@ class _Costs:
         height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
         grids = [(min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
         return list(dict.fromkeys(grids))
+
+    def fine_grids(self, first: int, stop: int) -> list[tuple[int, int]]:
+        """The finest grid and coarser ones down to ``FINE_GRIDS_FROM`` tiles a side, halving:
+        finer tiles shrink the working set, but a grid whose halo spans several tiles has more
+        tile shapes, each with its own kernels (``SegmentCost.kernels``)."""
+        grids = self.grids(first, stop)
+        chosen = [grids[-1]]
+        while max(chosen[-1]) // 2 >= FINE_GRIDS_FROM:
+            half = max(chosen[-1]) // 2
+            chosen.append(next(grid for grid in reversed(grids) if max(grid) <= half))
+        return chosen
 
     def local(self, cost: SegmentCost) -> int:
         return self.estimator.local(cost)
@@ -286,16 +322,17 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
                 yield grown((1, 1), "stored", stored)
         grids = costs.grids(first, stop)
         if grids and held + costs.estimator.floor(first, stop) <= budget:
-            # finer grids add time for a lower working set, but may add kernel state: the coarsest
-            # that fits, and the finest (what ``_smallest`` builds on) for a lower peak so far
-            def fits(grid: tuple[int, int]) -> bool:
-                return _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget
+            # finer grids add time for a lower peak so far, which later segments' kernel state
+            # may need: per margin, the coarsest grid that fits with that much to spare, and the
+            # finest (what ``_smallest`` builds on)
+            def fits(grid: tuple[int, int], margin: int) -> bool:
+                return _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget - margin
 
-            coarsest = next((grid for grid in grids if fits(grid)), None)
-            if coarsest is not None:
-                yield grown(coarsest, "tiled", costs.option(first, stop, coarsest))
-                if coarsest != grids[-1] and fits(grids[-1]):
-                    yield grown(grids[-1], "tiled", costs.option(first, stop, grids[-1]))
+            chosen = [next((grid for grid in grids if fits(grid, budget * share)), None) for share in MARGINS]
+            if fits(grids[-1], 0):
+                chosen.append(grids[-1])
+            for grid in dict.fromkeys(grid for grid in chosen if grid is not None):
+                yield grown(grid, "tiled", costs.option(first, stop, grid))
 
     return min(costs.recurse((0.0, 0, 0, ()), extend, 3), default=None)
 
@@ -315,7 +352,8 @@ def _smallest(costs: _Costs) -> int:
         if max(peak, held + costs.estimator.stored_floor(first, stop)) <= bound:
             yield costs.option(first, stop, None)
         if costs.grids(first, stop) and max(peak, held + costs.estimator.floor(first, stop)) <= bound:
-            yield costs.option(first, stop, costs.grids(first, stop)[-1])
+            for grid in costs.fine_grids(first, stop):
+                yield costs.option(first, stop, grid)
 
     peak, held = 0, 0
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):

@@ -345,7 +345,7 @@ def _compare(tile: AxisTile, expected: AxisTile, segment: Segment, where: str) -
     """The first field where ``tile`` differs from the planner's, consumers before producers."""
     for name, owned, want in zip(segment.outputs, tile.owned, expected.owned, strict=True):
         if owned != want:
-            _fail(f"{where} owns {_interval(owned)} of output {name}, not the even split's {_interval(want)}")
+            _fail(f"{where} owns {_interval(owned)} of output {name}, not the grid's split {_interval(want)}")
     if len(tile.steps) != len(expected.steps):
         _fail(f"{where} has {len(tile.steps)} steps for the segment's {len(expected.steps)} nodes")
     for step, want in reversed(list(zip(tile.steps, expected.steps, strict=True))):

@@ -953,8 +953,8 @@ _S0 = _Segment(
 # Axis tiles: ((start, stop) read of each sliced input, (start, stop) owned of each output, shape class).
 _S1_ROWS = (
     (((0, 9), (0, 8)), ((0, 5),), 0),
-    (((1, 13), (2, 12)), ((5, 9),), 1),
-    (((5, 13), (6, 13)), ((9, 13),), 2),
+    (((1, 13), (2, 12)), ((5, 10),), 1),
+    (((5, 13), (6, 13)), ((10, 13),), 2),
 )
 _S1_COLS = (
     (((0, 11), (0, 10)), ((0, 6),), 0),
@@ -962,7 +962,7 @@ _S1_COLS = (
 )
 # Per axis tile, the FLOPs of a full band of tiles in one step; tile (i, j) costs rows[i] * cols[j]
 # (what the ranks of a process group balance their shares by).
-_S1_COSTS = ((303489, 297756, 232656), (441006, 357063))
+_S1_COSTS = ((303489, 340557, 198495), (441006, 357063))
 # Per rank of a PLAN_RANKS group, the tiles it runs (row-major; empty: shared by COSTS at run time).
 _S1_SHARES = ()
 
@@ -1027,13 +1027,13 @@ def _s1_1_0(xs, bs, p, arena):
     del v_add
     v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (1, 0, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
-    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 0:7]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:7, 0:7]
     del v_conv2d_3
     v_pad = v_conv_transpose2d
     del v_conv_transpose2d
-    v_cat = aten.cat.default([v_relu_[:, :, 2:8, 0:7], v_pad], 1)
+    v_cat = aten.cat.default([v_relu_[:, :, 2:9, 0:7], v_pad], 1)
     del v_pad
     v_conv2d_4 = _conv2d(_pad(arena, v_cat, (1, 0, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
@@ -1052,13 +1052,13 @@ def _s1_1_1(xs, bs, p, arena):
     del v_add
     v_max_pool2d = _max_pool(arena, v_relu_1, (2, 2), (2, 2), (0, 0), (1, 1))
     del v_relu_1
-    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (0, 1, 0, 0), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
+    v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
-    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:6, 1:6]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:7, 1:6]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 1, 0, 0), 0.0)
     del v_conv_transpose2d
-    v_cat = aten.cat.default([v_relu_[:, :, 2:8, 3:9], v_pad], 1)
+    v_cat = aten.cat.default([v_relu_[:, :, 2:9, 3:9], v_pad], 1)
     del v_pad
     v_conv2d_4 = _conv2d(_pad(arena, v_cat, (0, 1, 0, 0), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
@@ -1079,11 +1079,11 @@ def _s1_2_0(xs, bs, p, arena):
     del v_relu_1
     v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (1, 0, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
-    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 0:7]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 1:4, 0:7]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 0, 0, 1), 0.0)
     del v_conv_transpose2d
-    v_cat = aten.cat.default([v_relu_[:, :, 2:7, 0:7], v_pad], 1)
+    v_cat = aten.cat.default([v_relu_[:, :, 3:7, 0:7], v_pad], 1)
     del v_pad
     v_conv2d_4 = _conv2d(_pad(arena, v_cat, (1, 0, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
@@ -1104,11 +1104,11 @@ def _s1_2_1(xs, bs, p, arena):
     del v_relu_1
     v_conv2d_3 = _conv2d(_pad(arena, v_max_pool2d, (0, 1, 0, 1), 0.0), p[1], p[2], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_max_pool2d
-    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 0:4, 1:6]
+    v_conv_transpose2d = aten.conv_transpose2d.input(v_conv2d_3, p[3], p[4], (2, 2), (0, 0), (0, 0), 1, (1, 1))[:, :, 1:4, 1:6]
     del v_conv2d_3
     v_pad = aten.constant_pad_nd.default(v_conv_transpose2d, (0, 1, 0, 1), 0.0)
     del v_conv_transpose2d
-    v_cat = aten.cat.default([v_relu_[:, :, 2:7, 3:9], v_pad], 1)
+    v_cat = aten.cat.default([v_relu_[:, :, 3:7, 3:9], v_pad], 1)
     del v_pad
     v_conv2d_4 = _conv2d(_pad(arena, v_cat, (0, 1, 0, 1), 0.0), p[5], p[6], (1, 1), (0, 0), (1, 1), 1, arena)
     del v_cat
