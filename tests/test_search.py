@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
+from exactness import TOLERANCE, max_errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from exactness import TOLERANCE, max_errors
 from torch import nn
 from zoo import TINY_KERNEL_STATE
 
@@ -18,7 +18,18 @@ from tilec.cli import main
 from tilec.errors import BudgetError
 from tilec.ops import KINDS
 from tilec.planner import axis_tiles, plan
-from tilec.search import MARGINS, MAX_CUTS, _Costs, _pareto, _search, choose, format_bytes, smallest_budget, usable, variants
+from tilec.search import (
+    MARGINS,
+    MAX_CUTS,
+    _Costs,
+    _pareto,
+    _search,
+    choose,
+    format_bytes,
+    smallest_budget,
+    usable,
+    variants,
+)
 from tilec.trace import trace
 
 
