@@ -185,18 +185,18 @@ def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
     entry with the least third field among those whose second is no worse.
     """
     front: list[tuple] = []
-    seconds: list[int] = []
-    thirds: list[int] = []
+    rising: list[int] = []  # the staircase's second fields
+    falling: list[int] = []  # and its third fields
     for entry in sorted(entries, key=lambda e: e[:fields]):
         second, third = entry[1], entry[2] if fields == 3 else 0
-        below = bisect_right(seconds, second)
-        if below and thirds[below - 1] <= third:
+        below = bisect_right(rising, second)
+        if below and falling[below - 1] <= third:
             continue
         front.append(entry)
-        start = stop = bisect_left(seconds, second)
-        while stop < len(thirds) and thirds[stop] >= third:
+        start = stop = bisect_left(rising, second)
+        while stop < len(falling) and falling[stop] >= third:
             stop += 1
-        seconds[start:stop], thirds[start:stop] = [second], [third]
+        rising[start:stop], falling[start:stop] = [second], [third]
     return front
 
 
@@ -325,7 +325,7 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
             # finer grids add time for a lower peak so far, which later segments' kernel state
             # may need: per margin, the coarsest grid that fits with that much to spare, and the
             # finest (what ``_smallest`` builds on)
-            def fits(grid: tuple[int, int], margin: int) -> bool:
+            def fits(grid: tuple[int, int], margin: float) -> bool:
                 return _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget - margin
 
             chosen = [next((grid for grid in grids if fits(grid, budget * share)), None) for share in MARGINS]
