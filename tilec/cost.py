@@ -93,7 +93,7 @@ SEGMENT_SECONDS = 1e-3
 #: tile's convolution runs one shape per distinct tile class. Measured per machine for a budget
 #: search (``tilec.calibrate.kernel_state``; 0 on CUDA, whose kernels keep host memory); this is
 #: the measurement on a 2-core AVX-512 CPU, float32 (70-95 KiB from 3 to 1024 channels, 1x1 and
-#: 3x3; DarkNet19's 5% plan at 2048²: 360 kernels, 30 MiB).
+#: 3x3; DarkNet19's 5% plan at 2048² of before one interior tile length: 417 kernels, 30 MiB).
 KERNEL_STATE_BYTES = 84 << 10
 
 #: Ops whose result aliases an input (no bytes of their own): views and identity copies.

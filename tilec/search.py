@@ -313,7 +313,7 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
         seconds, held, peak, choices = entry
 
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
-            return (seconds + cost.seconds, held + cost.kept + cost.kernels, _peak(costs, held, peak, cost),
+            return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost),
                     (*choices, (first, stop, grid, mode)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
@@ -323,18 +323,30 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
         grids = costs.grids(first, stop)
         if grids and held + costs.estimator.floor(first, stop) <= budget:
             # finer grids add time for a lower peak so far, which later segments' kernel state
-            # may need: per margin, the coarsest grid that fits with that much to spare, and the
-            # finest (what ``_smallest`` builds on)
-            def fits(grid: tuple[int, int], margin: float) -> bool:
-                return _peak(costs, held, peak, costs.option(first, stop, grid)) <= budget - margin
+            # may need: per margin, the coarsest grid that fits with that much to spare (one pass
+            # from coarse to fine: a grid that fits with a margin fits with the smaller ones), and
+            # the finest (what ``_smallest`` builds on)
+            def peak_with(grid: tuple[int, int]) -> int:
+                return _peak(costs, held, peak, costs.option(first, stop, grid))
 
-            chosen = [next((grid for grid in grids if fits(grid, budget * share)), None) for share in MARGINS]
-            if fits(grids[-1], 0):
+            limits, chosen = [budget - budget * share for share in MARGINS], []
+            for grid in grids:
+                grid_peak = peak_with(grid)
+                while len(chosen) < len(limits) and grid_peak <= limits[len(chosen)]:
+                    chosen.append(grid)
+                if len(chosen) == len(limits):
+                    break
+            if peak_with(grids[-1]) <= budget:
                 chosen.append(grids[-1])
-            for grid in dict.fromkeys(grid for grid in chosen if grid is not None):
+            for grid in dict.fromkeys(chosen):
                 yield grown(grid, "tiled", costs.option(first, stop, grid))
 
     return min(costs.recurse((0.0, 0, 0, ()), extend, 3), default=None)
+
+
+def _held(held: int, cost: SegmentCost) -> int:
+    """Bytes held after one more segment: its kept bytes and its kernel state."""
+    return held + cost.kept + cost.kernels
 
 
 def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost) -> int:
@@ -358,14 +370,14 @@ def _smallest(costs: _Costs) -> int:
     peak, held = 0, 0
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
         best = min(options(first, stop, peak, held, inf),
-                   key=lambda cost: (_peak(costs, held, peak, cost), cost.kept + cost.kernels))  # noqa: B023
-        peak, held = _peak(costs, held, peak, best), held + best.kept + best.kernels
+                   key=lambda cost: (_peak(costs, held, peak, cost), _held(held, cost)))  # noqa: B023
+        peak, held = _peak(costs, held, peak, best), _held(held, best)
     bound = peak
 
     def extend(entry: tuple, first: int, stop: int):
         peak, held = entry
         for cost in options(first, stop, peak, held, bound):
-            yield _peak(costs, held, peak, cost), held + cost.kept + cost.kernels
+            yield _peak(costs, held, peak, cost), _held(held, cost)
 
     return min(peak for peak, _ in costs.recurse((0, 0), extend, 2))
 
