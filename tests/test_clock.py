@@ -13,7 +13,7 @@ from torch import nn
 import tilec.clock
 import tilec.pipeline
 from tilec.clock import clock
-from tilec.cost import REFERENCE_SPEED, Estimator, Speed
+from tilec.cost import GEMM_MIN_CHANNELS, REFERENCE_SPEED, Estimator, Speed
 from tilec.pipeline import plan_for
 from tilec.planner import Boundaries, plan
 from tilec.search import choose, smallest_budget
@@ -35,17 +35,36 @@ def test_measured_rates_are_plausible():
 
 
 @pytest.fixture
-def measured(tmp_path, monkeypatch):
-    """Every measurement made, into an empty cache; the n-th measures a FLOP rate of n GFLOP/s."""
+def raced(monkeypatch):
+    """Every weight-gradient race run; each finds matrix products faster from 64 channels."""
+    calls = []
+
+    def race(device, dtype):
+        calls.append((device, dtype))
+        return 64
+
+    monkeypatch.setattr(tilec.clock, "gemm_min_channels", race)
+    return calls
+
+
+@pytest.fixture
+def measured(tmp_path, monkeypatch, raced):
+    """Every measurement of the rates made, into an empty cache; the n-th measures a FLOP rate of
+    n GFLOP/s."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
 
-    def measure(device, dtype, autocast=None):
+    def measure(device, dtype, autocast=None, gemm_min_channels=None):
+        assert gemm_min_channels == 64, "the rates are measured with the race's weight gradient"
         calls.append((device, dtype, autocast))
         return Speed(1e9 * len(calls), 1e-4, 1e9)
 
     monkeypatch.setattr(tilec.clock, "measure", measure)
     return calls
+
+
+def speed_keys(cache):
+    return [key for key in json.loads(cache.read_text()) if key.startswith("speed | ")]
 
 
 def test_rates_are_measured_once_per_device_and_dtype(measured, tmp_path):
@@ -57,7 +76,40 @@ def test_rates_are_measured_once_per_device_and_dtype(measured, tmp_path):
     assert measured == [("cpu", "float32", None), ("cpu", "float64", None), ("cpu", "bfloat16", "cpu:bfloat16")]
     assert "speed" not in graph.graph, "clock returns a copy"
     cache = tmp_path / "tilec" / "calibration.json"
-    assert sorted(key.split(" | ")[-1] for key in json.loads(cache.read_text())) == ["bfloat16", "float32", "float64"]
+    assert sorted(key.split(" | ")[-1] for key in speed_keys(cache)) == ["bfloat16", "float32", "float64"]
+
+
+def test_the_weight_gradient_is_raced_once_per_device_and_dtype(measured, raced):
+    graph = trace(chain(), SHAPE)
+    assert clock(graph, "float32").graph["gemm_min_channels"] == 64
+    clock(graph, "float32")
+    clock(graph, "float64")
+    assert raced == [("cpu", "float32"), ("cpu", "float64")]
+    assert "gemm_min_channels" not in graph.graph, "clock returns a copy"
+
+
+@pytest.mark.parametrize(("wins", "fewest"), [((True,) * 5, 32), ((False, True, False, True, True), 256),
+                                               ((True, True, True, True, False), None), ((False,) * 5, None)])
+def test_the_race_picks_the_fewest_channels_from_which_matrix_products_always_win(monkeypatch, wins, fewest):
+    """The race times each of ``RACE_CHANNELS``: the module's matrix products (``ours``), then the
+    library's kernel."""
+    assert len(wins) == len(tilec.clock.RACE_CHANNELS)
+    raced = iter(wins)
+
+    def best(step, device):
+        if step.__name__ == "ours":
+            best.won = next(raced)
+            return 0.1 if best.won else 0.2
+        return 0.2 if best.won else 0.1
+
+    monkeypatch.setattr(tilec.clock, "_best", best)
+    assert tilec.clock.gemm_min_channels("cpu", "float32") == fewest
+
+
+def test_no_race_where_matrix_products_do_not_serve(monkeypatch):
+    monkeypatch.setattr(tilec.clock, "_best", lambda step, device: pytest.fail("raced"))
+    assert tilec.clock.gemm_min_channels("cpu", "bfloat16") is None
+    assert tilec.clock.gemm_min_channels("cuda", "float32") is None
 
 
 @pytest.mark.parametrize("entry", ["{not json", '{"KEY": [1.0, 0.001]}', '{"KEY": [-1.0, 0.001, 1.0]}',
@@ -66,7 +118,7 @@ def test_a_malformed_cache_entry_is_measured_again(measured, tmp_path, entry):
     graph = trace(chain(), SHAPE)
     clock(graph, "float32")
     cache = tmp_path / "tilec" / "calibration.json"
-    key = next(iter(json.loads(cache.read_text())))
+    key, = speed_keys(cache)
     cache.write_text(entry.replace("KEY", key))
     assert clock(graph, "float32").graph["speed"] == Speed(2e9, 1e-4, 1e9) and len(measured) == 2
 
@@ -75,8 +127,9 @@ def test_budget_plans_record_the_rates_they_were_ranked_by(measured, monkeypatch
     monkeypatch.setattr(tilec.pipeline, "clock", clock)
     graph = trace(chain(), SHAPE)
     budgeted = plan_for(graph, "m", memory_budget=2 * smallest_budget(graph))
-    assert budgeted.speed == (1e9, 1e-4, 1e9)
-    assert plan_for(graph, "m", grid=(2, 2)).speed is None
+    assert budgeted.speed == (1e9, 1e-4, 1e9) and budgeted.gemm_min_channels == 64
+    gridded = plan_for(graph, "m", grid=(2, 2))
+    assert gridded.speed is None and gridded.gemm_min_channels == GEMM_MIN_CHANNELS
 
 
 def test_the_rates_steer_the_search():

@@ -57,7 +57,7 @@ def test_golden_files_are_byte_identical(tmp_path):
 def test_golden_plan_describes_the_model():
     plan = load(REGEN.PLAN_FILE)
     assert dumps(plan) == REGEN.PLAN_FILE.read_text(encoding="utf-8")  # loads and dumps back unchanged
-    assert plan.schema_version == 5 and plan.name == "small" and plan.input_shape == (1, 3, 13, 11)
+    assert plan.schema_version == 6 and plan.name == "small" and plan.input_shape == (1, 3, 13, 11)
     assert [(s.first, s.stop, s.grid) for s in plan.segments] == [tuple(s) for s in REGEN.SEGMENTS]
     assert [s.mode for s in plan.segments] == ["tiled", "tiled", "stored"]
     ops = [node.op for node in plan.model.nodes]

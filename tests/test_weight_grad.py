@@ -5,15 +5,17 @@ path."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from exactness import generated
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from zoo import SHAPES, ZOO
 
+from tilec.codegen import render
 from tilec.cost import GEMM_MIN_CHANNELS, Estimator
-from tilec.pipeline import build
-from tilec.planner import Boundaries
+from tilec.pipeline import load_source
+from tilec.planner import Boundaries, plan
 from tilec.trace import trace
 
 GENERATED = generated()
@@ -61,18 +63,24 @@ def test_gemm_path_needs_channels_last_cpu_float_stride_one():
     assert not eligible(x[:, :GEMM_MIN_CHANNELS - 1], w[:, :GEMM_MIN_CHANNELS - 1], (1, 1), 1)
 
 
-def test_tiles_and_cost_model_agree_on_the_gemm_path():
+@pytest.mark.parametrize(("min_channels", "count"), [(GEMM_MIN_CHANNELS, 3), (None, 0)])
+def test_tiles_and_cost_model_agree_on_the_gemm_path(min_channels, count):
     """Every convolution the cost model counts as GEMM gets its weight gradient from
-    ``_weight_grad`` in the tiles' backward, and no other."""
+    ``_weight_grad`` in the tiles' backward, and no other; with the plan's ``gemm_min_channels``
+    (``None``: the weight gradients are all the library's, as raced on some CPUs)."""
     model, shape = ZOO["wide_convs"]().double(), SHAPES["wide_convs"]
-    bounds = Boundaries(trace(model, shape))
+    graph = trace(model, shape)
+    graph.graph["gemm_min_channels"] = min_channels
+    bounds = Boundaries(graph)
     estimator = Estimator(bounds, "float64")
     shapes = bounds.context.tensor_shapes
     expected = {shapes[bounds.context.nodes[name].args[1].value]
                 for name, gemm in zip(bounds.order, estimator.gemm, strict=True) if gemm}
-    assert len(expected) == 3
-    tiled = build(model, shape, grid=(3, 2), dtype="float64")
-    module = generated(tiled)
+    assert len(expected) == count
+    the_plan = plan(graph, name="wide", grid=(3, 2), dtype="float64")
+    assert the_plan.gemm_min_channels == min_channels
+    module = load_source(render(the_plan)).__dict__
+    tiled = module["TiledModel"](model)
     weight_grad, seen = module["_weight_grad"], []
 
     def counted(g, x, kernel, dilation, arena):
@@ -82,4 +90,4 @@ def test_tiles_and_cost_model_agree_on_the_gemm_path():
     module["_weight_grad"] = counted
     tiled(torch.randn(shape, dtype=torch.float64)).sum().backward()
     assert set(seen) == {tuple(s) for s in expected}
-    assert len(seen) == 3 * 6  # in every tile of the 3x2 grid
+    assert len(seen) == count * 6  # in every tile of the 3x2 grid

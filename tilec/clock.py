@@ -9,7 +9,13 @@ else CUDA if this torch can use it, else the CPU), in its dtype: the training st
 tiled module of a small convolution chain is timed at two grids, large tiles (mostly FLOPs) and
 tiny ones (mostly calls), each the best of ``REPEATS`` steps after two warm-up steps, and the time
 estimate of that step is solved for the FLOP rate and the call cost; the copy rate is the best of
-a few copies of ``COPY_BYTES``. Cached with the other measurements (``tilec.calibrate.cached``),
+a few copies of ``COPY_BYTES``.
+
+Which weight gradient tiles compute is raced first (``gemm_min_channels``): the generated
+module's matrix products against the library's kernel, for 3x3 convolutions of ``RACE_CHANNELS``
+channels. On a 2-core AVX2 CPU the matrix products took half to a third of oneDNN's time from 32
+channels on; on a 2-core AVX-512 one, oneDNN took half of theirs. The plan records the winner, and
+the cost model counts its memory. Cached with the other measurements (``tilec.calibrate.cached``),
 keyed by torch version, device and dtype; delete the cache file to measure again.
 """
 
@@ -25,7 +31,7 @@ import torch
 from torch import nn
 
 from tilec.calibrate import cached, machine_key, search_device
-from tilec.cost import Estimator, Speed
+from tilec.cost import GEMM_MIN_CHANNELS, Estimator, Speed
 
 #: The timed chain: two 3x3 convolutions with ReLUs, this many channels in and out.
 CHANNELS = 64
@@ -34,16 +40,50 @@ LARGE, SMALL = (192, 2), (32, 16)
 #: Each step time is the best of this many steps; each copy time the best of this many copies.
 REPEATS = 3
 COPY_BYTES = 64 << 20
+#: The weight-gradient race: 3x3 convolutions of these many channels in and out, each on a
+#: channels-last input of about ``RACE_BYTES``.
+RACE_CHANNELS = (32, 64, 128, 256, 512)
+RACE_BYTES = 4 << 20
 
 
 def clock(graph: nx.DiGraph, dtype: str) -> nx.DiGraph:
-    """``graph`` with ``speed``: the rates of its device and of ``dtype`` (autocast's, under autocast)."""
+    """``graph`` with ``gemm_min_channels`` and ``speed``: which weight gradient tiles compute, and
+    the rates, on its device in ``dtype`` (autocast's, under autocast)."""
     autocast = graph.graph.get("autocast")
     device, dtype = search_device(graph, dtype)
+    key = machine_key(device, dtype)
     timed = graph.copy()
-    timed.graph["speed"] = cached(f"speed | {machine_key(device, dtype)}",
-                                  lambda: list(astuple(measure(device, dtype, autocast))), _speed)
+    gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels)
+    timed.graph["gemm_min_channels"] = gemm
+    timed.graph["speed"] = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))),
+                                  _speed)
     return timed
+
+
+def _channels(entry) -> int | None:
+    if entry is not None and (isinstance(entry, bool) or not isinstance(entry, int) or entry < 1):
+        raise ValueError(f"not a channel count: {entry!r}")
+    return entry
+
+
+def gemm_min_channels(device: str, dtype: str) -> int | None:
+    """The fewest input channels from which the generated module's matrix-product weight gradient
+    (``_weight_grad``, its scratch in an arena) beat the library's (``convolution_backward``) at
+    that count and at every larger one raced (3x3, stride 1, channels-last, the best of
+    ``REPEATS`` calls each); ``None`` if it did not at the largest, or where that path does not
+    serve (devices other than the CPU, dtypes other than float32 and float64)."""
+    if device != "cpu" or dtype not in ("float32", "float64"):
+        return None
+    module, _ = _tiled_module(_chain(), SMALL[0], 1, dtype, {})
+    generator = torch.Generator().manual_seed(0)
+    wins = [_matrix_products_win(module, channels, getattr(torch, dtype), generator, device)
+            for channels in RACE_CHANNELS]
+    fewest = None
+    for channels, won in reversed(list(zip(RACE_CHANNELS, wins, strict=True))):
+        if not won:
+            break
+        fewest = channels
+    return fewest
 
 
 def _speed(entry) -> Speed:
@@ -53,29 +93,71 @@ def _speed(entry) -> Speed:
     return Speed(flop_rate, call_seconds, copy_rate)
 
 
-def measure(device: str, dtype: str, autocast: str | None = None) -> Speed:
-    """Time the chain's tiled step on ``device`` in ``dtype`` (see the module docstring)."""
+def _matrix_products_win(module, channels: int, dtype: torch.dtype, generator: torch.Generator, device: str) -> bool:
+    """Whether ``module._weight_grad`` (and the bias gradient) beat the library's weight and bias
+    gradients of a 3x3 convolution of ``channels`` in and out on a ``RACE_BYTES`` input."""
+    side = max(8, round(math.sqrt(RACE_BYTES / (channels * dtype.itemsize))))
+
+    def tensor(*shape):
+        return torch.randn(shape, generator=generator, dtype=dtype).contiguous(memory_format=torch.channels_last)
+
+    x, w, g = tensor(1, channels, side, side), tensor(channels, channels, 3, 3), tensor(1, channels, side - 2, side - 2)
+    arenas = [module._Arena(x.device)]
+
+    def ours():
+        arenas[-1].reset()
+        module._weight_grad(g, x, (3, 3), (1, 1), arenas[-1])
+        g.sum((0, 2, 3))
+
+    def library():
+        torch.ops.aten.convolution_backward(g, x, w, [channels], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                            [False, True, True])
+
+    ours()
+    arenas.append(module._Arena(x.device, arenas[0].need))  # its scratch as a tile's backward finds it
+    return _best(ours, device) < _best(library, device)
+
+
+def _chain() -> nn.Sequential:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1), nn.ReLU())
+
+
+def _tiled_module(chain: nn.Sequential, side: int, grid: int, dtype: str, attributes: dict, autocast=None):
+    """The generated module of ``chain`` on ``side``² inputs tiled ``grid`` x ``grid``, traced with
+    graph ``attributes``, and the estimated costs of its segments."""
     from tilec.codegen import render
     from tilec.pipeline import load_source
     from tilec.planner import Boundaries, plan
     from tilec.trace import trace
 
+    graph = trace(chain, (1, CHANNELS, side, side), autocast)
+    graph.graph.update(attributes)
+    the_plan = plan(graph, name="clock", grid=(grid, grid), dtype=dtype)
+    estimator = Estimator(Boundaries(graph), dtype)
+    costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in the_plan.segments]
+    return load_source(render(the_plan), "tilec_clock"), costs
+
+
+def measure(device: str, dtype: str, autocast: str | None = None,
+            gemm_min_channels: int | None = GEMM_MIN_CHANNELS) -> Speed:
+    """Time the chain's tiled step on ``device`` in ``dtype`` (see the module docstring), its
+    weight gradients from matrix products from ``gemm_min_channels`` channels."""
+    chain = _chain()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        chain = nn.Sequential(nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1), nn.ReLU(),
-                              nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1), nn.ReLU())
         inputs = [torch.randn(1, CHANNELS, side, side) for side, _ in (LARGE, SMALL)]
-    graphs = [trace(chain, (1, CHANNELS, side, side), autocast) for side, _ in (LARGE, SMALL)]
     planned = "float32" if autocast else dtype
+    modules = [_tiled_module(chain, side, grid, planned, {"gemm_min_channels": gemm_min_channels}, autocast)
+               for side, grid in (LARGE, SMALL)]
     chain.to(device=device, dtype=getattr(torch, planned))
     copy_rate = COPY_BYTES / _best(_copy(device), device)
     copies_only = Speed(flop_rate=math.inf, call_seconds=0.0, copy_rate=copy_rate)  # what the fit need not solve for
     rows = []
-    for graph, x, (_, grid) in zip(graphs, inputs, (LARGE, SMALL), strict=True):
-        the_plan = plan(graph, name="clock", grid=(grid, grid), dtype=planned)
-        estimator = Estimator(Boundaries(graph), planned)
-        costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in the_plan.segments]
-        tiled = load_source(render(the_plan), "tilec_clock").TiledModel(chain)
+    for (module, costs), x in zip(modules, inputs, strict=True):
+        tiled = module.TiledModel(chain)
         x = x.to(device=device, dtype=getattr(torch, planned))
         seconds = _best(lambda: _step(tiled, x, autocast), device)  # noqa: B023 - called within the iteration
         known = sum(copies_only.seconds(0, 0, c.copied) for c in costs)

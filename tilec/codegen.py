@@ -22,7 +22,7 @@ from pathlib import Path
 import jinja2
 
 from tilec import __version__
-from tilec.cost import GEMM_MIN_CHANNELS, axis_weights
+from tilec.cost import axis_weights
 from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.local import avg_divisors, resample_local, transpose_local
 from tilec.ops import IN_PLACE, Context, activations_in_place, const, plan_context, window_args
@@ -487,6 +487,5 @@ def render(plan: Plan) -> str:
         constants=constants.items(),
         segments=views,
         output=_tree(plan.model.output),
-        gemm_min_channels=GEMM_MIN_CHANNELS,
         pyrepr=repr,
     )

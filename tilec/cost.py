@@ -77,10 +77,12 @@ ARENA_WEIGHT_BACKWARD_COPIES = 2.0
 ARENA_GEMM_WEIGHT_BACKWARD_COPIES = 1.0
 #: From this many input channels, a tile convolution with stride 1, no groups and a kernel
 #: larger than 1x1 gets its weight gradient from the generated module's matrix products
-#: (``_weight_grad``): oneDNN's channels-last weight gradient took 1.5-3x as long there (measured
-#: on CPU; it is as fast or faster with fewer channels or a 1x1 kernel). That backward takes the
-#: output gradient padded to the input's size and one weight-sized buffer of taps, instead of
-#: oneDNN's weight copies (``python benchmarks/workspace.py``, layout "tile").
+#: (``_weight_grad``), unless the graph says otherwise: a budget search races the two on its
+#: device (``tilec.clock.gemm_min_channels``; ``None``, never). This is the reference, from a
+#: 2-core AVX2 CPU, where oneDNN's channels-last weight gradient took 1.5-3x as long (as fast or
+#: faster with fewer channels or a 1x1 kernel); on an AVX-512 one it took half as long. That
+#: backward takes the output gradient padded to the input's size and one weight-sized buffer of
+#: taps, instead of oneDNN's weight copies (``python benchmarks/workspace.py``, layout "tile").
 GEMM_MIN_CHANNELS = 32
 #: Ops whose channels-last backward takes a temporary the size of their input (measured on CPU:
 #: eval-mode batch_norm's takes 2x its input channels-last, 1x in NCHW).
@@ -175,14 +177,15 @@ def backward_factor(node: NodeSpec) -> int:
     return 2 if node.op in CONVS or node.op == "linear" else 1
 
 
-def gemm_weight_grad(node: NodeSpec, shapes: dict[str, tuple[int, ...]]) -> bool:
-    """Whether tiles compute ``node``'s weight gradient as matrix products (GEMM_MIN_CHANNELS;
-    the generated module decides again at run time, from the dtype, device and layout)."""
-    if node.op != "conv2d":
+def gemm_weight_grad(node: NodeSpec, shapes: dict[str, tuple[int, ...]], min_channels: int | None) -> bool:
+    """Whether tiles compute ``node``'s weight gradient as matrix products, from ``min_channels``
+    input channels (``None``: never; GEMM_MIN_CHANNELS); the generated module decides again at
+    run time, from the dtype, device and layout."""
+    if node.op != "conv2d" or min_channels is None:
         return False
     weight = shapes[node.args[1].value]
     return (const(node, 6, 1) == 1 and window_args(node, weight).stride == (1, 1) and prod(weight[2:]) > 1
-            and weight[1] >= GEMM_MIN_CHANNELS)
+            and weight[1] >= min_channels)
 
 
 def axis_weights(context: Context, members: Sequence[NodeSpec], tiles: Sequence[AxisTile], axis: int) -> list[int]:
@@ -500,9 +503,11 @@ class Estimator:
         self.weight_copies = [w * size // self.element * (k if arena else 1 + k) if n.op in CONVS else 0
                               for w, n, size, arena, k in zip(self.weights, order, self.computes, self.in_arena,
                                                               spread, strict=True)]
-        #: Per node, whether tiles compute its weight gradient as matrix products (GEMM_MIN_CHANNELS),
-        #: and then its output channels per input channel.
-        self.gemm = [size in (4, 8) and gemm_weight_grad(n, shapes)
+        #: From how many input channels tiles compute a weight gradient as matrix products (measured
+        #: on the device, else GEMM_MIN_CHANNELS); per node, whether they do, and then its output
+        #: channels per input channel.
+        self.gemm_min_channels: int | None = bounds.graph.graph.get("gemm_min_channels", GEMM_MIN_CHANNELS)
+        self.gemm = [size in (4, 8) and gemm_weight_grad(n, shapes, self.gemm_min_channels)
                      for n, size in zip(order, self.computes, strict=True)]
         self.channel_ratio = [shapes[n.args[1].value][0] / shapes[n.args[1].value][1] if gemm else 0.0
                               for n, gemm in zip(order, self.gemm, strict=True)]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 INPUT = "input"
 
 Shape = tuple[int, ...]
@@ -183,6 +183,12 @@ class Plan(Frozen):
         None, description="with a memory budget: the rates of the time estimate the search ranked plans by, as "
                           "measured on the device it planned for (tilec.clock): FLOP/s, seconds per op call per tile, "
                           "bytes/s of copies; without one, estimated_seconds assume tilec.cost.REFERENCE_SPEED")
+    gemm_min_channels: int | None = Field(
+        ge=1, description="from how many input channels a tile convolution (stride 1, no groups, a kernel larger "
+                          "than 1x1, float32 or float64 on CPU) computes its weight gradient as the generated "
+                          "module's matrix products instead of the library's; null: never. Raced on the device a "
+                          "budget search planned for (tilec.clock.gemm_min_channels), else "
+                          "tilec.cost.GEMM_MIN_CHANNELS")
     kernel_state: int = Field(
         description="bytes a process keeps per convolution call shape it runs for the first time (oneDNN's "
                     "primitive cache on CPU), as measured on the device a budget search planned for "

@@ -291,6 +291,7 @@ def plan(
         autocast=graph.graph.get("autocast"),
         conv_workspace=graph.graph.get("conv_workspace"),
         speed=astuple(graph.graph["speed"]) if "speed" in graph.graph else None,
+        gemm_min_channels=estimator.gemm_min_channels,
         kernel_state=estimator.kernel_state,
         memory_budget=memory_budget,
         predicted_peak_bytes=max(peaks),
