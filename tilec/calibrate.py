@@ -89,7 +89,7 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
 
     if device != "cpu":
         return 0
-    if not _pin_and_trim():
+    if not pin_allocator():
         return KERNEL_STATE_BYTES
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(KERNEL_CHANNELS, KERNEL_CHANNELS, 3, 3, generator=generator).to(dtype).requires_grad_()
@@ -101,7 +101,7 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
         torch.autograd.grad(y, (x, weight), torch.ones_like(y))
 
     run(KERNEL_SIDES[0])
-    _pin_and_trim()
+    pin_allocator()
     before = status_bytes("RssAnon")
     for side in KERNEL_SIDES[1:]:
         run(side)
@@ -234,7 +234,7 @@ def reset_high_water_mark() -> bool:
         return False
 
 
-def _pin_and_trim() -> bool:
+def pin_allocator() -> bool:
     """Pin glibc's mmap threshold as ``TiledModel`` does and give freed heap pages back, so that what
     runs next shows as resident growth; whether the threshold is pinned (Linux with glibc). Calling
     it again only trims."""
@@ -251,7 +251,7 @@ def _pin_and_trim() -> bool:
 
 def _resident_peak(step) -> int | None:
     """Growth of resident memory during ``step`` (Linux with glibc), else None."""
-    if not _pin_and_trim() or not reset_high_water_mark():
+    if not pin_allocator() or not reset_high_water_mark():
         return None
     before = status_bytes("VmRSS")
     step()

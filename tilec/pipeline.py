@@ -63,7 +63,7 @@ def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, 
     if memory_budget is not None:
         from tilec.search import choose
 
-        choice = choose(measure_kernels(clock(graph, dtype), dtype), memory_budget, dtype)
+        choice = choose(clock(measure_kernels(graph, dtype), dtype), memory_budget, dtype)
         graph, segments = choice.graph, choice.segments
     return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 progress=progress)

@@ -507,7 +507,8 @@ def _weight_grad(g, x, kernel, dilation, arena):
     rows, tap (a, b) pairs output pixel q with input pixel q + a * dilation * padded width +
     b * dilation when ``g`` is padded with zeros to the input's height and width: each tap is one
     contiguous slice of ``x``'s rows, and the padding rows contribute nothing. The padded
-    gradient and the taps are scratch on top of ``arena`` (the caller releases them)."""
+    gradient and the taps are scratch on top of ``arena`` (the caller releases them); the result
+    is a view of the taps in the weight's shape."""
     n, channels, height, width = x.shape
     out, g_height, g_width = g.shape[1:]
     rows = arena.take((n, height, width, out), g.dtype, g.device)  # zeroing only the padding, not all of it
@@ -523,14 +524,16 @@ def _weight_grad(g, x, kernel, dilation, arena):
         for b in range(kw):
             start = a * dh * width + b * dw
             torch.mm(rows[:length].T, pixels[start:start + length], out=taps[a, b])
-    return taps.permute(2, 3, 0, 1).contiguous()
+    return taps.permute(2, 3, 0, 1)
 
 
 class _Conv2d(torch.autograd.Function):
     """A tile's conv2d (``_convolve``); its input and bias gradients from aten, its weight gradient
     from ``_weight_grad`` where ``_gemm_weight_grad`` says so, else from aten too. The backward
     runs in the dtype the forward computed in (autocast's, if it cast), which autograd casts back
-    to the inputs'."""
+    to the inputs'. ``_weight_grad``'s result is added into the weight's ``grad`` here when the
+    weight is a leaf (the tiles' parameters are), instead of being copied out of the arena for
+    autograd to add: one weight-sized allocation fewer per tile."""
 
     @staticmethod
     def forward(ctx, x, w, b, stride, padding, dilation, groups, arena):
@@ -538,6 +541,7 @@ class _Conv2d(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.args = stride, padding, dilation, groups, b is not None
         ctx.arena = arena
+        ctx.leaf = w if w.is_leaf else None
         return y
 
     @staticmethod
@@ -559,6 +563,14 @@ class _Conv2d(torch.autograd.Function):
                 x = _padded_copy(arena, x, (padding[1], padding[1], padding[0], padding[0]), 0.0)
             gw = _weight_grad(g, x, w.shape[2:], dilation, arena)
             gb = g.sum((0, 2, 3)) if need_b else None
+            leaf = ctx.leaf
+            if leaf is None or leaf.dtype != gw.dtype:
+                gw = gw.contiguous()
+            elif leaf.grad is None:
+                leaf.grad, gw = gw.contiguous(), None
+            else:
+                leaf.grad.add_(gw)
+                gw = None
         arena.top = mark
         return gx, gw, gb, None, None, None, None, None
 
