@@ -15,6 +15,7 @@ from torch import nn
 from zoo import TINY_KERNEL_STATE
 
 from tilec.cli import main
+from tilec.cost import rolled
 from tilec.errors import BudgetError
 from tilec.ops import KINDS
 from tilec.planner import axis_tiles, plan
@@ -102,7 +103,10 @@ def _brute_force(costs: _Costs, budget: int) -> float:
     best, last = float("inf"), costs.cuts[-1]
 
     def fits(chosen: list, limit: float = budget) -> bool:
-        return max(costs.estimator.step_peaks(chosen), default=0) <= limit
+        """``chosen``: ``((first, stop, mode), cost)`` per segment so far."""
+        spans = [span for span, _ in chosen]
+        rolls = [rolled(cost, spans, costs.bounds.position) for _, cost in chosen]
+        return max(costs.estimator.step_peaks([cost for _, cost in chosen], rolls), default=0) <= limit
 
     def extend(first: int, seconds: float, chosen: list) -> None:
         nonlocal best
@@ -112,11 +116,12 @@ def _brute_force(costs: _Costs, budget: int) -> float:
             best = seconds
             return
         for stop in (c for c in costs.cuts if c > first):
-            tiled = [costs.option(first, stop, grid) for grid in costs.grids(first, stop)]
-            coarsest = [next((cost for cost in tiled if fits([*chosen, cost], budget - budget * share)), None)
+            tiled = [((first, stop, "tiled"), costs.option(first, stop, grid)) for grid in costs.grids(first, stop)]
+            coarsest = [next((option for option in tiled if fits([*chosen, option], budget - budget * share)), None)
                         for share in MARGINS]
-            for cost in {id(c): c for c in [costs.option(first, stop, None), *coarsest, *tiled[-1:]] if c}.values():
-                extend(stop, seconds + cost.seconds, [*chosen, cost])
+            stored = ((first, stop, "stored"), costs.option(first, stop, None))
+            for option in {id(o[1]): o for o in [stored, *coarsest, *tiled[-1:]] if o}.values():
+                extend(stop, seconds + option[1].seconds, [*chosen, option])
 
     extend(0, 0.0, [])
     return best

@@ -268,6 +268,12 @@ CASES = {
     "stored with a grid": ("se 3x2", _stored_gets_tiles, ["segment 1 is stored", "grid 2x1"]),
     "untileable node tiled": ("se 3x2", _stored_tiled, ["segment 1 is tiled", "adaptive_avg_pool2d"]),
     "input not sliced": ("se 3x2", _unslice, ["segment 2 has inputs [relu (whole), sigmoid (whole)]"]),
+    "model input rolled": ("residual split", lambda d: d["segments"][0].update(rolled=["input"]),
+                           ["segment 0 rolls the gradient of input", "another backward may still read"]),
+    "skip rolled by a later reader": ("residual split", lambda d: d["segments"][1].update(rolled=["relu", "conv2d_1"]),
+                                      ["segment 1 rolls the gradient of relu"]),
+    "stored segment's output rolled": ("se 3x2", lambda d: d["segments"][2].update(rolled=["sigmoid"]),
+                                       ["segment 2 rolls the gradient of sigmoid"]),
     "output dropped": ("unet split", _drop_output, ["segment 0 has outputs ['relu']", "['relu', 'max_pool2d']"]),
     "owned of a second output": ("unet split", lambda d: shift(d["segments"][0]["rows"][0]["owned"][1], 1),
                                  ["of output max_pool2d"]),
@@ -311,10 +317,11 @@ PLAN = plans()["se 3x2"]
 TEXT = dumps(PLAN)
 DATA = json.loads(TEXT)
 
-#: Integers validation does not constrain: predictions, the measured bytes per kernel, and the
-#: input's batch and channels (tiles depend on the image sizes only; the generated module checks
-#: the whole input shape).
-FREE = {("predicted_peak_bytes",), ("kernel_state",), ("kernel_state_bytes",), ("input_shape", 0), ("input_shape", 1)}
+#: Integers validation does not constrain: predictions, the measured bytes per kernel and weight
+#: gradient path, and the input's batch and channels (tiles depend on the image sizes only; the
+#: generated module checks the whole input shape).
+FREE = {("predicted_peak_bytes",), ("kernel_state",), ("kernel_state_bytes",), ("gemm_min_channels",),
+        ("input_shape", 0), ("input_shape", 1)}
 
 
 def _paths(node, prefix=()):

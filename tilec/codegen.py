@@ -64,6 +64,7 @@ class SegmentView:
     cols: str
     costs: str
     shares: str
+    rolled: str
     functions: list[TileFunction]
     statements: list[Statement]
 
@@ -429,8 +430,9 @@ def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[st
         costs = repr((tuple(axis_weights(context, members, segment.rows, 0)),
                       tuple(axis_weights(context, members, segment.cols, 1))))
     stored = _stored_statements(segment, context, slots, order) if segment.mode == "stored" else []
+    rolled = tuple(name in segment.rolled for name, _ in sliced)
     return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
-                       costs, repr(segment.shares), functions, stored)
+                       costs, repr(segment.shares), repr(rolled), functions, stored)
 
 
 def _shape_literal(shape) -> str:

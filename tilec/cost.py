@@ -153,6 +153,9 @@ class SegmentCost:
     seconds: float
     #: Bytes of kernel state its convolutions create and the process keeps (KERNEL_STATE_BYTES).
     kernels: int = 0
+    #: Per sliced input whose gradient the tiles may roll (``Estimator.rollable``), its name and
+    #: the bytes ``backward_local`` holds less if they do: its full gradient less the band.
+    rolls: tuple[tuple[str, int], ...] = ()
 
 
 def flops_per_output(node: NodeSpec, shapes: dict[str, tuple[int, ...]], input_numel: int) -> float:
@@ -639,6 +642,10 @@ class Estimator:
             (1 if self.packed[p] else 2) * self.weight_copies[p] + self.backward_weight_copies[p]
             for p in range(first, stop))
         copied = outputs + 2 * in_grad + copied_weights
+        rollable = self.rollable(first, stop)
+        bands = [(name, _band(rows, name, readers)) for name, readers in program.slices if name in rollable]
+        rolls = tuple((name, self.full[name] - self.full[name] * band // self.bounds.context.size(name, 0))
+                      for name, band in bands if band is not None)
         return SegmentCost(
             forward_local=outputs + packed + program.forward.peak(sizes),
             backward_local=fixed + program.backward.peak(sizes),
@@ -650,7 +657,14 @@ class Estimator:
             seconds=self.speed.seconds(flops, calls, copied),
             kernels=self.kernel_bytes((p, self.tile_passes[p], (row, col)) for p in self.convolutions
                                       if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)),
+            rolls=rolls,
         )
+
+    def rollable(self, first: int, stop: int) -> tuple[str, ...]:
+        """The inputs of nodes ``[first, stop)`` whose gradient their tiled backward may roll into
+        the input's own storage, band by band (the generated module's ``_Rolled``), if the segment
+        producing it is tiled (``rolled``): those ``Boundaries.may_roll`` names that need one."""
+        return tuple(name for name in self.bounds.may_roll(first, stop) if self.grad[self.bounds.position[name]])
 
     def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:
         """Kernel state of convolution calls ``(position, passes, call shape)``: alike convolutions'
@@ -665,9 +679,10 @@ class Estimator:
         in_grad = sum(self.full[name] for name in inputs if self.grad[self.bounds.position[name]])
         return self.output_bytes(first, stop), in_grad, self.gradients(first, stop) + self.later_weights[first]
 
-    def local(self, cost: SegmentCost) -> int:
-        """Peak bytes while a segment runs, beyond the kept bytes of earlier segments."""
-        return max(cost.forward_local, cost.backward_local)
+    def local(self, cost: SegmentCost, rolled: frozenset[str] = frozenset()) -> int:
+        """Peak bytes while a segment runs, beyond the kept bytes of earlier segments, its tiles
+        rolling the gradients of the inputs ``rolled``."""
+        return max(cost.forward_local, cost.backward_local - sum(saved for name, saved in cost.rolls if name in rolled))
 
     def stored_floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment stored, without simulating its backward."""
@@ -675,9 +690,11 @@ class Estimator:
         return max(forward, self.gradients(first, stop) + self.later_weights[first])
 
     def floor(self, first: int, stop: int) -> int:
-        """A lower bound of ``local`` of the segment tiled with any grid: all but its working set."""
+        """A lower bound of ``local`` of the segment tiled with any grid: all but its working set
+        and the gradients it may roll."""
         outputs, _, fixed = self.boundary(first, stop)
-        return max(outputs + self.packed_bytes(first, stop), fixed)
+        return max(outputs + self.packed_bytes(first, stop),
+                   fixed - sum(self.full[name] for name in self.rollable(first, stop)))
 
     def cast_bytes(self, first: int, stop: int) -> int:
         """Bytes of autocast's copies of the parameters of nodes ``[first, stop)`` stored."""
@@ -687,12 +704,12 @@ class Estimator:
         """Bytes of the packed weights a tiled forward pass of nodes ``[first, stop)`` keeps."""
         return self.packed_after[first] - self.packed_after[stop]
 
-    def step_peaks(self, costs: Sequence[SegmentCost]) -> list[int]:
+    def step_peaks(self, costs: Sequence[SegmentCost], rolled: Sequence[frozenset[str]]) -> list[int]:
         """Predicted step peak while each segment runs (forward or backward, whichever is higher),
-        with the kernel state of every segment."""
+        with the kernel state of every segment; segment ``k`` rolls the gradients ``rolled[k]``."""
         peaks, kept, kernels = [], 0, sum(cost.kernels for cost in costs)
-        for cost in costs:
-            peaks.append(kept + self.local(cost) + kernels)
+        for cost, names in zip(costs, rolled, strict=True):
+            peaks.append(kept + self.local(cost, names) + kernels)
             kept += cost.kept
         return peaks
 
@@ -785,6 +802,14 @@ class Estimator:
         return _Program(first, stop, slices, forward, run.trace())
 
 
+def rolled(cost: SegmentCost, spans: Sequence[tuple[int, int, str]], position: dict[str, int]) -> frozenset[str]:
+    """The inputs whose gradients a segment's tiles roll, among ``cost.rolls``: those produced in a
+    tiled segment of ``spans``, ``(first, stop, mode)`` each (at least the segments before it)."""
+    def tiled(at: int) -> bool:
+        return any(first <= at < stop and mode == "tiled" for first, stop, mode in spans)
+    return frozenset(name for name, _ in cost.rolls if tiled(position[name]))
+
+
 def _suffix_sums(values: Sequence[int]) -> list[int]:
     """Per position 0..len(values), the sum of ``values`` from there on."""
     return np.concatenate([np.cumsum(values[::-1])[::-1], [0]]).astype(int).tolist()
@@ -833,10 +858,29 @@ def _classes(program: _Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndar
 
 def _hull(arrays: AxisArrays, name: str, readers: Sequence[str]) -> np.ndarray:
     """Length of the interval of ``name`` the tiles read (the hull of their non-empty reads)."""
+    start, stop, read = _hull_bounds(arrays, name, readers)
+    return np.where(read, stop - start, 0)
+
+
+def _hull_bounds(arrays: AxisArrays, name: str, readers: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """Per tile, the start and stop of the hull of its non-empty reads of ``name``, and whether it
+    reads any."""
     reads = [(start, stop) for reader in readers for source, start, stop in arrays.reads[reader] if source == name]
     if not reads:
-        return np.zeros(arrays.parts, dtype=np.int64)
+        empty = np.zeros(arrays.parts, dtype=np.int64)
+        return empty, empty, empty.astype(bool)
     starts, stops = (np.array(bounds)[:, arrays.tiles] for bounds in zip(*reads, strict=True))
     full = stops > starts
     start, stop = np.where(full, starts, starts.max()).min(axis=0), np.where(full, stops, stops.min()).max(axis=0)
-    return np.where(full.any(axis=0), stop - start, 0)
+    return start, stop, full.any(axis=0)
+
+
+def _band(rows: AxisArrays, name: str, readers: Sequence[str]) -> int | None:
+    """Rows of the band that rolls the gradient of ``name`` (``Estimator.rollable``): the tallest
+    read of a row of tiles; ``None`` where the reads' starts fall from one row to the next (the
+    band could not move on)."""
+    start, stop, read = _hull_bounds(rows, name, readers)
+    starts = start[read]
+    if not len(starts) or np.any(np.diff(starts) < 0):
+        return None
+    return int((stop - start)[read].max())

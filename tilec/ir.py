@@ -158,6 +158,10 @@ class Segment(Frozen):
     estimated_seconds: float = Field(description="estimated time of this segment in one step")
     rows: tuple[AxisTile, ...]
     cols: tuple[AxisTile, ...]
+    rolled: tuple[str, ...] = Field(
+        default=(), description="sliced inputs whose gradient the tiled backward rolls into the input's own storage, "
+                                "row of tiles by row of tiles, holding one band of rows instead of a full gradient "
+                                "(tilec.cost.Estimator.rollable)")
     shares: tuple[tuple[int, ...], ...] = Field(
         default=(), description="with Plan.ranks, per rank the tiles it runs (row-major indices); else empty")
     rank_seconds: float | None = Field(

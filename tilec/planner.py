@@ -85,6 +85,9 @@ class Boundaries:
             ends[name] = len(self.order)
         ends[INPUT] = max((self.position[c] for c in graph.successors(INPUT)), default=-1)
         self.last_use = ends
+        #: Per tensor, the position of its first reader (the node count if none).
+        self.first_use = {name: min((self.position[c] for c in graph.successors(name)), default=len(self.order))
+                          for name in [INPUT, *self.order]}
 
     def inputs(self, first: int, stop: int) -> tuple[SegmentInput, ...]:
         seen: dict[str, None] = {}
@@ -100,6 +103,15 @@ class Boundaries:
     def crossing(self, cut: int) -> list[str]:
         """Tensors alive across cut ``cut``: produced before it, read at or after it."""
         return [name for name in [INPUT, *self.order[:cut]] if self.last_use[name] >= cut]
+
+    def may_roll(self, first: int, stop: int) -> tuple[str, ...]:
+        """The sliced inputs of nodes ``[first, stop)`` whose gradient their tiled backward may write
+        over the input itself, if a tiled segment (which keeps no activations) produced it: read by no
+        node before ``first`` (whose backward runs after this one and may read it), neither the
+        model input nor a model output (which the caller holds)."""
+        outputs = set(model_outputs(self.graph))
+        return tuple(i.name for i in self.inputs(first, stop) if i.sliced and i.name != INPUT
+                     and i.name not in outputs and self.first_use[i.name] >= first)
 
     def members(self, first: int, stop: int) -> list[NodeSpec]:
         return [self.context.nodes[name] for name in self.order[first:stop]]
@@ -255,7 +267,7 @@ def plan(
     A segment choice is ``(first, stop, (rows, cols))`` or ``(first, stop, grid, mode)`` over
     positions in the node order. ``progress(done, total)`` is called after each axis tile.
     """
-    from tilec.cost import Estimator
+    from tilec.cost import Estimator, rolled
 
     bounds = Boundaries(graph)
     if segments is None:
@@ -278,11 +290,14 @@ def plan(
             rows=rows, cols=cols,
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned]
-    peaks = estimator.step_peaks(costs)
+    spans = [(s.first, s.stop, s.mode) for s in planned]
+    rolls = [rolled(cost, spans, bounds.position) for cost in costs]
+    peaks = estimator.step_peaks(costs, rolls)
     planned = [
         s.model_copy(update={"predicted_peak_bytes": peak, "flop_overhead": round(cost.flop_overhead, 6),
-                             "estimated_seconds": round(cost.seconds, 6)})
-        for s, cost, peak in zip(planned, costs, peaks, strict=True)
+                             "estimated_seconds": round(cost.seconds, 6),
+                             "rolled": tuple(i.name for i in s.inputs if i.name in names)})
+        for s, cost, peak, names in zip(planned, costs, peaks, rolls, strict=True)
     ]
     return Plan(
         name=name,

@@ -42,7 +42,7 @@ from math import inf
 import networkx as nx
 import numpy as np
 
-from tilec.cost import AxisArrays, Estimator, SegmentCost
+from tilec.cost import AxisArrays, Estimator, SegmentCost, rolled
 from tilec.errors import BudgetError
 from tilec.ir import INPUT, NodeSpec
 from tilec.ops import KINDS, RULES, Context, Need
@@ -243,15 +243,20 @@ class _Costs:
             chosen.append(next(grid for grid in reversed(grids) if max(grid) <= half))
         return chosen
 
-    def local(self, cost: SegmentCost) -> int:
-        return self.estimator.local(cost)
+    def local(self, cost: SegmentCost, choices: Sequence[tuple]) -> int:
+        """``Estimator.local`` of a segment after ``choices``, ``(first, stop, grid, mode)`` each."""
+        spans = [(first, stop, mode) for first, stop, _, mode in choices]
+        return self.estimator.local(cost, rolled(cost, spans, self.bounds.position))
 
     def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
 
-        An entry is a tuple whose first ``fields`` fields are minimised (a Pareto front is kept per
-        cut); ``extend(entry, first, stop)`` yields the entries one more segment
-        ``[first, stop)`` makes of it. Returns the front at the last cut.
+        An entry is a tuple whose first ``fields`` fields are minimised and whose last is its
+        choices, ``(first, stop, grid, mode)`` per segment; a Pareto front is kept per cut and
+        per set of the tensors crossing it that tiled segments produced (``_rollable_crossing``:
+        later segments may roll their gradients, ``tilec.cost.rolled``).
+        ``extend(entry, first, stop)`` yields the entries one more segment ``[first, stop)``
+        makes of it. Returns the fronts at the last cut.
         """
         fronts: dict[int, list[tuple]] = {0: [start]}
         for first in self.cuts[:-1]:
@@ -259,8 +264,19 @@ class _Costs:
                 for stop in (c for c in self.cuts if c > first):
                     fronts.setdefault(stop, []).extend(extend(entry, first, stop))
             for stop in list(fronts):
-                fronts[stop] = _pareto(fronts[stop], fields)
+                groups: dict[frozenset[str], list[tuple]] = {}
+                for entry in fronts[stop]:
+                    groups.setdefault(self._rollable_crossing(stop, entry[-1]), []).append(entry)
+                fronts[stop] = [kept for group in groups.values() for kept in _pareto(group, fields)]
         return fronts[self.cuts[-1]]
+
+    def _rollable_crossing(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
+        """The tensors crossing ``cut`` that a later segment may roll the gradient of, produced by
+        a tiled segment of ``choices``."""
+        position, estimator = self.bounds.position, self.estimator
+        return frozenset(name for name in self.bounds.crossing(cut) if name != INPUT and name not in estimator.outputs
+                         and any(first <= position[name] < stop and mode == "tiled"
+                                 for first, stop, _, mode in choices))
 
 
 @dataclass(frozen=True)
@@ -313,12 +329,12 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
         seconds, held, peak, choices = entry
 
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
-            return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost),
+            return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, choices),
                     (*choices, (first, stop, grid, mode)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
             stored = costs.option(first, stop, None)
-            if _peak(costs, held, peak, stored) <= budget:
+            if _peak(costs, held, peak, stored, choices) <= budget:
                 yield grown((1, 1), "stored", stored)
         grids = costs.grids(first, stop)
         if grids and held + costs.estimator.floor(first, stop) <= budget:
@@ -327,7 +343,7 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
             # from coarse to fine: a grid that fits with a margin fits with the smaller ones), and
             # the finest (what ``_smallest`` builds on)
             def peak_with(grid: tuple[int, int]) -> int:
-                return _peak(costs, held, peak, costs.option(first, stop, grid))
+                return _peak(costs, held, peak, costs.option(first, stop, grid), choices)
 
             limits, chosen = [budget - budget * share for share in MARGINS], []
             for grid in grids:
@@ -349,9 +365,10 @@ def _held(held: int, cost: SegmentCost) -> int:
     return held + cost.kept + cost.kernels
 
 
-def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost) -> int:
-    """The peak so far after one more segment: every peak also finds that segment's kernel state."""
-    return max(peak, held + costs.local(cost)) + cost.kernels
+def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost, choices: Sequence[tuple]) -> int:
+    """The peak so far after one more segment after ``choices``: every peak also finds that
+    segment's kernel state."""
+    return max(peak, held + costs.local(cost, choices)) + cost.kernels
 
 
 def _smallest(costs: _Costs) -> int:
@@ -361,25 +378,26 @@ def _smallest(costs: _Costs) -> int:
     not costed in full.
     """
     def options(first: int, stop: int, peak: int, held: int, bound: float):
+        """``(choice, cost)`` of the segment stored and tiled with the fine grids."""
         if max(peak, held + costs.estimator.stored_floor(first, stop)) <= bound:
-            yield costs.option(first, stop, None)
+            yield (first, stop, (1, 1), "stored"), costs.option(first, stop, None)
         if costs.grids(first, stop) and max(peak, held + costs.estimator.floor(first, stop)) <= bound:
             for grid in costs.fine_grids(first, stop):
-                yield costs.option(first, stop, grid)
+                yield (first, stop, grid, "tiled"), costs.option(first, stop, grid)
 
-    peak, held = 0, 0
+    peak, held, choices = 0, 0, ()
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
-        best = min(options(first, stop, peak, held, inf),
-                   key=lambda cost: (_peak(costs, held, peak, cost), _held(held, cost)))  # noqa: B023
-        peak, held = _peak(costs, held, peak, best), _held(held, best)
+        choice, best = min(options(first, stop, peak, held, inf), key=lambda option: (  # noqa: B023
+            _peak(costs, held, peak, option[1], choices), _held(held, option[1])))  # noqa: B023
+        peak, held, choices = _peak(costs, held, peak, best, choices), _held(held, best), (*choices, choice)
     bound = peak
 
     def extend(entry: tuple, first: int, stop: int):
-        peak, held = entry
-        for cost in options(first, stop, peak, held, bound):
-            yield _peak(costs, held, peak, cost), _held(held, cost)
+        peak, held, choices = entry
+        for choice, cost in options(first, stop, peak, held, bound):
+            yield _peak(costs, held, peak, cost, choices), _held(held, cost), (*choices, choice)
 
-    return min(peak for peak, _ in costs.recurse((0, 0), extend, 2))
+    return min(peak for peak, _, _ in costs.recurse((0, 0, ()), extend, 2))
 
 
 def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:

@@ -27,7 +27,9 @@ difference is reported, naming the segment, axis, tile and node):
   padding), ``grad_out == out`` and ``Read.grad == read``, every ``out`` the hull of its
   consumers' reads and its owned parts, every sliced input interval the hull of its reads;
 * shape classes are numbered in order of first appearance, one per distinct ``class_key``
-  (tiles of one class share generated code).
+  (tiles of one class share generated code);
+* a segment rolls (``Segment.rolled``) only the gradients of inputs no other backward reads
+  (``_check_rolled``): the generated module overwrites them.
 
 The name and dtype are not checked. Each axis tile is rebuilt once, so validation costs about
 what planning the tiles costs.
@@ -300,6 +302,18 @@ def _check_segment(segment: Segment, bounds: Boundaries) -> None:
               f"{len(segment.cols)} column tiles")
 
 
+def _check_rolled(plan: Plan, segment: Segment, bounds: Boundaries) -> None:
+    """A segment rolls only gradients that no other backward needs the input for: a tiled segment,
+    inputs a tiled segment produced, that ``Boundaries.may_roll`` allows."""
+    allowed = bounds.may_roll(segment.first, segment.stop) if segment.mode == "tiled" else ()
+    for name in segment.rolled:
+        producer = next((s for s in plan.segments if s.first <= bounds.position.get(name, -1) < s.stop), None)
+        if name not in allowed or producer is None or producer.mode != "tiled":
+            _fail(f"segment {segment.index} rolls the gradient of {name}, which another backward may still read "
+                  f"(it may roll only inputs of a tiled segment that a tiled segment produced and no earlier "
+                  f"node reads, not the model input or an output)")
+
+
 def _check_owned(segment: Segment, axis: int, context: Context) -> None:
     tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
     where = f"segment {segment.index} {AXES[axis]}"
@@ -414,6 +428,7 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         _check_shares(plan)
         for segment in plan.segments:
             _check_segment(segment, bounds)
+            _check_rolled(plan, segment, bounds)
             if segment.mode == "tiled":
                 for axis in range(2):
                     _check_axis(segment, axis, bounds)

@@ -643,12 +643,14 @@ def _report(progress, label, done, total):
 
 class _Segment:
     """A tiled segment: its tile functions by (row class, column class), per-axis tables, per-axis
-    cost weights, the plan's shares per rank (if compiled with --ranks), and the arena capacity
-    its forward and backward passes needed so far, by device, dtype and autocast state."""
+    cost weights, the plan's shares per rank (if compiled with --ranks), which sliced inputs' gradients
+    its backward rolls (``_Rolled``), and the arena capacity its forward and backward passes needed
+    so far, by device, dtype and autocast state."""
 
-    def __init__(self, label, kernels, rows, cols, sliced, broadcast, outputs, costs, shares):
+    def __init__(self, label, kernels, rows, cols, sliced, broadcast, outputs, costs, shares, rolled):
         self.label, self.kernels, self.rows, self.cols = label, kernels, rows, cols
         self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
+        self.rolled = rolled
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
 
@@ -754,6 +756,83 @@ def _outputs(segment, parts, zeros):
     return outs
 
 
+class _Whole:
+    """The gradient of a segment input, as large as the input; the tiles add their parts into it."""
+
+    def __init__(self, x, spatial):
+        self.grad, self.spatial = torch.zeros_like(x), spatial
+
+    def move(self, start):
+        pass
+
+    def add(self, rows, cols, grad):
+        _narrow(self.grad, self.spatial, rows, cols).add_(grad)
+
+    def result(self):
+        return self.grad
+
+
+class _Rolled:
+    """The gradient of a segment input ``x`` that nothing reads after this segment's backward (the
+    plan's ``rolled``), written over ``x`` itself row of tiles by row of tiles.
+
+    The tiles run row by row, and the rows of ``x`` a row of tiles reads start no earlier than the
+    previous row's. ``band`` holds the gradient of the rows from the current row's start on, as many
+    as the most any row of tiles reads. When a row of tiles starts at ``start`` (``move``), the rows
+    before it are final and no later tile reads ``x`` there: they are written over ``x`` (zeros
+    where no tile read), and the band moves down. ``result`` writes the rest and returns ``x``'s
+    storage as the gradient. The pass holds one band instead of a gradient the size of ``x``.
+    ``x`` is changed in place: autograd refuses a second backward through this segment."""
+
+    def __init__(self, x, spatial, reads):
+        self.x, self.spatial, self.axis = x.detach(), spatial, spatial[0]
+        self.height = max(stop - start for start, stop in reads)
+        shape = list(x.shape)
+        shape[self.axis] = self.height
+        self.band = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_layout(x)).zero_()
+        self.start, self.stop = None, 0  # the band's first row; the end of the rows added so far
+
+    def move(self, start):
+        """The next tiles read rows from ``start`` on (no earlier than before)."""
+        if self.start is None:
+            self.x.narrow(self.axis, 0, start).zero_()
+            self.start = self.stop = start
+            return
+        if start <= self.start:
+            return
+        final = start - self.start
+        written = min(final, self.height)
+        self.x.narrow(self.axis, self.start, written).copy_(self.band.narrow(self.axis, 0, written))
+        self.x.narrow(self.axis, self.start + written, final - written).zero_()
+        carry = max(0, self.stop - start)
+        if carry:
+            pending = self.band.narrow(self.axis, final, carry)
+            self.band.narrow(self.axis, 0, carry).copy_(pending.clone() if final < carry else pending)
+        self.band.narrow(self.axis, carry, self.height - carry).zero_()
+        self.start, self.stop = start, max(self.stop, start)
+
+    def add(self, rows, cols, grad):
+        band_rows = (rows[0] - self.start, rows[1] - self.start)
+        _narrow(self.band, self.spatial, band_rows, cols).add_(grad)
+        self.stop = max(self.stop, rows[1])
+
+    def result(self):
+        self.move(self.x.shape[self.axis])
+        del self.band
+        return self.x
+
+
+def _input_gradient(segment, index, x, group):
+    """The accumulator of the gradient of sliced input ``index``: rolled where the plan says so and
+    this process runs every tile (in order), else whole."""
+    spatial = segment.sliced[index]
+    if segment.rolled[index] and group is None:
+        reads = [row[0][index] for row in segment.rows if row[0][index][1] > row[0][index][0]]
+        if reads and all(a[0] <= b[0] for a, b in zip(reads, reads[1:])):
+            return _Rolled(x, spatial, reads)
+    return _Whole(x, spatial)
+
+
 class _Tiled(torch.autograd.Function):
     """Forward: every tile under no_grad. Backward: every tile again under autograd, with the
     autocast state the forward ran under. Each pass carves its tiles' own tensors from one arena."""
@@ -800,16 +879,22 @@ class _Tiled(torch.autograd.Function):
         xs = tensors[:count]
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:])]
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
-        gx = [torch.zeros_like(x) if need else None for x, need in zip(xs, needs[:count])]
+        sums = [_input_gradient(segment, k, x, group) if need else None
+                for k, (x, need) in enumerate(zip(xs, needs[:count]))]
         arena = segment.arena(xs[0], ctx.autocast, backward=True)
         total = segment.count(group)
         for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
             arena.reset()
-            _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs[:count], ctx.autocast,
+            for accumulated, (start, stop) in zip(sums, row_in):
+                if accumulated is not None and stop > start:
+                    accumulated.move(start)
+            _tile_backward(segment, kernel, xs, bs, p, leaves, grads, sums, needs[:count], ctx.autocast,
                            (row_in, col_in, row_own, col_own), arena)
             _report(ctx.progress, f"{segment.label} backward", done + 1, total)
         segment.learn(xs[0], ctx.autocast, True, arena)
         del arena
+        gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
+        del sums
         gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
         if group is not None:  # a rank without tiles here contributes zeros
             gp = [torch.zeros_like(leaf) if leaf.requires_grad and g is None else g for leaf, g in zip(leaves, gp)]
@@ -817,11 +902,12 @@ class _Tiled(torch.autograd.Function):
         return (None, None, None, *gx, *gp)
 
 
-def _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs, autocast, bounds, arena):
+def _tile_backward(segment, kernel, xs, bs, p, leaves, grads, sums, needs, autocast, bounds, arena):
     """One tile's backward: its forward again under autograd (with the forward's ``autocast``
     state), back-propagated from its owned part of each output gradient; its input gradients are
-    added into ``gx``, its parameter gradients accumulate into ``leaves``. Everything else it
-    made is freed on return (its arena tensors are dead), before the next tile allocates."""
+    added into ``sums`` (``_Whole`` or ``_Rolled``), its parameter gradients accumulate into
+    ``leaves``. Everything else it made is freed on return (its arena tensors are dead), before
+    the next tile allocates."""
     row_in, col_in, row_own, col_own = bounds
     device_type, enabled, dtype = autocast
     tile = [_narrow(x, spatial, r, c).detach().requires_grad_(need)
@@ -835,9 +921,9 @@ def _tile_backward(segment, kernel, xs, bs, p, leaves, grads, gx, needs, autocas
     wanted = [t for t in (*tile, *leaves) if t.requires_grad]
     if pairs and wanted:
         torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
-    for full, t, spatial, r, c in zip(gx, tile, segment.sliced, row_in, col_in):
-        if full is not None and t.grad is not None:
-            _narrow(full, spatial, r, c).add_(t.grad)
+    for accumulated, t, r, c in zip(sums, tile, row_in, col_in):
+        if accumulated is not None and t.grad is not None:
+            accumulated.add(r, c, t.grad)
 
 
 # Segment 0: nodes 0..4, grid 2x3, tiled.
@@ -959,6 +1045,7 @@ _S0 = _Segment(
     [((1, 4, 13, 11), (2, 3), True), ((1, 4, 13, 11), (2, 3), True), ],
     _S0_COSTS,
     _S0_SHARES,
+    (False,),
 )
 
 
@@ -1147,6 +1234,7 @@ _S1 = _Segment(
     [((1, 5, 13, 11), (2, 3), False), ],
     _S1_COSTS,
     _S1_SHARES,
+    (True, False),
 )
 
 
