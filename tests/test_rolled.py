@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tilec.cost import Estimator
+from tilec.distribute import shared
 from tilec.pipeline import build
 from tilec.planner import Boundaries, plan
 from tilec.trace import trace
@@ -128,3 +129,11 @@ def test_the_cost_model_counts_a_band_for_a_rolled_gradient():
     assert saved == full - full * band // 96 and band < 96 // 2
     rolled = estimator.local(cost, frozenset({"relu"}))
     assert rolled == max(cost.forward_local, cost.backward_local - saved) < estimator.local(cost)
+
+
+def test_no_gradient_rolls_where_ranks_share_the_tiles():
+    """A rank runs its share of the tiles, not every row in order: plans for ranks roll nothing."""
+    graph = trace(chain(), SHAPE)
+    segments = [(0, 2, (3, 2)), (2, 9, (2, 3))]
+    assert plan(graph, name="m", segments=segments).segments[1].rolled == ("relu",)
+    assert plan(shared(graph, True), name="m", segments=segments).segments[1].rolled == ()

@@ -663,7 +663,10 @@ class Estimator:
     def rollable(self, first: int, stop: int) -> tuple[str, ...]:
         """The inputs of nodes ``[first, stop)`` whose gradient their tiled backward may roll into
         the input's own storage, band by band (the generated module's ``_Rolled``), if the segment
-        producing it is tiled (``rolled``): those ``Boundaries.may_roll`` names that need one."""
+        producing it is tiled (``rolled``): those ``Boundaries.may_roll`` names that need one; none
+        where ranks share the tiles (``tilec.distribute.shared``)."""
+        if self.bounds.graph.graph.get("shared_tiles"):
+            return ()
         return tuple(name for name in self.bounds.may_roll(first, stop) if self.grad[self.bounds.position[name]])
 
     def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import networkx as nx
+
 from tilec.cost import axis_weights, tile_cost
 from tilec.errors import GridError
 from tilec.ir import Plan, Segment
@@ -24,6 +26,17 @@ def share(costs: Sequence[int], ranks: int) -> tuple[tuple[int, ...], ...]:
         loads[least] += costs[index]
         shares[least].append(index)
     return tuple(tuple(sorted(indices)) for indices in shares)
+
+
+def shared(graph: nx.DiGraph, sharing: bool) -> nx.DiGraph:
+    """``graph`` marked ``shared_tiles`` if ranks of a process group will share its tiles: then no
+    segment rolls an input's gradient (``tilec.cost.Estimator.rollable``), which takes one process
+    running every row of tiles in order."""
+    if not sharing:
+        return graph
+    marked = graph.copy()
+    marked.graph["shared_tiles"] = True
+    return marked
 
 
 def distribute(plan: Plan, ranks: int | None) -> Plan:

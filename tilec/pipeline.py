@@ -1,5 +1,5 @@
-"""The top-level pipeline: load -> trace -> recompute -> calibrate -> plan -> distribute -> render -> write,
-as a flat list of steps."""
+"""The top-level pipeline: load -> trace -> recompute -> calibrate -> shared -> plan -> distribute -> render
+-> write, as a flat list of steps."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tilec.calibrate import calibrate, measure_kernels
 from tilec.clock import clock
 from tilec.codegen import render
 from tilec.config import CompileConfig
-from tilec.distribute import distribute
+from tilec.distribute import distribute, shared
 from tilec.errors import GridError, ShapeError
 from tilec.ir import Plan
 from tilec.modelfile import load_model
@@ -40,7 +40,7 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
     name = config.name or config.model_path.stem
-    graph = calibrate(recompute(trace(model, shape, config.autocast), config.recompute))
+    graph = shared(calibrate(recompute(trace(model, shape, config.autocast), config.recompute)), bool(config.ranks))
     the_plan = plan_for(graph, name, grid=config.grid, segments=config.segments,
                         memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
     the_plan = distribute(the_plan, config.ranks)
@@ -87,7 +87,8 @@ def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_bud
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
-    graph = calibrate(recompute(trace(model, input_shape, autocast), recomputed))
+    graph = shared(calibrate(recompute(trace(model, input_shape, autocast), recomputed)),
+                   bool(ranks) or process_group is not None)
     the_plan = plan_for(graph, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel

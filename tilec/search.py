@@ -10,6 +10,11 @@ time for a lower peak, which later segments may need (each adds its kernel state
 peak), so for each of ``MARGINS`` the coarsest grid that fits with that share of the budget to
 spare is offered, and the finest.
 
+Rolled gradients: a tiled segment whose input a tiled segment produced may hold a band of that
+input's gradient instead of all of it (``tilec.cost.rolled``), so a segment's peak depends on
+the modes of the segments before it; partial plans are compared only with those whose tiled
+segments made the same tensors the next segment may roll.
+
 Recompute: the search is run on the graph as traced and on ``variants`` of it where the
 cheapest long-lived tensors (a U-Net's skips) are recomputed from the model input by their late
 readers instead of kept (``tilec.recompute``); the fastest plan that fits wins.
@@ -271,11 +276,13 @@ class _Costs:
         return fronts[self.cuts[-1]]
 
     def _rollable_crossing(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
-        """The tensors crossing ``cut`` that a later segment may roll the gradient of, produced by
-        a tiled segment of ``choices``."""
-        position, estimator = self.bounds.position, self.estimator
-        return frozenset(name for name in self.bounds.crossing(cut) if name != INPUT and name not in estimator.outputs
-                         and any(first <= position[name] < stop and mode == "tiled"
+        """The tensors crossing ``cut`` that the segment starting there may roll the gradient of
+        (``Boundaries.may_roll``: first read there, neither the model input nor an output), produced
+        by a tiled segment of ``choices``."""
+        bounds, outputs = self.bounds, self.estimator.outputs
+        return frozenset(name for name in bounds.crossing(cut)
+                         if name != INPUT and name not in outputs and bounds.first_use[name] >= cut
+                         and any(first <= bounds.position[name] < stop and mode == "tiled"
                                  for first, stop, _, mode in choices))
 
 
