@@ -76,6 +76,8 @@ def test_a_channels_last_weight_copy_is_scratch():
        dtype=st.sampled_from([torch.float32, torch.float64]), pack=st.booleans())
 @example(batch=2, groups=1, per_group=2, out_per_group=2, kernel=(1, 1), stride=(2, 3), dilation=(1, 2),
          padding=(2, 2), size=(6, 1), bias=True, dtype=torch.float32, pack=False)  # crashed oneDNN
+@example(batch=2, groups=1, per_group=2, out_per_group=1, kernel=(1, 1), stride=(1, 1), dilation=(1, 2),
+         padding=(1, 1), size=(7, 10), bias=True, dtype=torch.float32, pack=False)  # a bias gradient summing to ~0
 def test_tile_convolution_equals_pytorch(batch, groups, per_group, out_per_group, kernel, stride, dilation,
                                          padding, size, bias, dtype, pack):
     """``_conv2d`` (oneDNN into the arena for channels-last float32, with the weight packed where
@@ -96,7 +98,9 @@ def test_tile_convolution_equals_pytorch(batch, groups, per_group, out_per_group
         y.backward(torch.linspace(-1, 1, y.numel(), dtype=dtype).view_as(y))
         results.append([y.detach(), *(leaf.grad for leaf in leaves)])
     assert arena.top == (results[0][0].numel() * x.element_size() if GENERATED["_onednn"](x, w) else 0)
-    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0, "atol": 1e-10}
+    # float32 gradients sum up to a few hundred terms of size ~1 in another order than aten's (about
+    # 1e-5 apart where the sum cancels to ~0); float64 ones must agree
+    tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 0, "atol": 1e-10}
     for ours, theirs in zip(*results, strict=True):
         torch.testing.assert_close(ours, theirs, **tolerance)
 
