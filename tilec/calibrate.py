@@ -47,8 +47,9 @@ REPEATS = 3
 #: glibc's mallopt parameter M_MMAP_THRESHOLD and the value the generated module pins it to.
 _M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
 #: Kernel state: a 3x3 convolution of this many channels in and out runs, forward and both
-#: gradients, on square channels-last inputs of these sides, each new to the process.
-KERNEL_CHANNELS, KERNEL_SIDES = 64, tuple(range(24, 40))
+#: gradients, on square channels-last inputs of these sides, each new to the process, in
+#: ``KERNEL_ROUNDS`` rounds of as many sides each.
+KERNEL_CHANNELS, KERNEL_SIDES, KERNEL_ROUNDS = 64, tuple(range(24, 40)), 3
 
 
 def calibrate(graph: nx.DiGraph) -> nx.DiGraph:
@@ -83,7 +84,9 @@ def search_device(graph: nx.DiGraph, dtype: str) -> tuple[str, str]:
 
 def kernel_state(device: str, dtype: torch.dtype) -> int:
     """Growth of anonymous resident memory per kernel over ``KERNEL_SIDES[1:]``, each a new shape of
-    three kernels (the first side runs before, so that one-time state does not count). 0 on CUDA:
+    three kernels (the first side runs before, so that one-time state does not count), the least
+    of ``KERNEL_ROUNDS`` rounds on new sides each (what else the process allocates meanwhile only
+    adds: one reading after other calibrations in the same process was 3x the others). 0 on CUDA:
     cuDNN keeps its state in host memory, not in the device memory a budget is for."""
     from tilec.cost import KERNEL_STATE_BYTES
 
@@ -100,12 +103,16 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
         y = torch.nn.functional.conv2d(x, weight, padding=1)
         torch.autograd.grad(y, (x, weight), torch.ones_like(y))
 
-    run(KERNEL_SIDES[0])
-    pin_allocator()
-    before = status_bytes("RssAnon")
-    for side in KERNEL_SIDES[1:]:
-        run(side)
-    return max(0, status_bytes("RssAnon") - before) // (3 * (len(KERNEL_SIDES) - 1))
+    readings = []
+    for offset in range(0, KERNEL_ROUNDS * len(KERNEL_SIDES), len(KERNEL_SIDES)):
+        sides = [side + offset for side in KERNEL_SIDES]
+        run(sides[0])
+        pin_allocator()
+        before = status_bytes("RssAnon")
+        for side in sides[1:]:
+            run(side)
+        readings.append(max(0, status_bytes("RssAnon") - before) // (3 * (len(sides) - 1)))
+    return min(readings)
 
 
 def _bytes(entry) -> int:

@@ -47,7 +47,7 @@ from math import inf
 import networkx as nx
 import numpy as np
 
-from tilec.cost import AxisArrays, Estimator, SegmentCost, rolled
+from tilec.cost import AxisArrays, Estimator, SegmentCost
 from tilec.errors import BudgetError
 from tilec.ir import INPUT, NodeSpec
 from tilec.ops import KINDS, RULES, Context, Need
@@ -213,6 +213,7 @@ class _Costs:
         self.estimator = Estimator(self.bounds, dtype)
         self.cuts = cut_points(self.bounds, self.estimator.full)
         self.option = cache(self._option)
+        self.first_rolls = cache(self._first_rolls)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
 
@@ -248,17 +249,19 @@ class _Costs:
             chosen.append(next(grid for grid in reversed(grids) if max(grid) <= half))
         return chosen
 
-    def local(self, cost: SegmentCost, choices: Sequence[tuple]) -> int:
-        """``Estimator.local`` of a segment after ``choices``, ``(first, stop, grid, mode)`` each."""
-        spans = [(first, stop, mode) for first, stop, _, mode in choices]
-        return self.estimator.local(cost, rolled(cost, spans, self.bounds.position))
+    def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
+        """``Estimator.local`` of a segment rolling those of its ``rolls`` that are in ``made``
+        (``rollable_crossing`` at its first node: ``tilec.cost.rolled`` of the segments before it)."""
+        if not cost.rolls:
+            return self.estimator.local(cost)
+        return self.estimator.local(cost, frozenset(name for name, _ in cost.rolls if name in made))
 
     def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
 
         An entry is a tuple whose first ``fields`` fields are minimised and whose last is its
         choices, ``(first, stop, grid, mode)`` per segment; a Pareto front is kept per cut and
-        per set of the tensors crossing it that tiled segments produced (``_rollable_crossing``:
+        per set of the tensors crossing it that tiled segments produced (``rollable_crossing``:
         later segments may roll their gradients, ``tilec.cost.rolled``).
         ``extend(entry, first, stop)`` yields the entries one more segment ``[first, stop)``
         makes of it. Returns the fronts at the last cut.
@@ -271,19 +274,23 @@ class _Costs:
             for stop in list(fronts):
                 groups: dict[frozenset[str], list[tuple]] = {}
                 for entry in fronts[stop]:
-                    groups.setdefault(self._rollable_crossing(stop, entry[-1]), []).append(entry)
+                    groups.setdefault(self.rollable_crossing(stop, entry[-1]), []).append(entry)
                 fronts[stop] = [kept for group in groups.values() for kept in _pareto(group, fields)]
         return fronts[self.cuts[-1]]
 
-    def _rollable_crossing(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
-        """The tensors crossing ``cut`` that the segment starting there may roll the gradient of
-        (``Boundaries.may_roll``: first read there, neither the model input nor an output), produced
-        by a tiled segment of ``choices``."""
-        bounds, outputs = self.bounds, self.estimator.outputs
-        return frozenset(name for name in bounds.crossing(cut)
-                         if name != INPUT and name not in outputs and bounds.first_use[name] >= cut
-                         and any(first <= bounds.position[name] < stop and mode == "tiled"
-                                 for first, stop, _, mode in choices))
+    def rollable_crossing(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
+        """The tensors crossing ``cut`` that a segment starting there may roll the gradient of
+        (``first_rolls``), produced by a tiled segment of ``choices``."""
+        position = self.bounds.position
+        return frozenset(name for name in self.first_rolls(cut)
+                         if any(first <= position[name] < stop and mode == "tiled" for first, stop, _, mode in choices))
+
+    def _first_rolls(self, cut: int) -> tuple[str, ...]:
+        """The tensors crossing ``cut`` first read there or later that need a gradient, neither the
+        model input nor an output (``Boundaries.may_roll``)."""
+        bounds, estimator = self.bounds, self.estimator
+        return tuple(name for name in bounds.crossing(cut) if name != INPUT and name not in estimator.outputs
+                     and bounds.first_use[name] >= cut and estimator.grad[bounds.position[name]])
 
 
 @dataclass(frozen=True)
@@ -334,14 +341,15 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
     with the kernel state so far (``Estimator.step_peaks`` counts all of it in every peak)."""
     def extend(entry: tuple, first: int, stop: int):
         seconds, held, peak, choices = entry
+        made = costs.rollable_crossing(first, choices)
 
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
-            return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, choices),
+            return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
                     (*choices, (first, stop, grid, mode)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
             stored = costs.option(first, stop, None)
-            if _peak(costs, held, peak, stored, choices) <= budget:
+            if _peak(costs, held, peak, stored, made) <= budget:
                 yield grown((1, 1), "stored", stored)
         grids = costs.grids(first, stop)
         if grids and held + costs.estimator.floor(first, stop) <= budget:
@@ -350,7 +358,7 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
             # from coarse to fine: a grid that fits with a margin fits with the smaller ones), and
             # the finest (what ``_smallest`` builds on)
             def peak_with(grid: tuple[int, int]) -> int:
-                return _peak(costs, held, peak, costs.option(first, stop, grid), choices)
+                return _peak(costs, held, peak, costs.option(first, stop, grid), made)
 
             limits, chosen = [budget - budget * share for share in MARGINS], []
             for grid in grids:
@@ -372,10 +380,10 @@ def _held(held: int, cost: SegmentCost) -> int:
     return held + cost.kept + cost.kernels
 
 
-def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost, choices: Sequence[tuple]) -> int:
-    """The peak so far after one more segment after ``choices``: every peak also finds that
-    segment's kernel state."""
-    return max(peak, held + costs.local(cost, choices)) + cost.kernels
+def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost, made: frozenset[str]) -> int:
+    """The peak so far after one more segment, ``made`` the gradients it may roll
+    (``_Costs.local``): every peak also finds that segment's kernel state."""
+    return max(peak, held + costs.local(cost, made)) + cost.kernels
 
 
 def _smallest(costs: _Costs) -> int:
@@ -394,15 +402,17 @@ def _smallest(costs: _Costs) -> int:
 
     peak, held, choices = 0, 0, ()
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
+        made = costs.rollable_crossing(first, choices)
         choice, best = min(options(first, stop, peak, held, inf), key=lambda option: (  # noqa: B023
-            _peak(costs, held, peak, option[1], choices), _held(held, option[1])))  # noqa: B023
-        peak, held, choices = _peak(costs, held, peak, best, choices), _held(held, best), (*choices, choice)
+            _peak(costs, held, peak, option[1], made), _held(held, option[1])))  # noqa: B023
+        peak, held, choices = _peak(costs, held, peak, best, made), _held(held, best), (*choices, choice)
     bound = peak
 
     def extend(entry: tuple, first: int, stop: int):
         peak, held, choices = entry
+        made = costs.rollable_crossing(first, choices)
         for choice, cost in options(first, stop, peak, held, bound):
-            yield _peak(costs, held, peak, cost, choices), _held(held, cost), (*choices, choice)
+            yield _peak(costs, held, peak, cost, made), _held(held, cost), (*choices, choice)
 
     return min(peak for peak, _, _ in costs.recurse((0, 0, ()), extend, 2))
 
