@@ -1,7 +1,7 @@
 """Rolled input gradients: a tiled segment's backward writes the gradient of an input that nothing
 reads afterwards over the input itself, row of tiles by row of tiles, holding one band of rows
 (the generated module's ``_Rolled``); which inputs roll (``Estimator.rollable``,
-``tilec.cost.rolled``), and what the cost model counts for them."""
+``Estimator.made_tiled``), and what the cost model counts for them."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from torch import nn
 from zoo import TINY_KERNEL_STATE
 
 from tilec.cli import main
-from tilec.cost import rolled
 from tilec.errors import BudgetError
 from tilec.ops import KINDS
 from tilec.planner import axis_tiles, plan
@@ -105,7 +104,7 @@ def _brute_force(costs: _Costs, budget: int) -> float:
     def fits(chosen: list, limit: float = budget) -> bool:
         """``chosen``: ``((first, stop, mode), cost)`` per segment so far."""
         spans = [span for span, _ in chosen]
-        rolls = [rolled(cost, spans, costs.bounds.position) for _, cost in chosen]
+        rolls = [costs.estimator.made_tiled(first, spans) for (first, _, _), _ in chosen]
         return max(costs.estimator.step_peaks([cost for _, cost in chosen], rolls), default=0) <= limit
 
     def extend(first: int, seconds: float, chosen: list) -> None:

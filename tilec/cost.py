@@ -157,6 +157,10 @@ class SegmentCost:
     #: the bytes ``backward_local`` holds less if they do: its full gradient less the band.
     rolls: tuple[tuple[str, int], ...] = ()
 
+    def rolled(self, made: frozenset[str]) -> frozenset[str]:
+        """The inputs the tiles roll, of those tiled segments made (``Estimator.made_tiled``)."""
+        return frozenset(name for name, _ in self.rolls if name in made)
+
 
 def flops_per_output(node: NodeSpec, shapes: dict[str, tuple[int, ...]], input_numel: int) -> float:
     """Forward FLOPs per output element of ``node``."""
@@ -590,6 +594,7 @@ class Estimator:
         self.stored_forward = cache(self._stored_forward)
         self.gradients = cache(self._gradients)
         self.boundary = cache(self._boundary)
+        self.rollable = cache(self._rollable)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool) -> SegmentCost:
@@ -642,7 +647,7 @@ class Estimator:
             (1 if self.packed[p] else 2) * self.weight_copies[p] + self.backward_weight_copies[p]
             for p in range(first, stop))
         copied = outputs + 2 * in_grad + copied_weights
-        rollable = self.rollable(first, stop)
+        rollable = self.rollable(first)
         bands = [(name, _band(rows, name, readers)) for name, readers in program.slices if name in rollable]
         rolls = tuple((name, self.full[name] - self.full[name] * band // self.bounds.context.size(name, 0))
                       for name, band in bands if band is not None)
@@ -660,14 +665,21 @@ class Estimator:
             rolls=rolls,
         )
 
-    def rollable(self, first: int, stop: int) -> tuple[str, ...]:
-        """The inputs of nodes ``[first, stop)`` whose gradient their tiled backward may roll into
-        the input's own storage, band by band (the generated module's ``_Rolled``), if the segment
-        producing it is tiled (``rolled``): those ``Boundaries.may_roll`` names that need one; none
+    def _rollable(self, cut: int) -> frozenset[str]:
+        """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
+        into the tensor's own storage, band by band (the generated module's ``_Rolled``), if a tiled
+        segment made it (``made_tiled``): those ``Boundaries.may_roll`` names that need one; none
         where ranks share the tiles (``tilec.distribute.shared``)."""
         if self.bounds.graph.graph.get("shared_tiles"):
-            return ()
-        return tuple(name for name in self.bounds.may_roll(first, stop) if self.grad[self.bounds.position[name]])
+            return frozenset()
+        return frozenset(name for name in self.bounds.may_roll(cut) if self.grad[self.bounds.position[name]])
+
+    def made_tiled(self, cut: int, spans: Iterable[tuple[int, int, str]]) -> frozenset[str]:
+        """Of ``rollable(cut)``, the tensors made by a tiled segment of ``spans``, ``(first, stop,
+        mode)`` each (at least the segments before ``cut``): the segment starting there rolls
+        those of its ``SegmentCost.rolls``."""
+        position, tiled = self.bounds.position, [(first, stop) for first, stop, mode in spans if mode == "tiled"]
+        return frozenset(name for name in self.rollable(cut) if any(a <= position[name] < b for a, b in tiled))
 
     def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:
         """Kernel state of convolution calls ``(position, passes, call shape)``: alike convolutions'
@@ -682,10 +694,10 @@ class Estimator:
         in_grad = sum(self.full[name] for name in inputs if self.grad[self.bounds.position[name]])
         return self.output_bytes(first, stop), in_grad, self.gradients(first, stop) + self.later_weights[first]
 
-    def local(self, cost: SegmentCost, rolled: frozenset[str] = frozenset()) -> int:
+    def local(self, cost: SegmentCost, made: frozenset[str] = frozenset()) -> int:
         """Peak bytes while a segment runs, beyond the kept bytes of earlier segments, its tiles
-        rolling the gradients of the inputs ``rolled``."""
-        return max(cost.forward_local, cost.backward_local - sum(saved for name, saved in cost.rolls if name in rolled))
+        rolling the gradients of those of its ``rolls`` that tiled segments ``made``."""
+        return max(cost.forward_local, cost.backward_local - sum(saved for name, saved in cost.rolls if name in made))
 
     def stored_floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment stored, without simulating its backward."""
@@ -696,8 +708,9 @@ class Estimator:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set
         and the gradients it may roll."""
         outputs, _, fixed = self.boundary(first, stop)
+        rollable = self.rollable(first)
         return max(outputs + self.packed_bytes(first, stop),
-                   fixed - sum(self.full[name] for name in self.rollable(first, stop)))
+                   fixed - sum(self.full[i.name] for i in self.bounds.inputs(first, stop) if i.name in rollable))
 
     def cast_bytes(self, first: int, stop: int) -> int:
         """Bytes of autocast's copies of the parameters of nodes ``[first, stop)`` stored."""
@@ -803,14 +816,6 @@ class Estimator:
         plain = self.forward(first, True, False) if tiled else None
         forward = plain.run.trace(plain.marks[stop - first - 1]) if plain else None
         return _Program(first, stop, slices, forward, run.trace())
-
-
-def rolled(cost: SegmentCost, spans: Sequence[tuple[int, int, str]], position: dict[str, int]) -> frozenset[str]:
-    """The inputs whose gradients a segment's tiles roll, among ``cost.rolls``: those produced in a
-    tiled segment of ``spans``, ``(first, stop, mode)`` each (at least the segments before it)."""
-    def tiled(at: int) -> bool:
-        return any(first <= at < stop and mode == "tiled" for first, stop, mode in spans)
-    return frozenset(name for name, _ in cost.rolls if tiled(position[name]))
 
 
 def _suffix_sums(values: Sequence[int]) -> list[int]:

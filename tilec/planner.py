@@ -104,14 +104,14 @@ class Boundaries:
         """Tensors alive across cut ``cut``: produced before it, read at or after it."""
         return [name for name in [INPUT, *self.order[:cut]] if self.last_use[name] >= cut]
 
-    def may_roll(self, first: int, stop: int) -> tuple[str, ...]:
-        """The sliced inputs of nodes ``[first, stop)`` whose gradient their tiled backward may write
-        over the input itself, if a tiled segment (which keeps no activations) produced it: read by no
-        node before ``first`` (whose backward runs after this one and may read it), neither the
-        model input nor a model output (which the caller holds)."""
+    def may_roll(self, cut: int) -> frozenset[str]:
+        """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may write
+        over the tensor itself, if a tiled segment (which keeps no activations) produced it: image
+        tensors crossing ``cut`` that no node before it reads (whose backward runs after this one
+        and may read them), neither the model input nor a model output (which the caller holds)."""
         outputs = set(model_outputs(self.graph))
-        return tuple(i.name for i in self.inputs(first, stop) if i.sliced and i.name != INPUT
-                     and i.name not in outputs and self.first_use[i.name] >= first)
+        return frozenset(name for name in self.crossing(cut) if name != INPUT and name not in outputs
+                         and self.first_use[name] >= cut and is_image(self.context, name))
 
     def members(self, first: int, stop: int) -> list[NodeSpec]:
         return [self.context.nodes[name] for name in self.order[first:stop]]
@@ -267,7 +267,7 @@ def plan(
     A segment choice is ``(first, stop, (rows, cols))`` or ``(first, stop, grid, mode)`` over
     positions in the node order. ``progress(done, total)`` is called after each axis tile.
     """
-    from tilec.cost import Estimator, rolled
+    from tilec.cost import Estimator
 
     bounds = Boundaries(graph)
     if segments is None:
@@ -291,7 +291,7 @@ def plan(
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned]
     spans = [(s.first, s.stop, s.mode) for s in planned]
-    rolls = [rolled(cost, spans, bounds.position) for cost in costs]
+    rolls = [cost.rolled(estimator.made_tiled(s.first, spans)) for s, cost in zip(planned, costs, strict=True)]
     peaks = estimator.step_peaks(costs, rolls)
     planned = [
         s.model_copy(update={"predicted_peak_bytes": peak, "flop_overhead": round(cost.flop_overhead, 6),

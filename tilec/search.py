@@ -11,7 +11,7 @@ peak), so for each of ``MARGINS`` the coarsest grid that fits with that share of
 spare is offered, and the finest.
 
 Rolled gradients: a tiled segment whose input a tiled segment produced may hold a band of that
-input's gradient instead of all of it (``tilec.cost.rolled``), so a segment's peak depends on
+input's gradient instead of all of it (``Estimator.made_tiled``), so a segment's peak depends on
 the modes of the segments before it; partial plans are compared only with those whose tiled
 segments made the same tensors the next segment may roll.
 
@@ -213,7 +213,6 @@ class _Costs:
         self.estimator = Estimator(self.bounds, dtype)
         self.cuts = cut_points(self.bounds, self.estimator.full)
         self.option = cache(self._option)
-        self.first_rolls = cache(self._first_rolls)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
 
@@ -250,19 +249,19 @@ class _Costs:
         return chosen
 
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
-        """``Estimator.local`` of a segment rolling those of its ``rolls`` that are in ``made``
-        (``rollable_crossing`` at its first node: ``tilec.cost.rolled`` of the segments before it)."""
-        if not cost.rolls:
-            return self.estimator.local(cost)
-        return self.estimator.local(cost, frozenset(name for name, _ in cost.rolls if name in made))
+        return self.estimator.local(cost, made)
+
+    def made_tiled(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
+        """``Estimator.made_tiled`` after ``choices``, ``(first, stop, grid, mode)`` each."""
+        return self.estimator.made_tiled(cut, ((first, stop, mode) for first, stop, _, mode in choices))
 
     def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
 
         An entry is a tuple whose first ``fields`` fields are minimised and whose last is its
         choices, ``(first, stop, grid, mode)`` per segment; a Pareto front is kept per cut and
-        per set of the tensors crossing it that tiled segments produced (``rollable_crossing``:
-        later segments may roll their gradients, ``tilec.cost.rolled``).
+        per set of the tensors crossing it whose gradients the next segment may roll, because
+        tiled segments made them (``made_tiled``).
         ``extend(entry, first, stop)`` yields the entries one more segment ``[first, stop)``
         makes of it. Returns the fronts at the last cut.
         """
@@ -274,23 +273,9 @@ class _Costs:
             for stop in list(fronts):
                 groups: dict[frozenset[str], list[tuple]] = {}
                 for entry in fronts[stop]:
-                    groups.setdefault(self.rollable_crossing(stop, entry[-1]), []).append(entry)
+                    groups.setdefault(self.made_tiled(stop, entry[-1]), []).append(entry)
                 fronts[stop] = [kept for group in groups.values() for kept in _pareto(group, fields)]
         return fronts[self.cuts[-1]]
-
-    def rollable_crossing(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
-        """The tensors crossing ``cut`` that a segment starting there may roll the gradient of
-        (``first_rolls``), produced by a tiled segment of ``choices``."""
-        position = self.bounds.position
-        return frozenset(name for name in self.first_rolls(cut)
-                         if any(first <= position[name] < stop and mode == "tiled" for first, stop, _, mode in choices))
-
-    def _first_rolls(self, cut: int) -> tuple[str, ...]:
-        """The tensors crossing ``cut`` first read there or later that need a gradient, neither the
-        model input nor an output (``Boundaries.may_roll``)."""
-        bounds, estimator = self.bounds, self.estimator
-        return tuple(name for name in bounds.crossing(cut) if name != INPUT and name not in estimator.outputs
-                     and bounds.first_use[name] >= cut and estimator.grad[bounds.position[name]])
 
 
 @dataclass(frozen=True)
@@ -341,7 +326,7 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
     with the kernel state so far (``Estimator.step_peaks`` counts all of it in every peak)."""
     def extend(entry: tuple, first: int, stop: int):
         seconds, held, peak, choices = entry
-        made = costs.rollable_crossing(first, choices)
+        made = costs.made_tiled(first, choices)
 
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
             return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
@@ -402,7 +387,7 @@ def _smallest(costs: _Costs) -> int:
 
     peak, held, choices = 0, 0, ()
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
-        made = costs.rollable_crossing(first, choices)
+        made = costs.made_tiled(first, choices)
         choice, best = min(options(first, stop, peak, held, inf), key=lambda option: (  # noqa: B023
             _peak(costs, held, peak, option[1], made), _held(held, option[1])))  # noqa: B023
         peak, held, choices = _peak(costs, held, peak, best, made), _held(held, best), (*choices, choice)
@@ -410,7 +395,7 @@ def _smallest(costs: _Costs) -> int:
 
     def extend(entry: tuple, first: int, stop: int):
         peak, held, choices = entry
-        made = costs.rollable_crossing(first, choices)
+        made = costs.made_tiled(first, choices)
         for choice, cost in options(first, stop, peak, held, bound):
             yield _peak(costs, held, peak, cost, made), _held(held, cost), (*choices, choice)
 

@@ -305,7 +305,8 @@ def _check_segment(segment: Segment, bounds: Boundaries) -> None:
 def _check_rolled(plan: Plan, segment: Segment, bounds: Boundaries) -> None:
     """A segment rolls only gradients that no other backward needs the input for: a tiled segment,
     inputs a tiled segment produced, that ``Boundaries.may_roll`` allows."""
-    allowed = bounds.may_roll(segment.first, segment.stop) if segment.mode == "tiled" else ()
+    may = bounds.may_roll(segment.first)
+    allowed = {i.name for i in segment.inputs if i.name in may} if segment.mode == "tiled" else set()
     for name in segment.rolled:
         producer = next((s for s in plan.segments if s.first <= bounds.position.get(name, -1) < s.stop), None)
         if name not in allowed or producer is None or producer.mode != "tiled":
