@@ -5,11 +5,13 @@ jobs) intra-op threads only add synchronisation: a single thread is several time
 keeps timings stable, so the whole suite uses one.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
 import tilec.pipeline
-from tilec.cost import REFERENCE_SPEED
+from tilec.target import REFERENCE_SPEED
 
 torch.set_num_threads(1)
 
@@ -20,10 +22,8 @@ def reference_speed(tmp_path_factory):
     machine's measured rates (``tilec.clock``), so that what they pick does not depend on the
     machine; measurements (subprocesses measure) go to the session's own cache directory."""
 
-    def at_reference(graph, dtype):
-        timed = graph.copy()
-        timed.graph["speed"] = REFERENCE_SPEED
-        return timed
+    def at_reference(target, dtype, autocast):
+        return dataclasses.replace(target, speed=REFERENCE_SPEED)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))

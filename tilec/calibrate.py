@@ -1,11 +1,11 @@
-"""``calibrate`` and ``measure_kernels``: measure, once per machine, what tile convolutions
-allocate beyond their tensors, and what their kernels keep.
+"""``conv_workspace_of`` and ``measure_kernels``: measure, once per machine, what tile convolutions
+allocate beyond their tensors, and what their kernels keep (``tilec.target.Target``).
 
 Which convolution kernel torch picks depends on the device, the dtype and the build: on a CPU
 without bfloat16 instructions, a bfloat16 convolution falls back to an im2col kernel whose backward
 takes a buffer of the input times the kernel's taps; oneDNN's float32 channels-last kernels take
-none. So the cost model does not hard-code it: a graph traced for autocast (``tilec.trace``) gets
-``graph.graph["conv_workspace"] = (tile, stored)``, each ``(forward, backward)``: the bytes a
+none. So the cost model does not hard-code it: a plan traced for autocast (``tilec.trace``) gets
+``Target.conv_workspace = (tile, stored)``, each ``(forward, backward)``: the bytes a
 convolution with a kernel larger than 1x1 allocates beyond its output (forward) and its input and
 weight gradients (backward), in multiples of its input's bytes times its kernel taps; ``tile`` for
 channels-last inputs (as tiles compute), ``stored`` for contiguous ones (stored segments). Measured
@@ -17,26 +17,27 @@ before), the median of three, rounded to 1/4, and cached in
 ``$XDG_CACHE_HOME/tilec/calibration.json`` (default ``~/.cache``), keyed by torch version, device
 and dtype; delete the file to measure again.
 
-``measure_kernels`` gives a graph a budget search plans ``kernel_state``: the bytes a process
-keeps per convolution kernel it runs for the first time (``tilec.cost.KERNEL_STATE_BYTES``),
+``measure_kernels`` gives the target of a budget search ``kernel_state``: the bytes a process
+keeps per convolution kernel it runs for the first time (``tilec.target.KERNEL_STATE_BYTES``),
 measured as the growth of anonymous resident memory (pinned and trimmed as above) over new
 convolution shapes, and cached alike.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import platform
 import statistics
-import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import networkx as nx
 import torch
+
+from tilec.runtime.memory import pin_allocator
+from tilec.target import KERNEL_STATE_BYTES, Target
 
 T = TypeVar("T")
 
@@ -44,41 +45,29 @@ T = TypeVar("T")
 CHANNELS, SIDE, KERNEL = 16, 256, 3
 #: Each peak is the median of this many measurements.
 REPEATS = 3
-#: glibc's mallopt parameter M_MMAP_THRESHOLD and the value the generated module pins it to.
-_M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
 #: Kernel state: a 3x3 convolution of this many channels in and out runs, forward and both
 #: gradients, on square channels-last inputs of these sides, each new to the process, in
 #: ``KERNEL_ROUNDS`` rounds of as many sides each.
 KERNEL_CHANNELS, KERNEL_SIDES, KERNEL_ROUNDS = 64, tuple(range(24, 40)), 3
 
 
-def calibrate(graph: nx.DiGraph) -> nx.DiGraph:
-    """``graph`` with ``conv_workspace`` for its autocast device and dtype (none without autocast)."""
-    autocast = graph.graph.get("autocast")
-    if not autocast:
-        return graph
+def conv_workspace_of(autocast: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The convolution workspace ``(tile, stored)`` on autocast's ``"DEVICE:DTYPE"`` (cached)."""
     device, dtype = autocast.split(":")
-    calibrated = graph.copy()
-    calibrated.graph["conv_workspace"] = cached(machine_key(device, dtype),
-                                                lambda: _measured_workspace(device, dtype), _workspace)
-    return calibrated
+    return cached(machine_key(device, dtype), lambda: _measured_workspace(device, dtype), _workspace)
 
 
-def measure_kernels(graph: nx.DiGraph, dtype: str) -> nx.DiGraph:
-    """``graph`` with ``kernel_state``: the bytes a process keeps per convolution kernel it runs for
-    the first time (``tilec.cost.KERNEL_STATE_BYTES``) on the device and dtype a budget search
-    plans for (``search_device``)."""
-    device, dtype = search_device(graph, dtype)
-    measured = graph.copy()
-    measured.graph["kernel_state"] = cached(f"kernel state | {machine_key(device, dtype)}",
-                                            lambda: kernel_state(device, getattr(torch, dtype)), _bytes)
-    return measured
+def measure_kernels(target: Target, dtype: str) -> Target:
+    """``target`` with ``kernel_state``: the bytes a process keeps per convolution kernel it runs
+    for the first time (``tilec.target.KERNEL_STATE_BYTES``) on its device in ``dtype`` (cached)."""
+    key = f"kernel state | {machine_key(target.device, dtype)}"
+    return replace(target, kernel_state=cached(key, lambda: kernel_state(target.device, getattr(torch, dtype)),
+                                               _bytes))
 
 
-def search_device(graph: nx.DiGraph, dtype: str) -> tuple[str, str]:
+def search_device(autocast: str | None, dtype: str) -> tuple[str, str]:
     """The device and dtype a budget plan is for: autocast's, else CUDA if this torch can use it,
     else the CPU, in ``dtype``."""
-    autocast = graph.graph.get("autocast")
     return tuple(autocast.split(":")) if autocast else ("cuda" if torch.cuda.is_available() else "cpu", dtype)
 
 
@@ -88,11 +77,9 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
     of ``KERNEL_ROUNDS`` rounds on new sides each (what else the process allocates meanwhile only
     adds: one reading after other calibrations in the same process was 3x the others). 0 on CUDA:
     cuDNN keeps its state in host memory, not in the device memory a budget is for."""
-    from tilec.cost import KERNEL_STATE_BYTES
-
     if device != "cpu":
         return 0
-    if not pin_allocator():
+    if not pin_allocator(trim=True):
         return KERNEL_STATE_BYTES
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(KERNEL_CHANNELS, KERNEL_CHANNELS, 3, 3, generator=generator).to(dtype).requires_grad_()
@@ -107,7 +94,7 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
     for offset in range(0, KERNEL_ROUNDS * len(KERNEL_SIDES), len(KERNEL_SIDES)):
         sides = [side + offset for side in KERNEL_SIDES]
         run(sides[0])
-        pin_allocator()
+        pin_allocator(trim=True)
         before = status_bytes("RssAnon")
         for side in sides[1:]:
             run(side)
@@ -241,24 +228,9 @@ def reset_high_water_mark() -> bool:
         return False
 
 
-def pin_allocator() -> bool:
-    """Pin glibc's mmap threshold as ``TiledModel`` does and give freed heap pages back, so that what
-    runs next shows as resident growth; whether the threshold is pinned (Linux with glibc). Calling
-    it again only trims."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        pinned = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return False
-    return pinned
-
-
 def _resident_peak(step) -> int | None:
     """Growth of resident memory during ``step`` (Linux with glibc), else None."""
-    if not pin_allocator() or not reset_high_water_mark():
+    if not pin_allocator(trim=True) or not reset_high_water_mark():
         return None
     before = status_bytes("VmRSS")
     step()

@@ -24,14 +24,21 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
-import networkx as nx
 import torch
 from torch import nn
 
-from tilec.calibrate import cached, machine_key, pin_allocator, search_device
-from tilec.cost import GEMM_MIN_CHANNELS, Estimator, Speed
+from tilec.calibrate import cached, machine_key
+from tilec.codegen import load_source, render
+from tilec.cost.estimator import Estimator
+from tilec.planner import plan
+from tilec.runtime.arena import Arena
+from tilec.runtime.device import kernels_for
+from tilec.runtime.kernels import weight_grad
+from tilec.runtime.memory import pin_allocator
+from tilec.target import GEMM_MIN_CHANNELS, Speed, Target
+from tilec.trace import trace
 
 #: The timed chain: two 3x3 convolutions with ReLUs, this many channels in and out.
 CHANNELS = 64
@@ -49,18 +56,14 @@ RACE_BYTES = 1 << 20
 RACE_MARGIN = 0.9
 
 
-def clock(graph: nx.DiGraph, dtype: str) -> nx.DiGraph:
-    """``graph`` with ``gemm_min_channels`` and ``speed``: which weight gradient tiles compute, and
-    the rates, on its device in ``dtype`` (autocast's, under autocast)."""
-    autocast = graph.graph.get("autocast")
-    device, dtype = search_device(graph, dtype)
+def clock(target: Target, dtype: str, autocast: str | None) -> Target:
+    """``target`` with ``gemm_min_channels`` and ``speed``: which weight gradient tiles compute, and
+    the rates, on its device in ``dtype`` (autocast's dtype under ``autocast``)."""
+    device = target.device
     key = machine_key(device, dtype)
-    timed = graph.copy()
     gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels)
-    timed.graph["gemm_min_channels"] = gemm
-    timed.graph["speed"] = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))),
-                                  _speed)
-    return timed
+    speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))), _speed)
+    return replace(target, gemm_min_channels=gemm, speed=speed)
 
 
 def _channels(entry) -> int | None:
@@ -71,18 +74,16 @@ def _channels(entry) -> int | None:
 
 def gemm_min_channels(device: str, dtype: str) -> int | None:
     """The fewest input channels from which the generated module's matrix-product weight gradient
-    (``_weight_grad``, its scratch in an arena) held its own against the library's
+    (``tilec.runtime.kernels.weight_grad``, its scratch in an arena) held its own against the library's
     (``convolution_backward``: not ``RACE_MARGIN`` of its time or less) at that count and at every
     larger one raced (3x3, stride 1, channels-last, the best of ``REPEATS`` calls each); ``None``
     if it did not at the largest, or where that path does not serve (devices other than the CPU,
     dtypes other than float32 and float64)."""
     if device != "cpu" or dtype not in ("float32", "float64"):
         return None
-    pin_allocator()  # as the generated module runs: fresh blocks are faulted in, which both pay
-    module, _ = _tiled_module(_chain(), SMALL[0], 1, dtype, {})
+    pin_allocator(trim=True)  # as the generated module runs: fresh blocks are faulted in, which both pay
     generator = torch.Generator().manual_seed(0)
-    wins = [_matrix_products_win(module, channels, getattr(torch, dtype), generator, device)
-            for channels in RACE_CHANNELS]
+    wins = [_matrix_products_win(channels, getattr(torch, dtype), generator, device) for channels in RACE_CHANNELS]
     fewest = None
     for channels, won in reversed(list(zip(RACE_CHANNELS, wins, strict=True))):
         if not won:
@@ -98,8 +99,8 @@ def _speed(entry) -> Speed:
     return Speed(flop_rate, call_seconds, copy_rate)
 
 
-def _matrix_products_win(module, channels: int, dtype: torch.dtype, generator: torch.Generator, device: str) -> bool:
-    """Whether ``module._weight_grad`` (and the bias gradient) hold their own against the library's
+def _matrix_products_win(channels: int, dtype: torch.dtype, generator: torch.Generator, device: str) -> bool:
+    """Whether ``tilec.runtime.kernels.weight_grad`` (and the bias gradient) hold their own against the library's
     weight and bias gradients of a 3x3 convolution of ``channels`` in and out on a ``RACE_BYTES``
     input (``RACE_MARGIN``)."""
     side = max(8, round(math.sqrt(RACE_BYTES / (channels * dtype.itemsize))))
@@ -108,11 +109,12 @@ def _matrix_products_win(module, channels: int, dtype: torch.dtype, generator: t
         return torch.randn(shape, generator=generator, dtype=dtype).contiguous(memory_format=torch.channels_last)
 
     x, w, g = tensor(1, channels, side, side), tensor(channels, channels, 3, 3), tensor(1, channels, side - 2, side - 2)
-    arenas, grad = [module._Arena(x.device)], torch.zeros_like(w)
+    kernels = kernels_for(device, channels)
+    arenas, grad = [Arena(x.device, kernels)], torch.zeros_like(w)
 
     def ours():  # as a tile's backward runs it: into the weight's gradient
         arenas[-1].reset()
-        grad.add_(module._weight_grad(g, x, (3, 3), (1, 1), arenas[-1]))
+        grad.add_(weight_grad(g, x, (3, 3), (1, 1), arenas[-1]))
         g.sum((0, 2, 3))
 
     def library():  # and autograd adds the result
@@ -120,7 +122,7 @@ def _matrix_products_win(module, channels: int, dtype: torch.dtype, generator: t
                                                       1, [False, True, True])[1])
 
     ours()
-    arenas.append(module._Arena(x.device, arenas[0].need))  # its scratch as a tile's backward finds it
+    arenas.append(Arena(x.device, kernels, arenas[0].need))  # its scratch as a tile's backward finds it
     mine = _best(ours, device)
     return _best(library, device) > RACE_MARGIN * mine
 
@@ -132,18 +134,12 @@ def _chain() -> nn.Sequential:
                              nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1), nn.ReLU())
 
 
-def _tiled_module(chain: nn.Sequential, side: int, grid: int, dtype: str, attributes: dict, autocast=None):
-    """The generated module of ``chain`` on ``side``² inputs tiled ``grid`` x ``grid``, traced with
-    graph ``attributes``, and the estimated costs of its segments."""
-    from tilec.codegen import render
-    from tilec.pipeline import load_source
-    from tilec.planner import Boundaries, plan
-    from tilec.trace import trace
-
+def _tiled_module(chain: nn.Sequential, side: int, grid: int, dtype: str, target: Target, autocast=None):
+    """The generated module of ``chain`` on ``side``² inputs tiled ``grid`` x ``grid`` for
+    ``target``, and the estimated costs of its segments."""
     graph = trace(chain, (1, CHANNELS, side, side), autocast)
-    graph.graph.update(attributes)
-    the_plan = plan(graph, name="clock", grid=(grid, grid), dtype=dtype)
-    estimator = Estimator(Boundaries(graph), dtype)
+    the_plan = plan(graph, target, name="clock", grid=(grid, grid), dtype=dtype)
+    estimator = Estimator(graph, target, dtype)
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in the_plan.segments]
     return load_source(render(the_plan), "tilec_clock"), costs
 
@@ -157,8 +153,8 @@ def measure(device: str, dtype: str, autocast: str | None = None,
         torch.manual_seed(0)
         inputs = [torch.randn(1, CHANNELS, side, side) for side, _ in (LARGE, SMALL)]
     planned = "float32" if autocast else dtype
-    modules = [_tiled_module(chain, side, grid, planned, {"gemm_min_channels": gemm_min_channels}, autocast)
-               for side, grid in (LARGE, SMALL)]
+    target = Target(device=device, gemm_min_channels=gemm_min_channels)
+    modules = [_tiled_module(chain, side, grid, planned, target, autocast) for side, grid in (LARGE, SMALL)]
     chain.to(device=device, dtype=getattr(torch, planned))
     copy_rate = COPY_BYTES / _best(_copy(device), device)
     copies_only = Speed(flop_rate=math.inf, call_seconds=0.0, copy_rate=copy_rate)  # what the fit need not solve for

@@ -1,45 +1,37 @@
 """Codegen: ``render`` turns a plan into the source of a standalone tiled-training module.
 
-Python prepares a small view model here: per segment and shape class, the list of
-statements of one tile function (``v_<node> = <aten call>``, with the slices, border padding
-and crops the tile needs) and the tensors that die after each. The jinja2 templates in
-``templates/`` only loop and branch over it. One function per segment and shape class (a pair
-of row and column classes), never per tile; per-tile data is a table of slice bounds.
+The module is, in order: a header, the runtime (``tilec/runtime/``, copied verbatim), the plan's
+constants and tables, one tile function per tiled segment and shape class (a pair of row and
+column classes, never per tile), one function per stored segment, and ``TiledModel``. Python
+prepares a small view model here (``SegmentView``, statements from ``tilec.emit``); the jinja2
+template in ``templates/`` only loops and branches over it.
 
 A tile function takes ``xs`` (the tile's slices of the segment's sliced inputs), ``bs`` (its
 broadcast inputs, whole), ``p`` (the segment's model tensors) and ``arena`` (where its
 convolutions, max-poolings and border padding put their results) and returns the owned parts
-of the segment's outputs. The same function serves forward (under no_grad) and backward (re-run
-under autograd; see ``templates/module.py.j2``).
+of the segment's outputs. The same function serves forward (under no_grad) and backward
+(re-run under autograd; ``tilec.runtime.tiles``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+import types
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 
 from tilec import __version__
-from tilec.cost import axis_weights
-from tilec.ir import INPUT, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment
-from tilec.local import avg_divisors, resample_local, transpose_local
-from tilec.ops import IN_PLACE, Context, activations_in_place, const, plan_context, window_args
-from tilec.planner import output_leaves
+from tilec.cost.balance import axis_weights
+from tilec.emit import Constants, Statement, TileView, free, index, local, var
+from tilec.graph import Graph
+from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
+from tilec.ops import rule
+from tilec.ops.in_place import activations_in_place
 from tilec.regions import Interval
-
-#: The module's function that back-propagates each ``IN_PLACE`` op in place (``_in_place``).
-GRADIENT_IN_PLACE = {"relu": "_relu_grad_", "leaky_relu": "_leaky_relu_grad_", "hardtanh": "_hardtanh_grad_"}
-#: Arguments that switch a module between training and eval behaviour: (op, argument index).
-TRAINING_FLAGS = {"batch_norm": 5, "dropout": 2, "feature_dropout": 2, "alpha_dropout": 2}
-
-
-@dataclass
-class Statement:
-    dst: str
-    expr: str
-    free: list[str] = field(default_factory=list)
+from tilec.runtime import SOURCES
 
 
 @dataclass
@@ -69,6 +61,18 @@ class SegmentView:
     statements: list[Statement]
 
     @property
+    def sliced_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.sliced)
+
+    @property
+    def broadcast_names(self) -> tuple[str, ...]:
+        return tuple(self.broadcast)
+
+    @property
+    def tensor_indices(self) -> tuple[int, ...]:
+        return tuple(self.tensors)
+
+    @property
     def sliced_vars(self) -> list[str]:
         return [var(name) for name, _ in self.sliced]
 
@@ -81,234 +85,16 @@ class SegmentView:
         return [var(name) for name, *_ in self.outputs]
 
 
-def var(name: str) -> str:
-    return "x_in" if name == INPUT else f"v_{name}"
-
-
-class _Constants:
-    """Module-level tuples (upsampling index maps and weights), deduplicated by value."""
-
-    def __init__(self):
-        self.names: dict[tuple, str] = {}
-
-    def name(self, values: tuple) -> str:
-        return self.names.setdefault(values, f"_K{len(self.names)}")
-
-    def items(self) -> list[tuple[str, str]]:
-        return [(name, repr(values)) for values, name in self.names.items()]
-
-
-def _index(ndim: int, spatial: tuple[int, int], rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> str:
-    """``[:, :, a:b, c:d]`` selecting ``rows``/``cols`` on the spatial dims (``None``: all)."""
-    parts = [":"] * ndim
-    for dim, bounds in zip(spatial, (rows, cols), strict=True):
-        if bounds is not None:
-            parts[dim] = f"{bounds[0]}:{bounds[1]}"
-    while parts and parts[-1] == ":":
-        parts.pop()
-    return f"[{', '.join(parts)}]" if parts else ""
-
-
-def _local(read: Interval, base: Interval) -> tuple[int, int] | None:
-    """``read`` in the coordinates of a tile tensor covering ``base``; ``None`` if all of it."""
-    start = read.start - base.start
-    if start == 0 and read.length == base.length:
-        return None
-    return start, start + read.length
-
-
-class _TileEmitter:
-    """Statements of one shape class of a tiled segment."""
-
-    def __init__(self, context: Context, slots: dict[str, int], constants: _Constants,
-                 in_place: dict[str, bool] | None = None):
-        self.context, self.slots, self.constants, self.in_place = context, slots, constants, in_place or {}
-
-    def tensor(self, name: str) -> str:
-        return f"p[{self.slots[name]}]"
-
-    def arg(self, arg: Arg, reads: dict) -> str:
-        if arg.kind == "node":
-            return reads.get(arg.value, var(arg.value))
-        if arg.kind == "nodes":
-            return "[" + ", ".join(reads.get(v, var(v)) for v in arg.value) + "]"
-        if arg.kind == "tensor":
-            return self.tensor(arg.value)
-        return _literal(arg.value)
-
-    def call(self, node: NodeSpec, args: list[str], target: str | None = None) -> str:
-        keyed = [a if arg.keyword is None else f"{arg.keyword}={a}" for a, arg in zip(args, node.args, strict=False)]
-        keyed += args[len(node.args):]
-        return f"{target or node.target}({', '.join(keyed)})"
-
-    def statement(self, node: NodeSpec, row: AxisStep, col: AxisStep, region: dict) -> str:
-        """The expression computing ``node``'s tile; ``region`` maps names to (rows, cols) held."""
-        if row.out.length == 0 or col.out.length == 0:
-            shape = list(node.shape)
-            shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
-            return f"xs[0].new_empty({tuple(shape)!r})"
-        reads = {}
-        pads = {}
-        for r, c in zip(row.reads, col.reads, strict=True):
-            held_r, held_c = region[r.input]
-            source = self.context
-            spatial = source.spatial(r.input)
-            ndim = len(source.shape(r.input))
-            reads[r.input] = var(r.input) + _index(ndim, spatial, _local(r.read, held_r), _local(c.read, held_c))
-            pads[r.input] = (r.pad, c.pad)
-        kind = node.op
-        if kind == "conv2d":
-            return self._conv(node, reads, pads)
-        if kind == "max_pool2d":
-            return self._max_pool(node, reads, pads)
-        if kind == "avg_pool2d":
-            return self._avg_pool(node, reads, pads, row, col)
-        if kind == "conv_transpose2d":
-            return self._transpose(node, reads, row, col)
-        if kind in ("upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_bilinear2d"):
-            return self._resample(node, reads, row, col)
-        if kind in ("pad", "constant_pad_nd"):
-            return self._pad(node, reads, pads)
-        if kind == "slice" and const(node, 1, 0) % len(node.shape) in node.spatial:
-            return reads[node.inputs[0]]
-        if kind == "getitem":
-            source = node.args[0].value
-            held_r, held_c = region[source]
-            r, c = row.reads[0], col.reads[0]
-            crop = _index(len(node.shape), node.spatial, _local(r.read, held_r), _local(c.read, held_c))
-            return f"{var(source)}[{node.args[1].value}]{crop}"
-        if kind in ("view", "reshape", "_unsafe_view"):
-            shape = list(node.shape)
-            shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
-            return self.call(node, [reads[node.inputs[0]], repr(shape)])
-        args = [self.arg(a, reads) for a in node.args]
-        if self.in_place.get(node.name):
-            return f"_in_place({', '.join([args[0], IN_PLACE[node.op], GRADIENT_IN_PLACE[node.op], *args[1:]])})"
-        return self.call(node, args, IN_PLACE[node.op] if node.name in self.in_place else None)
-
-    def _padded(self, source: str, pads, value: str, native_limit=None) -> tuple[str, tuple[int, int]]:
-        """Apply asymmetric padding explicitly; return the padding left for the op itself."""
-        (rb, ra), (cb, ca) = pads
-        native = []
-        explicit = [0, 0, 0, 0]
-        for axis, (before, after) in enumerate(((rb, ra), (cb, ca))):
-            if before == after and (native_limit is None or before <= native_limit[axis]):
-                native.append(before)
-            else:
-                native.append(0)
-                explicit[2 - 2 * axis: 4 - 2 * axis] = [before, after]
-        if any(explicit):
-            source = f"_pad(arena, {source}, {tuple(explicit)!r}, {value})"
-        return source, tuple(native)
-
-    def _conv(self, node, reads, pads) -> str:
-        source, native = self._padded(reads[node.inputs[0]], pads[node.inputs[0]], "0.0")
-        weight = node.args[1].value
-        bias = self.arg(node.args[2], reads)
-        args = window_args(node, self.context.tensor_shapes[weight])
-        return (f"_conv2d({source}, {self.tensor(weight)}, {bias}, {args.stride!r}, {native!r}, "
-                f"{args.dilation!r}, {const(node, 6, 1)}, arena)")
-
-    def _max_pool(self, node, reads, pads) -> str:
-        args = window_args(node)
-        limit = (args.kernel[0] // 2, args.kernel[1] // 2)
-        source, native = self._padded(reads[node.inputs[0]], pads[node.inputs[0]], "float('-inf')", limit)
-        return f"_max_pool(arena, {source}, {args.kernel!r}, {args.stride!r}, {native!r}, {args.dilation!r})"
-
-    def _avg_pool(self, node, reads, pads, row, col) -> str:
-        args = window_args(node)
-        (rb, ra), (cb, ca) = pads[node.inputs[0]]
-        source = reads[node.inputs[0]]
-        override = const(node, 6, None)
-        if (rb, ra, cb, ca) == (0, 0, 0, 0):
-            return (f"aten.avg_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, (0, 0), False, True, "
-                    f"{override!r})")
-        source = f"_pad(arena, {source}, {(cb, ca, rb, ra)!r}, 0.0)"
-        rows = avg_divisors(node, row, 0, self.context)
-        cols = avg_divisors(node, col, 1, self.context)
-        kernel_rows, kernel_cols = args.kernel
-        uniform = set(rows or (kernel_rows,)) == {kernel_rows} and set(cols or (kernel_cols,)) == {kernel_cols}
-        if override is not None or uniform:
-            return (f"aten.avg_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, (0, 0), False, True, "
-                    f"{override!r})")
-        rows = rows or (kernel_rows,) * row.out.length
-        cols = cols or (kernel_cols,) * col.out.length
-        return (f"aten.avg_pool2d.default({source}, {args.kernel!r}, {args.stride!r}, (0, 0), False, True, 1) / "
-                f"_divisor({self.constants.name(rows)}, {self.constants.name(cols)}, {reads[node.inputs[0]]})")
-
-    def _transpose(self, node, reads, row, col) -> str:
-        (crop_r, extra_r), (crop_c, extra_c) = (transpose_local(node, step, axis, self.context)
-                                                for axis, step in enumerate((row, col)))
-        weight = node.args[1].value
-        stride, dilation = const(node, 3, (1, 1)), const(node, 7, (1, 1))
-        stride = tuple(stride) if isinstance(stride, tuple) else (stride, stride)
-        dilation = tuple(dilation) if isinstance(dilation, tuple) else (dilation, dilation)
-        call = (f"aten.conv_transpose2d.input({reads[node.inputs[0]]}, {self.tensor(weight)}, "
-                f"{self.arg(node.args[2], reads)}, {stride!r}, (0, 0), ({extra_r}, {extra_c}), {const(node, 6, 1)}, "
-                f"{dilation!r})")
-        return call + _index(4, (2, 3), (crop_r, crop_r + row.out.length), (crop_c, crop_c + col.out.length))
-
-    def _resample(self, node, reads, row, col) -> str:
-        low_r, high_r, frac_r = resample_local(node, row, 0, self.context)
-        low_c, high_c, frac_c = resample_local(node, col, 1, self.context)
-        source = reads[node.inputs[0]]
-        if frac_r is None:
-            return f"_gather({source}, {self.constants.name(low_r)}, {self.constants.name(low_c)})"
-        names = [self.constants.name(v) for v in (low_r, high_r, frac_r, low_c, high_c, frac_c)]
-        return f"_lerp({source}, {', '.join(names)})"
-
-    def _pad(self, node, reads, pads) -> str:
-        (rb, ra), (cb, ca) = pads[node.inputs[0]]
-        source = reads[node.inputs[0]]
-        if (rb, ra, cb, ca) == (0, 0, 0, 0):
-            return source
-        value = const(node, 3 if node.op == "pad" else 2, None)
-        value = 0.0 if value is None else value
-        rest = tuple(const(node, 1))[4:]
-        return f"aten.constant_pad_nd.default({source}, {(cb, ca, rb, ra, *rest)!r}, {value!r})"
-
-
 def is_batch_norm_module(node: NodeSpec) -> bool:
     """``batch_norm`` run by an ``nn.BatchNorm*`` module: at run time its training flag and
-    momentum come from the module (``batch_norm_mode`` in the generated code)."""
+    momentum come from the module (``tilec.runtime.checks.batch_norm_mode``)."""
     return node.op == "batch_norm" and "BatchNorm" in node.module_type
 
 
-def in_place(node: NodeSpec) -> bool:
+def updates_buffer(node: NodeSpec) -> bool:
     """An in-place update of a buffer other than BatchNorm's batch counter (the generated module
-    counts that itself, ``batch_norm_mode``), kept as the model runs it."""
+    counts that itself), kept as the model runs it."""
     return node.target.count(".") == 2 and node.target.split(".")[1].endswith("_")
-
-
-def _literal(value) -> str:
-    if isinstance(value, str) and value.startswith("torch."):
-        return value
-    if isinstance(value, float) and value != value:
-        return "float('nan')"
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return f"float({str(value)!r})"
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    return repr(value)
-
-
-def _free(statements: list[Statement], keep: set[str]) -> None:
-    """Attach ``del`` lists: each variable dies after the statement that reads it last."""
-    last: dict[str, int] = {}
-    for index, statement in enumerate(statements):
-        for name in _names(statement.expr):
-            last[name] = index
-    for name, index in last.items():
-        if name not in keep:
-            statements[index].free.append(name)
-    for statement in statements:
-        statement.free.sort()
-
-
-def _names(expr: str) -> set[str]:
-    import re
-
-    return set(re.findall(r"\b(?:v_\w+|x_in)\b", expr))
 
 
 def _first_of_class(tiles: tuple[AxisTile, ...]) -> list[AxisTile]:
@@ -328,115 +114,102 @@ def _table(tiles: tuple[AxisTile, ...]) -> str:
     return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
 
 
-def _overwriting(segment: Segment, context: Context, order: list[str], in_place: dict[str, str | None]
-                 ) -> dict[str, bool]:
+def _overwriting(segment: Segment, graph: Graph, in_place: dict[str, str | None]) -> dict[str, bool]:
     """The nodes of a tiled segment its tiles compute in place, each mapped to whether it
-    back-propagates in place too (``tilec.ops.activations_in_place``)."""
-    inside = set(order[segment.first:segment.stop])
+    back-propagates in place too (``tilec.ops.in_place``)."""
+    inside = set(graph.order[segment.first:segment.stop])
     return {name: reader in inside for name, reader in in_place.items()
-            if name in inside and context.nodes[name].inputs[0] in inside}
+            if name in inside and graph.nodes[name].inputs[0] in inside}
 
 
-def _tile_function(plan: Plan, segment: Segment, context: Context, slots: dict[str, int], constants: _Constants,
+def _tile_function(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
                    in_place: dict[str, bool], rows: AxisTile, cols: AxisTile) -> TileFunction:
-    emitter = _TileEmitter(context, slots, constants, in_place)
     sliced = [i.name for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     region = {name: (r, c) for name, r, c in zip(sliced, rows.inputs, cols.inputs, strict=True)}
     for name in broadcast:
-        shape = context.shape(name)
-        spatial = context.spatial(name) or (0, 0)
+        shape = graph.shape(name)
+        spatial = graph.spatial(name) or (0, 0)
         region[name] = (Interval(0, shape[spatial[0]]), Interval(0, shape[spatial[1]]))
+    view = TileView(graph, slots, constants, region)
     statements = []
     for row, col in zip(rows.steps, cols.steps, strict=True):
-        node = context.nodes[row.node]
-        statements.append(Statement(var(node.name), emitter.statement(node, row, col, region)))
+        node = graph.nodes[row.node]
+        statements.append(view.statement(node, row, col, in_place.get(node.name)))
         region[node.name] = (row.out, col.out)
-    returns = []
+    returns, kept = [], {var(n) for n in sliced + broadcast}
     for name, own_r, own_c in zip(segment.outputs, rows.owned, cols.owned, strict=True):
         held_r, held_c = region[name]
-        index = _index(len(context.shape(name)), context.spatial(name), _local(own_r, held_r), _local(own_c, held_c))
-        returns.append(var(name) + index)
-    _free(statements, {n for r in returns for n in _names(r)} | {var(n) for n in sliced + broadcast})
+        kept.add(var(name))
+        returns.append(var(name) + index(len(graph.shape(name)), graph.spatial(name), local(own_r, held_r),
+                                         local(own_c, held_c)))
+    free(statements, kept)
     return TileFunction(f"_s{segment.index}_{rows.shape_class}_{cols.shape_class}", rows.shape_class,
                         cols.shape_class, [var(n) for n in sliced], [var(n) for n in broadcast], statements, returns)
 
 
-def _stored_statements(segment: Segment, context: Context, slots: dict[str, int], order: list[str]) -> list[Statement]:
-    emitter = _TileEmitter(context, slots, _Constants())
+def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int]) -> list[Statement]:
+    view = TileView(graph, slots, Constants(), {})
     statements = []
-    for name in order[segment.first:segment.stop]:
-        node = context.nodes[name]
-        args = [emitter.arg(a, {}) for a in node.args]
-        if is_batch_norm_module(node):
-            args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
-        elif node.op in TRAINING_FLAGS:
-            args[TRAINING_FLAGS[node.op]] = f"train[{node.path!r}]"
+    for node in graph.members(segment.first, segment.stop):
+        flag = rule(node).training_flag
+        args = None
         if node.op == "getitem":
-            expr = f"{var(node.args[0].value)}[{node.args[1].value}]"
-        elif in_place(node):
-            expr = f"{emitter.call(node, args)} if train[{node.path!r}] else None"
-        else:
-            expr = emitter.call(node, args)
-        statements.append(Statement(var(name), expr))
-    keep = {var(n) for n in segment.outputs} | {var(i.name) for i in segment.inputs}
-    _free(statements, keep)
+            statements.append(view.whole(node, expr=f"{view.var(node.args[0].value)}[{node.args[1].value}]"))
+            continue
+        if is_batch_norm_module(node) or flag is not None:
+            args = [view.arg(a) for a in node.args]
+            if is_batch_norm_module(node):
+                args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
+            else:
+                args[flag] = f"train[{node.path!r}]"
+        statement = view.whole(node, args)
+        if updates_buffer(node):
+            statement.expr = f"{statement.expr} if train[{node.path!r}] else None"
+        statements.append(statement)
+    free(statements, {var(n) for n in segment.outputs} | {var(i.name) for i in segment.inputs})
     return statements
 
 
-def _slots(segment: Segment, context: Context, order: list[str], all_tensors: list[str]) -> list[int]:
+def _slots(segment: Segment, graph: Graph, all_tensors: list[str]) -> list[int]:
     used: dict[str, None] = {}
-    for name in order[segment.first:segment.stop]:
-        for arg in context.nodes[name].args:
+    for node in graph.members(segment.first, segment.stop):
+        for arg in node.args:
             if arg.kind == "tensor":
                 used.setdefault(arg.value)
     return [all_tensors.index(name) for name in used]
 
 
-@dataclass(frozen=True)
-class _Uses:
-    """The activations tiles may compute in place (``tilec.ops.activations_in_place``) and the
-    4-D tensors that only tiled segments read and the model does not return (allocated
-    channels-last)."""
-
-    in_place: dict[str, str | None]
-    channels_last: frozenset[str]
-
-    @classmethod
-    def of(cls, plan: Plan, context: Context, order: list[str]) -> _Uses:
-        outputs = frozenset(output_leaves(plan.model.output))
-        mode = {name: s.mode for s in plan.segments for name in order[s.first:s.stop]}
-        stored_reads = {i for name, m in mode.items() if m == "stored" for i in context.nodes[name].inputs}
-        channels_last = frozenset(name for name in order if len(context.shape(name)) == 4
-                                  and name not in outputs and name not in stored_reads)
-        return cls(activations_in_place(plan.model.nodes, outputs), channels_last)
+def _channels_last(plan: Plan, graph: Graph) -> frozenset[str]:
+    """The 4-D tensors that only tiled segments read and the model does not return: allocated
+    channels-last."""
+    mode = {name: s.mode for s in plan.segments for name in graph.order[s.first:s.stop]}
+    stored_reads = {i for name, m in mode.items() if m == "stored" for i in graph.nodes[name].inputs}
+    return frozenset(name for name in graph.order if len(graph.shape(name)) == 4
+                     and name not in graph.outputs and name not in stored_reads)
 
 
-def _segment_view(plan: Plan, segment: Segment, context: Context, order: list[str], all_tensors: list[str],
-                  constants: _Constants, uses: _Uses) -> SegmentView:
-    tensors = _slots(segment, context, order, all_tensors)
-    slots = {all_tensors[index]: local for local, index in enumerate(tensors)}
-    sliced = [(i.name, context.spatial(i.name)) for i in segment.inputs if i.sliced]
+def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], constants: Constants,
+                  in_place: dict[str, str | None], channels_last: frozenset[str]) -> SegmentView:
+    tensors = _slots(segment, graph, all_tensors)
+    slots = {all_tensors[index]: position for position, index in enumerate(tensors)}
+    sliced = [(i.name, graph.spatial(i.name)) for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
-    outputs = [(name, _shape_literal(context.shape(name)), context.spatial(name) or (0, 0),
-                name in uses.channels_last) for name in segment.outputs]
+    outputs = [(name, repr(tuple(graph.shape(name))), graph.spatial(name) or (0, 0), name in channels_last)
+               for name in segment.outputs]
     functions, costs = [], ""
     if segment.mode == "tiled":
-        in_place = _overwriting(segment, context, order, uses.in_place)
+        overwriting = _overwriting(segment, graph, in_place)
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
-                functions.append(_tile_function(plan, segment, context, slots, constants, in_place, rows, cols))
-        members = [context.nodes[name] for name in order[segment.first:segment.stop]]
-        costs = repr((tuple(axis_weights(context, members, segment.rows, 0)),
-                      tuple(axis_weights(context, members, segment.cols, 1))))
-    stored = _stored_statements(segment, context, slots, order) if segment.mode == "stored" else []
+                functions.append(_tile_function(segment, graph, slots, constants, overwriting, rows, cols))
+        members = graph.members(segment.first, segment.stop)
+        costs = repr((tuple(axis_weights(graph, members, segment.rows, 0)),
+                      tuple(axis_weights(graph, members, segment.cols, 1))))
+    stored = _stored_statements(segment, graph, slots) if segment.mode == "stored" else []
     rolled = tuple(name in segment.rolled for name, _ in sliced)
     return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
                        costs, repr(segment.shares), repr(rolled), functions, stored)
-
-
-def _shape_literal(shape) -> str:
-    return repr(tuple(shape))
 
 
 def _tree(tree: OutputTree) -> str:
@@ -449,6 +222,27 @@ def _tree(tree: OutputTree) -> str:
     if tree.kind == "list":
         return "[" + ", ".join(items) + "]"
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+#: A runtime file's import of another runtime file, which the copy drops.
+_RUNTIME_IMPORT = re.compile(r"^from tilec\.runtime\.\w+ import (?:\([^)]*\)|[^(\n]+)\n", re.MULTILINE)
+#: A runtime file's other top-level imports, gathered at the top of the module.
+_IMPORT = re.compile(r"^(?:import [\w.]+(?: as \w+)?|from [\w.]+ import [\w, ]+)\n", re.MULTILINE)
+
+
+def runtime_source() -> tuple[list[str], str]:
+    """The runtime's imports (deduplicated, in order) and its code, from ``tilec/runtime/`` in
+    ``SOURCES`` order: each file without its docstring's surroundings, its imports, and the
+    imports between runtime files."""
+    imports: dict[str, None] = {}
+    bodies = []
+    for name in SOURCES:
+        text = (resources.files("tilec.runtime") / name).read_text(encoding="utf-8")
+        text = _RUNTIME_IMPORT.sub("", text)
+        imports.update(dict.fromkeys(match.rstrip("\n") for match in _IMPORT.findall(text)))
+        text = _IMPORT.sub("", text)
+        bodies.append(f"# --- tilec/runtime/{name} " + "-" * (88 - len(name)) + "\n\n" + text.strip() + "\n")
+    return list(imports), "\n\n".join(bodies)
 
 
 def _environment() -> jinja2.Environment:
@@ -465,24 +259,26 @@ def _environment() -> jinja2.Environment:
 
 def render(plan: Plan) -> str:
     """Source of the generated module for ``plan``; the same plan gives the same bytes."""
-    context = plan_context(plan)
-    order = [n.name for n in plan.model.nodes]
+    graph = Graph.of_plan(plan)
     all_tensors = [t.name for t in plan.model.tensors]
-    constants = _Constants()
-    uses = _Uses.of(plan, context, order)
-    views = [_segment_view(plan, segment, context, order, all_tensors, constants, uses) for segment in plan.segments]
-    tiled_nodes = [context.nodes[name] for s in plan.segments if s.mode == "tiled"
-                   for name in order[s.first:s.stop]]
-    eval_only = tuple(sorted({n.path for n in tiled_nodes if n.op in TRAINING_FLAGS}))
-    modules = sorted({(n.path, n.module_type) for n in plan.model.nodes})
+    constants = Constants()
+    in_place = activations_in_place(plan.model.nodes, graph.outputs)
+    channels_last = _channels_last(plan, graph)
+    views = [_segment_view(segment, graph, all_tensors, constants, in_place, channels_last)
+             for segment in plan.segments]
+    tiled_nodes = [node for s in plan.segments if s.mode == "tiled" for node in graph.members(s.first, s.stop)]
+    eval_only = tuple(sorted({n.path for n in tiled_nodes if rule(n).training_flag is not None}))
     batch_norm_paths = tuple(sorted({n.path for n in plan.model.nodes if is_batch_norm_module(n)}))
-    train_paths = tuple(sorted({n.path for n in plan.model.nodes if n.op in TRAINING_FLAGS or in_place(n)}
-                               - set(batch_norm_paths)))
+    train_paths = tuple(sorted({n.path for n in plan.model.nodes
+                                if rule(n).training_flag is not None or updates_buffer(n)} - set(batch_norm_paths)))
+    imports, runtime = runtime_source()
     return _environment().get_template("module.py.j2").render(
         plan=plan,
         version=__version__,
+        imports=imports,
+        runtime=runtime,
         tensors=[(t.name, tuple(t.shape), t.buffer) for t in plan.model.tensors],
-        modules=modules,
+        modules=sorted({(n.path, n.module_type) for n in plan.model.nodes}),
         eval_only=eval_only,
         train_paths=train_paths,
         batch_norm_paths=batch_norm_paths,
@@ -491,3 +287,10 @@ def render(plan: Plan) -> str:
         output=_tree(plan.model.output),
         pyrepr=repr,
     )
+
+
+def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
+    """Execute generated source as a fresh module (no file needed)."""
+    module = types.ModuleType(name)
+    exec(compile(source, f"<{name}>", "exec", dont_inherit=True), module.__dict__)
+    return module

@@ -1,25 +1,27 @@
-"""The top-level pipeline: load -> trace -> recompute -> calibrate -> shared -> plan -> distribute -> render
--> write, as a flat list of steps."""
+"""The top-level pipeline, as a flat list of steps:
+load -> trace -> recompute -> target -> plan -> distribute -> render -> write."""
 
 from __future__ import annotations
 
-import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch import nn
 
-from tilec.calibrate import calibrate, measure_kernels
+from tilec.calibrate import conv_workspace_of, measure_kernels, search_device
 from tilec.clock import clock
-from tilec.codegen import render
+from tilec.codegen import load_source, render
 from tilec.config import CompileConfig
-from tilec.distribute import distribute, shared
+from tilec.distribute import distribute
 from tilec.errors import GridError, ShapeError
+from tilec.graph import Graph
 from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.planio import dumps, write_files
 from tilec.planner import plan
 from tilec.recompute import recompute
+from tilec.search import choose
+from tilec.target import Target
 from tilec.trace import trace
 
 
@@ -33,15 +35,16 @@ class CompileResult:
 def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     """Compile the model file named by ``config``; write its plan and generated module.
 
-    ``progress(done, total)``, if given, is called as the planner finishes each axis tile.
+    ``progress(done, total)``, if given, is called as the planner finishes each axis of a segment.
     """
     model, default_shape = load_model(config.model_path, config.attr)
     shape = config.input_shape or default_shape
     if shape is None:
         raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
     name = config.name or config.model_path.stem
-    graph = shared(calibrate(recompute(trace(model, shape, config.autocast), config.recompute)), bool(config.ranks))
-    the_plan = plan_for(graph, name, grid=config.grid, segments=config.segments,
+    graph = recompute(trace(model, shape, config.autocast), config.recompute)
+    target = target_for(graph, config.dtype, shared=bool(config.ranks))
+    the_plan = plan_for(graph, target, name, grid=config.grid, segments=config.segments,
                         memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
     the_plan = distribute(the_plan, config.ranks)
     source = render(the_plan)
@@ -51,45 +54,52 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     return CompileResult(the_plan, plan_path, module_path)
 
 
-def plan_for(graph, name: str, *, grid=None, segments=None, memory_budget=None, dtype="float32",
-             progress=None) -> Plan:
-    """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes (the
-    search, timed on this machine's device, ``tilec.clock``, with its kernels' state measured,
-    ``tilec.calibrate.measure_kernels``, may then recompute long-lived tensors: the plan's nodes
-    include the copies)."""
+def target_for(graph: Graph, dtype: str, shared: bool = False) -> Target:
+    """What the plan of ``graph`` is for before anything is timed: autocast's device with its
+    convolution workspace measured (cached, ``tilec.calibrate``), else the CPU; ``shared``: ranks
+    of a process group will share its tiles."""
+    if graph.autocast is None:
+        return Target(shared_tiles=shared)
+    return Target(device=graph.autocast.split(":")[0], conv_workspace=conv_workspace_of(graph.autocast),
+                  shared_tiles=shared)
+
+
+def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=None, memory_budget=None,
+             dtype="float32", progress=None) -> Plan:
+    """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes. A budget
+    plans for the device it will run on (``search_device``), measured there once: its kernels'
+    state (``tilec.calibrate.measure_kernels``), which weight gradient tiles compute and the time
+    estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
+    plan's nodes include the copies)."""
     given = [option for option in (grid, segments, memory_budget) if option is not None]
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
     if memory_budget is not None:
-        from tilec.search import choose
-
-        choice = choose(clock(measure_kernels(graph, dtype), dtype), memory_budget, dtype)
+        device, measured_dtype = search_device(graph.autocast, dtype)
+        target = replace(target, device=device)
+        target = clock(measure_kernels(target, measured_dtype), measured_dtype, graph.autocast)
+        choice = choose(graph, target, memory_budget, dtype)
         graph, segments = choice.graph, choice.segments
-    return plan(graph, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
+    return plan(graph, target, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 progress=progress)
 
 
-def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
-    """Execute generated source as a fresh module (no file needed)."""
-    module = types.ModuleType(name)
-    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
-    return module
-
-
 def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None, recomputed=(),
-          dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None):
+          dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None,
+          kernels="auto"):
     """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
     ``autocast``: "DEVICE:DTYPE" of the ``torch.autocast`` the step runs under (``tilec.trace``).
+    ``kernels``: ``"generic"`` runs the generic tile kernels even on the CPU (``tilec.runtime.device``).
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
-    graph = shared(calibrate(recompute(trace(model, input_shape, autocast), recomputed)),
-                   bool(ranks) or process_group is not None)
-    the_plan = plan_for(graph, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
+    graph = recompute(trace(model, input_shape, autocast), recomputed)
+    target = target_for(graph, dtype, shared=bool(ranks) or process_group is not None)
+    the_plan = plan_for(graph, target, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
-    return tiled_class(model, progress=progress, process_group=process_group)
+    return tiled_class(model, progress=progress, process_group=process_group, kernels=kernels)

@@ -19,24 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import networkx as nx
-
 from tilec.errors import GridError
+from tilec.graph import Graph
 from tilec.ir import INPUT, Arg, NodeSpec
-from tilec.planner import model_outputs
-from tilec.trace import nodes_in_order
+from tilec.ops import rule
 
 #: Fewest nodes between a tensor's early and late readers for it to be worth recomputing.
 MIN_GAP = 12
-#: Ops whose result changes from one run to the next: never recomputed.
-RANDOM = frozenset({"dropout", "feature_dropout", "alpha_dropout", "native_dropout", "bernoulli", "rand", "randn",
-                    "rand_like", "randn_like"})
 
 
-def late_readers(graph: nx.DiGraph, name: str) -> tuple[str, ...]:
+def late_readers(graph: Graph, name: str) -> tuple[str, ...]:
     """The readers of ``name`` after the widest gap in their positions (empty: none is late)."""
-    position = {n: i for i, n in enumerate(graph.graph["order"])}
-    readers = sorted(graph.successors(name), key=position.__getitem__)
+    position = graph.position
+    readers = graph.users[name]
     marks = [position[name], *(position[r] for r in readers)]
     gaps = [marks[k + 1] - marks[k] for k in range(len(readers))]
     if not gaps or gaps.index(max(gaps)) == 0 or max(gaps) < MIN_GAP:
@@ -44,58 +39,48 @@ def late_readers(graph: nx.DiGraph, name: str) -> tuple[str, ...]:
     return tuple(readers[gaps.index(max(gaps)):])
 
 
-def cone(graph: nx.DiGraph, name: str) -> list[str]:
+def cone(graph: Graph, name: str) -> list[str]:
     """``name`` and every node it depends on, in execution order (the model input excluded)."""
-    needed = nx.ancestors(graph, name) | {name}
-    return [n for n in graph.graph["order"] if n in needed]
+    needed = graph.ancestors(name) | {name}
+    return [n for n in graph.order if n in needed]
 
 
-def why_not(graph: nx.DiGraph, name: str) -> str | None:
+def why_not(graph: Graph, name: str) -> str | None:
     """Why node ``name`` cannot be recomputed, or ``None`` when it can."""
-    if name == INPUT or name not in graph.graph["order"]:
+    if name == INPUT or name not in graph.nodes:
         return "there is no such node (see tilec inspect --nodes)"
-    if name in model_outputs(graph):
+    if name in graph.outputs:
         return "it is a model output"
     if not late_readers(graph, name):
         return f"no reader comes {MIN_GAP} or more nodes after the others"
-    for node in (graph.nodes[n]["spec"] for n in cone(graph, name)):
-        if not node.tileable or node.op in RANDOM:
+    for node in (graph.nodes[n] for n in cone(graph, name)):
+        if not node.tileable or rule(node).random:
             where = f" in {node.path}" if node.path else ""
             return f"it depends on node {node.name} (aten.{node.op}{where}), which cannot be recomputed tile by tile"
     return None
 
 
-def recompute(graph: nx.DiGraph, names: Sequence[str]) -> nx.DiGraph:
-    """A copy of ``graph`` where each of ``names`` is recomputed for its late readers."""
+def recompute(graph: Graph, names: Sequence[str]) -> Graph:
+    """``graph`` with each of ``names`` recomputed for its late readers."""
     for name in names:
         reason = why_not(graph, name)
         if reason is not None:
             raise GridError(f"--recompute {name}: cannot recompute node {name}: {reason}")
-    result = graph.copy()
     for index, name in enumerate(names):
-        result = _copy_cone(result, name, f"_recomputed{index}")
-    return result
-
-
-def _copy_cone(graph: nx.DiGraph, name: str, suffix: str) -> nx.DiGraph:
-    late = late_readers(graph, name)
-    copies = {n: n + suffix for n in cone(graph, name)}
-    taken = set(graph.graph["order"])
-    if taken & set(copies.values()):
-        raise GridError(f"--recompute {name}: node names ending in {suffix!r} are taken")
-    specs = [_renamed(graph.nodes[n]["spec"], copies, recomputes=n) for n in copies]
-    order = list(graph.graph["order"])
-    at = min(order.index(r) for r in late)
-    graph.graph["order"] = (*order[:at], *(s.name for s in specs), *order[at:])
-    for spec in specs:
-        graph.add_node(spec.name, spec=spec)
-        graph.add_edges_from((producer, spec.name) for producer in spec.inputs)
-    for reader in late:
-        spec = graph.nodes[reader]["spec"]
-        graph.nodes[reader]["spec"] = _renamed(spec, {name: copies[name]}, recomputes=spec.recomputes)
-        graph.remove_edge(name, reader)
-        graph.add_edge(copies[name], reader)
+        graph = _copy_cone(graph, name, f"_recomputed{index}")
     return graph
+
+
+def _copy_cone(graph: Graph, name: str, suffix: str) -> Graph:
+    late = set(late_readers(graph, name))
+    copies = {n: n + suffix for n in cone(graph, name)}
+    if set(graph.nodes) & set(copies.values()):
+        raise GridError(f"--recompute {name}: node names ending in {suffix!r} are taken")
+    specs = [_renamed(graph.nodes[n], copies, recomputes=n) for n in copies]
+    at = min(graph.position[r] for r in late)
+    nodes = [_renamed(node, {name: copies[name]}, recomputes=node.recomputes) if node.name in late else node
+             for node in graph]
+    return graph.with_nodes([*nodes[:at], *specs, *nodes[at:]])
 
 
 def _renamed(node: NodeSpec, names: dict[str, str], recomputes: str | None) -> NodeSpec:
@@ -111,14 +96,14 @@ def _renamed(node: NodeSpec, names: dict[str, str], recomputes: str | None) -> N
                                    "inputs": tuple(names.get(i, i) for i in node.inputs), "recomputes": recomputes})
 
 
-def candidates(graph: nx.DiGraph, flops: dict[str, float], share: float) -> list[str]:
+def candidates(graph: Graph, flops: dict[str, float], share: float) -> list[str]:
     """Recomputable nodes whose cone costs at most ``share`` of the model's forward FLOPs
     (``flops``: per node), cheapest cone first (ties: execution order)."""
     total = sum(flops.values())
     found = []
-    for node in nodes_in_order(graph):
+    for node in graph:
         if why_not(graph, node.name) is None:
             cost = sum(flops[n] for n in cone(graph, node.name))
             if cost <= share * total:
-                found.append((cost, graph.graph["order"].index(node.name), node.name))
+                found.append((cost, graph.position[node.name], node.name))
     return [name for _, _, name in sorted(found)]

@@ -43,17 +43,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from math import inf
+from typing import NamedTuple
 
-import networkx as nx
 import numpy as np
 
-from tilec.cost import AxisArrays, Estimator, SegmentCost
+from tilec.cone import cone
+from tilec.cost.arrays import AxisArrays
+from tilec.cost.estimator import Estimator, SegmentCost
 from tilec.errors import BudgetError
-from tilec.ir import INPUT, NodeSpec
-from tilec.ops import KINDS, RULES, Context, Need
-from tilec.planner import Boundaries, SegmentChoice, output_sizes
+from tilec.graph import Graph
+from tilec.ops import rule
+from tilec.planner import SegmentChoice, output_sizes
 from tilec.recompute import candidates, recompute
-from tilec.regions import Interval, split
+from tilec.target import Target
 
 #: Tiles per side tried for a tiled segment: every count to 16 (one step from 8 to 12 tiles per
 #: side cost VGG16's 5% plan at 2048² a tenth of its step), coarser steps beyond.
@@ -76,9 +78,6 @@ MIN_CUTS = 12
 #: recomputed cone of one may cost (``variants``).
 MAX_RECOMPUTED = 3
 RECOMPUTE_SHARE = 0.25
-#: Rule kinds that are plain integer arithmetic on the interval bounds: evaluated once for all
-#: tiles with arrays as bounds. Others run tile by tile.
-ARRAY_RULES = frozenset({"window", "pad", "slice", "pixel"})
 
 
 def usable(budget: int) -> int:
@@ -93,17 +92,17 @@ def format_bytes(count: int) -> str:
     return f"{count} B"
 
 
-def cut_points(bounds: Boundaries, full: dict[str, int]) -> list[int]:
+def cut_points(graph: Graph, full: dict[str, int]) -> list[int]:
     """Candidate cuts: positions where a segment may end (0 and the end included)."""
-    nodes, order, count = bounds.context.nodes, bounds.order, len(bounds.order)
+    nodes, order, count = graph.nodes, graph.order, len(graph)
     crossing = np.zeros(count + 2)
     for position, name in enumerate(order):  # name crosses cuts position+1 .. its last use
         crossing[position + 1] += full[name]
-        crossing[min(bounds.last_use[name], count) + 1] -= full[name]
+        crossing[min(graph.last_use[name], count) + 1] -= full[name]
     crossing = np.cumsum(crossing)
     changes = {cut for cut in range(1, count) if nodes[order[cut - 1]].tileable != nodes[order[cut]].tileable}
     allowed = [cut for cut in range(1, count) if cut in changes
-               or not (KINDS.get(nodes[order[cut]].op) == "pixel" and nodes[order[cut]].inputs == (order[cut - 1],))]
+               or not (rule(nodes[order[cut]]).pixel and nodes[order[cut]].inputs == (order[cut - 1],))]
     stretches = max(MIN_CUTS, MAX_CUTS - len(changes))
     chosen = set(changes)
     if len(allowed) <= stretches + len(changes):
@@ -117,68 +116,15 @@ def cut_points(bounds: Boundaries, full: dict[str, int]) -> list[int]:
     return [0, *sorted(chosen), count]
 
 
-def prefix_arrays(bounds: Boundaries, stop: int, axis: int, grids: Sequence[int]) -> dict[int, AxisArrays]:
+def prefix_arrays(graph: Graph, stop: int, axis: int, grids: Sequence[int]) -> dict[int, AxisArrays]:
     """Axis arrays of the longest tileable run ending at ``stop``, planned as one segment, for
-    each number of tiles in ``grids``.
-
-    The same computation as ``tilec.planner.axis_tiles``, over arrays holding every tile of
-    every grid at once.
-    """
-    context = bounds.context
+    each number of tiles in ``grids`` (``tilec.cone``)."""
     low = stop
-    while low > 0 and context.nodes[bounds.order[low - 1]].tileable:
+    while low > 0 and graph.nodes[graph.order[low - 1]].tileable:
         low -= 1
-    region: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name in bounds.outputs(low, stop):
-        owned = [interval for parts in grids for interval in split(context.size(name, axis), parts)]
-        region[name] = (np.array([i.start for i in owned]), np.array([i.stop for i in owned]))
-    tiles = sum(grids)
-    empty = np.zeros(tiles, dtype=np.int64)
-    steps = []
-    for node in reversed(bounds.members(low, stop)):
-        start, stop_ = region.get(node.name, (empty, empty))
-        none = stop_ == start
-        reads = []
-        for need in _needs(node, axis, start, stop_, context):
-            size = context.size(need.input, axis)
-            lo, hi = (bound if np.ndim(bound) else np.full(tiles, bound) for bound in need.interval)
-            read_start = np.minimum(np.maximum(lo, 0), size)
-            read_stop = np.where(none, read_start, np.maximum(np.maximum(np.minimum(hi, size), 0), read_start))
-            if need.pads:
-                before = np.where(none, 0, np.maximum(0, np.minimum(hi, 0) - lo))
-                after = np.where(none, 0, np.maximum(0, hi - np.maximum(lo, size)))
-            else:
-                before = after = empty
-            reads.append((need.input, read_start, read_stop, before, after))
-            if need.input != INPUT and bounds.position[need.input] >= low:
-                region[need.input] = _merged(region.get(need.input), read_start, read_stop)
-        steps.append((node.name, start, stop_, reads))
-    arrays = AxisArrays(context.nodes, bounds.position, low, stop - low, tiles, steps)
+    arrays = AxisArrays.of_cone(graph, cone(graph, low, stop, axis, grids))
     starts = np.cumsum([0, *grids])
     return {parts: arrays.window(start, start + parts) for parts, start in zip(grids, starts, strict=False)}
-
-
-def _needs(node: NodeSpec, axis: int, start: np.ndarray, stop: np.ndarray, context: Context) -> list[Need]:
-    """The node's rule for every tile: on arrays at once where the rule allows it."""
-    kind = KINDS[node.op]
-    rule = RULES[kind]
-    if kind in ARRAY_RULES:
-        return rule(node, axis, Interval(start, stop), context)
-    per_tile = [rule(node, axis, Interval(int(a), int(b)), context) for a, b in zip(start, stop, strict=True)]
-    return [Need(need.input, Interval(np.array([t[k].interval.start for t in per_tile]),
-                                      np.array([t[k].interval.stop for t in per_tile])), need.pads)
-            for k, need in enumerate(per_tile[0])]
-
-
-def _merged(known, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A producer's region after one more read: the hull of the non-empty reads, per tile."""
-    if known is None:
-        return start, stop
-    known_start, known_stop = known
-    full, known_full = stop > start, known_stop > known_start
-    hull_start = np.where(known_full, np.minimum(known_start, start), start)
-    hull_stop = np.where(known_full, np.maximum(known_stop, stop), stop)
-    return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
 
 
 def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
@@ -205,13 +151,32 @@ def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
     return front
 
 
-class _Costs:
-    """Cached costs of the segment options of one traced model."""
+class Partial(NamedTuple):
+    """A partial plan up to a cut: its estimated ``seconds``, the bytes ``held`` for later segments
+    (their kept bytes and kernel state), its ``peak`` so far (with the kernel state so far:
+    ``Estimator.step_peaks`` counts all of it in every peak), and its ``choices``."""
 
-    def __init__(self, graph: nx.DiGraph, dtype: str):
-        self.bounds = Boundaries(graph)
-        self.estimator = Estimator(self.bounds, dtype)
-        self.cuts = cut_points(self.bounds, self.estimator.full)
+    seconds: float
+    held: int
+    peak: int
+    choices: tuple[SegmentChoice, ...]
+
+
+class Smallest(NamedTuple):
+    """A partial plan of ``smallest_budget``'s search: its ``peak`` so far, bytes ``held`` and ``choices``."""
+
+    peak: int
+    held: int
+    choices: tuple[SegmentChoice, ...]
+
+
+class _Costs:
+    """Cached costs of the segment options of one traced model on one target."""
+
+    def __init__(self, graph: Graph, target: Target, dtype: str):
+        self.graph = graph
+        self.estimator = Estimator(graph, target, dtype)
+        self.cuts = cut_points(graph, self.estimator.full)
         self.option = cache(self._option)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
@@ -225,12 +190,12 @@ class _Costs:
     def _prefix(self, stop: int, axis: int) -> dict[int, AxisArrays]:
         """Axis arrays for every grid a segment ending at ``stop`` may take."""
         grids = {grid[axis] for first in self.cuts if first < stop for grid in self.grids(first, stop)}
-        return prefix_arrays(self.bounds, stop, axis, sorted(grids))
+        return prefix_arrays(self.graph, stop, axis, sorted(grids))
 
     def _grids(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Distinct grids for a tiled segment, coarse to fine, clipped to its outputs' sizes (none
         when the segment cannot be tiled)."""
-        sizes = output_sizes(self.bounds, first, stop) if self.bounds.tileable(first, stop) else []
+        sizes = output_sizes(self.graph, first, stop) if self.graph.tileable(first, stop) else []
         if not sizes:
             return []
         height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
@@ -251,15 +216,15 @@ class _Costs:
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
         return self.estimator.local(cost, made)
 
-    def made_tiled(self, cut: int, choices: Sequence[tuple]) -> frozenset[str]:
-        """``Estimator.made_tiled`` after ``choices``, ``(first, stop, grid, mode)`` each."""
-        return self.estimator.made_tiled(cut, ((first, stop, mode) for first, stop, _, mode in choices))
+    def made_tiled(self, cut: int, choices: Sequence[SegmentChoice]) -> frozenset[str]:
+        """``Estimator.made_tiled`` after ``choices``."""
+        return self.estimator.made_tiled(cut, ((c.first, c.stop, c.mode) for c in choices))
 
     def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
 
-        An entry is a tuple whose first ``fields`` fields are minimised and whose last is its
-        choices, ``(first, stop, grid, mode)`` per segment; a Pareto front is kept per cut and
+        An entry is a named tuple (``Partial``, ``Smallest``) whose first ``fields`` fields are
+        minimised and whose last is its ``SegmentChoice`` s; a Pareto front is kept per cut and
         per set of the tensors crossing it whose gradients the next segment may roll, because
         tiled segments made them (``made_tiled``).
         ``extend(entry, first, stop)`` yields the entries one more segment ``[first, stop)``
@@ -283,30 +248,30 @@ class Choice:
     """What ``choose`` picked: the graph to plan (the traced one, or with ``recomputed`` nodes
     recomputed for their late readers, ``tilec.recompute``) and its segments."""
 
-    graph: nx.DiGraph
+    graph: Graph
     recomputed: tuple[str, ...]
     segments: tuple[SegmentChoice, ...]
     seconds: float
 
 
-def variants(graph: nx.DiGraph, dtype: str = "float32") -> list[tuple[tuple[str, ...], nx.DiGraph]]:
+def variants(graph: Graph, target: Target, dtype: str = "float32") -> list[tuple[tuple[str, ...], Graph]]:
     """The graph as traced, then with its 1, 2, ... ``MAX_RECOMPUTED`` cheapest recomputable
     nodes recomputed (cones costing at most ``RECOMPUTE_SHARE`` of the forward FLOPs)."""
-    estimator = Estimator(Boundaries(graph), dtype)
-    flops = dict(zip(graph.graph["order"], estimator.flops.tolist(), strict=True))
+    estimator = Estimator(graph, target, dtype)
+    flops = dict(zip(graph.order, estimator.facts.flops.tolist(), strict=True))
     names = candidates(graph, flops, RECOMPUTE_SHARE)[:MAX_RECOMPUTED]
     return [((), graph)] + [(tuple(names[:k]), recompute(graph, names[:k])) for k in range(1, len(names) + 1)]
 
 
-def choose(graph: nx.DiGraph, budget: int, dtype: str = "float32") -> Choice:
-    """The plan of least estimated time, over ``variants``, with every predicted step peak
-    <= ``usable(budget)`` bytes."""
+def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32") -> Choice:
+    """The plan of least estimated time on ``target``, over ``variants``, with every predicted
+    step peak <= ``usable(budget)`` bytes."""
     found, costs = [], []
-    for recomputed, variant in variants(graph, dtype):
-        costs.append(_Costs(variant, dtype))
+    for recomputed, variant in variants(graph, target, dtype):
+        costs.append(_Costs(variant, target, dtype))
         best = _search(costs[-1], usable(budget))
         if best is not None:
-            found.append(Choice(variant, recomputed, best[3], best[0]))
+            found.append(Choice(variant, recomputed, best.choices, best.seconds))
     if not found:
         smallest = _budget_for(min(_smallest(cost) for cost in costs))
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
@@ -319,18 +284,16 @@ def _budget_for(peak: int) -> int:
     return -(-peak * 100 // USABLE_PERCENT)
 
 
-def _search(costs: _Costs, budget: int) -> tuple | None:
-    """``(seconds, held, peak, segments)`` of least estimated seconds with a predicted peak <=
-    ``budget`` (already the usable part); ``None`` when no plan fits. ``held``: bytes kept from
-    the segments so far on (their kept bytes and kernel state); ``peak``: their step peaks so far
-    with the kernel state so far (``Estimator.step_peaks`` counts all of it in every peak)."""
-    def extend(entry: tuple, first: int, stop: int):
+def _search(costs: _Costs, budget: int) -> Partial | None:
+    """The plan of least estimated seconds with a predicted peak <= ``budget`` (already the
+    usable part); ``None`` when no plan fits."""
+    def extend(entry: Partial, first: int, stop: int):
         seconds, held, peak, choices = entry
         made = costs.made_tiled(first, choices)
 
-        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> tuple:
-            return (seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
-                    (*choices, (first, stop, grid, mode)))
+        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> Partial:
+            return Partial(seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
+                           (*choices, SegmentChoice(first, stop, grid, mode)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
             stored = costs.option(first, stop, None)
@@ -357,7 +320,7 @@ def _search(costs: _Costs, budget: int) -> tuple | None:
             for grid in dict.fromkeys(chosen):
                 yield grown(grid, "tiled", costs.option(first, stop, grid))
 
-    return min(costs.recurse((0.0, 0, 0, ()), extend, 3), default=None)
+    return min(costs.recurse(Partial(0.0, 0, 0, ()), extend, 3), default=None)
 
 
 def _held(held: int, cost: SegmentCost) -> int:
@@ -380,10 +343,10 @@ def _smallest(costs: _Costs) -> int:
     def options(first: int, stop: int, peak: int, held: int, bound: float):
         """``(choice, cost)`` of the segment stored and tiled with the fine grids."""
         if max(peak, held + costs.estimator.stored_floor(first, stop)) <= bound:
-            yield (first, stop, (1, 1), "stored"), costs.option(first, stop, None)
+            yield SegmentChoice(first, stop, (1, 1), "stored"), costs.option(first, stop, None)
         if costs.grids(first, stop) and max(peak, held + costs.estimator.floor(first, stop)) <= bound:
             for grid in costs.fine_grids(first, stop):
-                yield (first, stop, grid, "tiled"), costs.option(first, stop, grid)
+                yield SegmentChoice(first, stop, grid, "tiled"), costs.option(first, stop, grid)
 
     peak, held, choices = 0, 0, ()
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
@@ -393,16 +356,16 @@ def _smallest(costs: _Costs) -> int:
         peak, held, choices = _peak(costs, held, peak, best, made), _held(held, best), (*choices, choice)
     bound = peak
 
-    def extend(entry: tuple, first: int, stop: int):
+    def extend(entry: Smallest, first: int, stop: int):
         peak, held, choices = entry
         made = costs.made_tiled(first, choices)
         for choice, cost in options(first, stop, peak, held, bound):
-            yield _peak(costs, held, peak, cost, made), _held(held, cost), (*choices, choice)
+            yield Smallest(_peak(costs, held, peak, cost, made), _held(held, cost), (*choices, choice))
 
-    return min(peak for peak, _, _ in costs.recurse((0, 0, ()), extend, 2))
+    return min(entry.peak for entry in costs.recurse(Smallest(0, 0, ()), extend, 2))
 
 
-def smallest_budget(graph: nx.DiGraph, dtype: str = "float32") -> int:
-    """Smallest budget ``choose`` accepts: the smallest predicted peak over ``variants`` plus the
-    headroom."""
-    return _budget_for(min(_smallest(_Costs(variant, dtype)) for _, variant in variants(graph, dtype)))
+def smallest_budget(graph: Graph, target: Target, dtype: str = "float32") -> int:
+    """Smallest budget ``choose`` accepts on ``target``: the smallest predicted peak over
+    ``variants`` plus the headroom."""
+    return _budget_for(min(_smallest(_Costs(variant, target, dtype)) for _, variant in variants(graph, target, dtype)))

@@ -1,12 +1,10 @@
-"""Frontend: ``trace`` turns any ``nn.Module`` and an input shape into the op graph.
+"""Frontend: ``trace`` turns any ``nn.Module`` and an input shape into the op ``Graph``.
 
 The model is captured with ``torch.export`` (non-strict) on a fake input, so shape-dependent
-Python runs as usual and a 100,000-pixel input costs no memory. The result is a
-``networkx.DiGraph`` whose nodes are ``"input"`` and the export node names; each op node
-carries its ``NodeSpec`` under ``"spec"``; edges run from producer to consumer. In-place ops
-are made functional (later readers of a mutated tensor read the op's result instead).
-Graph attributes: ``input_shape``, ``order`` (the execution order of op nodes), ``tensors``
-(every parameter and buffer, ``TensorSpec``), ``output`` (an ``OutputTree``) and ``autocast``.
+Python runs as usual and a 100,000-pixel input costs no memory. Nodes are named as export names
+them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
+(``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
+op's result instead).
 
 Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a fake input
 under ``torch.autocast(DEVICE, dtype=DTYPE)``, and every op autocast computes in another dtype
@@ -21,18 +19,18 @@ import operator
 from collections.abc import Sequence
 from contextlib import contextmanager
 
-import networkx as nx
 import torch
 from torch import nn
 
 from tilec.errors import ShapeError, UnsupportedLayerError
+from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT, Arg, NodeSpec, OutputTree, Shape, TensorSpec
-from tilec.ops import KINDS, Context, is_image, tile_check
+from tilec.ops import rule, tileable
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
 FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
 #: Ops whose result aliases their input: an in-place op on one would write through to another tensor.
-VIEWS = frozenset({"view", "reshape", "_unsafe_view", "permute", "transpose", "slice", "getitem", "chunk",
+ALIASING = frozenset({"view", "reshape", "_unsafe_view", "permute", "transpose", "slice", "getitem", "chunk",
                    "split", "split_with_sizes", "alias", "expand", "squeeze", "unsqueeze", "select"})
 
 
@@ -183,52 +181,6 @@ def _module(node: torch.fx.Node) -> tuple[str, str]:
     return path, (kind.__name__ if isinstance(kind, type) else str(kind)).rsplit(".", 1)[-1]
 
 
-def _layout(op: str, args: list[Arg], inputs: list[str], shape: tuple[int, ...], context: Context):
-    """Dims of the output's image axes, from the first image input's and the op."""
-    images = [name for name in inputs if context.spatial(name) is not None]
-    if KINDS.get(op) == "pixel" and images:
-        source = images[0]
-        rows, cols = context.spatial(source)
-        ndim = len(context.shape(source))
-        if op in ("permute", "transpose"):
-            return _moved(op, args, ndim, rows, cols)
-        if op in ("view", "reshape", "_unsafe_view"):
-            source_shape = context.shape(source)
-            if (rows, cols) == (ndim - 2, ndim - 1) and len(shape) >= 3 and shape[-2:] == source_shape[-2:]:
-                return len(shape) - 2, len(shape) - 1
-            return None
-        if op in ("mean", "sum", "amax") and len(args) > 2 and not args[2].value and args[1].value is not None:
-            dims = args[1].value if isinstance(args[1].value, tuple) else (args[1].value,)
-            removed = {d % ndim for d in dims}
-            if removed & {rows, cols}:
-                return None
-            return tuple(d - sum(r < d for r in removed) for d in (rows, cols))
-        if op in ("squeeze", "unsqueeze"):
-            return None
-        if len(shape) == ndim:
-            return rows, cols
-        return None
-    if KINDS.get(op) is not None and op != "getitem" or len(shape) == 4:
-        return (2, 3) if len(shape) == 4 else None
-    if op == "getitem" and images:
-        return context.spatial(images[0])
-    return None
-
-
-def _moved(op: str, args: list[Arg], ndim: int, rows: int, cols: int) -> tuple[int, int] | None:
-    """Where a permute / transpose puts the image axes; ``None`` when it swaps rows and columns
-    (rows then no longer come first: not a layout tile rules can follow, so it runs untiled and
-    what reads it sees an ordinary, positionally indexed tensor)."""
-    if op == "permute":
-        order = [d % ndim for d in args[1].value]
-        moved = order.index(rows), order.index(cols)
-    else:
-        a, b = (d % ndim for d in (args[1].value, args[2].value))
-        swap = {a: b, b: a}
-        moved = swap.get(rows, rows), swap.get(cols, cols)
-    return moved if moved[0] < moved[1] else None
-
-
 def _output_tree(spec, leaves: list[str]) -> OutputTree:
     """The export output spec (a pytree) as an ``OutputTree`` over the output node names."""
     if spec.is_leaf():
@@ -242,7 +194,7 @@ def _output_tree(spec, leaves: list[str]) -> OutputTree:
     return OutputTree(kind=kind, keys=keys, items=items)
 
 
-def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = None) -> nx.DiGraph:
+def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = None) -> Graph:
     """Build the op graph of ``model`` for inputs of ``input_shape`` (N, C, H, W), trained under
     ``autocast`` ("DEVICE:DTYPE", e.g. "cuda:float16") or without."""
     if not isinstance(model, nn.Module):
@@ -261,10 +213,7 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
     if len(user_inputs) != 1:
         raise UnsupportedLayerError(f"the model takes {len(user_inputs)} tensor inputs; tilec needs exactly one")
     names = {user_inputs[0]: INPUT}
-    graph = nx.DiGraph(input_shape=shape)
-    graph.add_node(INPUT)
-    context = Context({}, {t.name: t.shape for t in tensor_specs}, shape)
-    order: list[str] = []
+    shapes = Shapes({}, tensor_specs, shape)
     for fx_node in program.graph.nodes:
         if fx_node.op != "call_function":
             continue
@@ -288,54 +237,34 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         node = NodeSpec(
             name=fx_node.name, op=op, target=_target(functional or fx_node.target), path=path,
             module_type=module_type, args=tuple(args), inputs=tuple(dict.fromkeys(inputs)), shape=out_shape,
-            spatial=_layout(op, args, inputs, out_shape, context), tileable=False, autocast_dtype=lowered,
+            spatial=None, tileable=False, autocast_dtype=lowered,
         )
+        node = node.model_copy(update={"spatial": rule(node).layout(node, shapes)})
         if mutated is not None and functional is not None:
             source = names[mutated.name]
-            if source != INPUT and context.nodes[source].op in VIEWS:
+            if source != INPUT and shapes.nodes[source].op in ALIASING:
                 where = f"module {path} ({module_type})" if path else f"the model's forward ({module_type})"
                 raise UnsupportedLayerError(f"op aten.{fx_node.target._opname} from {where} is not supported: "
                                             f"it writes in place into a view of another tensor")
             names[mutated.name] = fx_node.name  # later readers of the mutated tensor read this result
         names[fx_node.name] = fx_node.name
-        images = [name for name in node.inputs if is_image(context, name)]
-        if images and tile_check(node, context) is None and is_image_shape(node):
-            node = node.model_copy(update={"tileable": True})
-        context.nodes[node.name] = node
-        graph.add_node(node.name, spec=node)
-        for producer in node.inputs:
-            graph.add_edge(producer, node.name)
-        order.append(node.name)
-    if not order:
+        shapes.nodes[node.name] = node.model_copy(update={"tileable": tileable(node, shapes)})
+    if not shapes.nodes:
         raise UnsupportedLayerError("the model has no ops")
     outputs = [names[n.name] if isinstance(n, torch.fx.Node) else n
                for n in program.graph.output_node().args[0]]
-    order = _live(graph, order, outputs)
-    if any(not isinstance(name, str) or name not in context.nodes and name != INPUT for name in outputs):
+    if any(not isinstance(name, str) or name not in shapes.nodes and name != INPUT for name in outputs):
         raise UnsupportedLayerError("the model returns something other than tensors computed from its input")
-    graph.graph.update(order=tuple(order), tensors=tensor_specs, autocast=autocast,
-                       output=_output_tree(program.call_spec.out_spec, list(outputs)))
-    return graph
+    return Graph(_live(list(shapes.nodes.values()), outputs), tensors=tensor_specs,
+                 output=_output_tree(program.call_spec.out_spec, list(outputs)), input_shape=shape, autocast=autocast)
 
 
-def _live(graph: nx.DiGraph, order: list[str], outputs: list) -> list[str]:
+def _live(nodes: list[NodeSpec], outputs: list) -> list[NodeSpec]:
     """Drop ops whose result nothing reads (but keep in-place buffer updates)."""
     needed = {name for name in outputs if isinstance(name, str)}
     kept = []
-    for name in reversed(order):
-        spec = graph.nodes[name]["spec"]
-        if name in needed or spec.target.count(".") == 2 and spec.target.split(".")[1].endswith("_"):
-            kept.append(name)
-            needed.update(spec.inputs)
-        else:
-            graph.remove_node(name)
+    for node in reversed(nodes):
+        if node.name in needed or node.target.count(".") == 2 and node.target.split(".")[1].endswith("_"):
+            kept.append(node)
+            needed.update(node.inputs)
     return kept[::-1]
-
-
-def is_image_shape(node: NodeSpec) -> bool:
-    return node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
-
-
-def nodes_in_order(graph: nx.DiGraph) -> tuple[NodeSpec, ...]:
-    """The op nodes of a traced graph in execution order."""
-    return tuple(graph.nodes[name]["spec"] for name in graph.graph["order"])

@@ -13,16 +13,16 @@ difference is reported, naming the segment, axis, tile and node):
   or ``nodes`` argument names an earlier node or ``"input"``, every ``tensor`` argument names a
   model tensor, ``inputs`` lists exactly the node arguments in order without repeats, shapes are
   not negative and ``spatial`` names two distinct dims of the shape; the output tree names nodes;
-* ``model.digest`` is the digest of the nodes, tensors and output (``tilec.planner.fingerprint``);
-* every node's ``tileable`` flag is what tracing gives it (``tilec.ops.tile_check``), and the
-  image sizes of tileable nodes follow their rule from their input's sizes (so ``input_shape``
-  agrees with the nodes);
+* ``model.digest`` is the digest of the nodes, tensors and output (``Graph.fingerprint``);
+* every node's ``tileable`` flag is what tracing gives it (``tilec.ops.tileable``), and the
+  image sizes of tileable nodes follow their rule from their input's sizes (``Op.output_size``,
+  so ``input_shape`` agrees with the nodes);
 * segments cover the node positions ``0..n-1`` contiguously; each segment's inputs and outputs
-  are what ``tilec.planner.Boundaries`` computes; a stored segment has grid 1x1 and no tiles; a
+  are what ``Graph.inputs_of`` / ``outputs_of`` compute; a stored segment has grid 1x1 and no tiles; a
   tiled one holds only tileable nodes and one axis tile per grid row and column;
 * per tiled segment and axis, each output's owned intervals partition ``[0, size)`` in order
   without empty parts, and every axis tile equals the one the planner builds
-  (``tilec.planner._cone``): the even owned split, one step per node in order, every read the
+  (``tilec.cone.axis_tiles``): the even owned split, one step per node in order, every read the
   op's rule clipped to the input with the clipped amount as padding (none for rules without
   padding), ``grad_out == out`` and ``Read.grad == read``, every ``out`` the hull of its
   consumers' reads and its owned parts, every sliced input interval the hull of its reads;
@@ -41,25 +41,13 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import networkx as nx
-
+from tilec.cone import axis_tiles
 from tilec.errors import PlanError, TilecError
+from tilec.graph import Graph
 from tilec.ir import INPUT, SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
-from tilec.ops import (
-    KINDS,
-    Context,
-    const,
-    conv_padding,
-    pad_amounts,
-    slice_start,
-    sliced_inputs,
-    tile_check,
-    transpose_args,
-    window_args,
-)
-from tilec.planner import Boundaries, _cone, class_key, fingerprint
-from tilec.regions import Interval, Window
-from tilec.trace import is_image_shape
+from tilec.ops import rule, tileable
+from tilec.planner import class_key
+from tilec.regions import Interval
 
 AXES = ("rows", "cols")
 
@@ -190,75 +178,24 @@ def _check_nodes(plan: Plan) -> None:
     _check_output(plan.model.output, known)
 
 
-def graph_of(plan: Plan) -> nx.DiGraph:
-    """The traced graph (``tilec.trace`` conventions) a plan's model fingerprint describes."""
-    graph = nx.DiGraph(input_shape=tuple(plan.input_shape), order=tuple(n.name for n in plan.model.nodes),
-                       tensors=plan.model.tensors, output=plan.model.output)
-    graph.add_node(INPUT)
-    for node in plan.model.nodes:
-        graph.add_node(node.name, spec=node)
-        for producer in node.inputs:
-            graph.add_edge(producer, node.name)
-    return graph
-
-
-def _check_digest(plan: Plan, graph: nx.DiGraph) -> None:
-    if fingerprint(graph).digest != plan.model.digest:
+def _check_digest(plan: Plan, graph: Graph) -> None:
+    if graph.fingerprint().digest != plan.model.digest:
         _fail("model.digest is not the digest of model.nodes, model.tensors and model.output (the model was "
               "edited; recompile it with `tilec compile`)")
 
 
-def _expected_size(node: NodeSpec, axis: int, context: Context) -> int | None:
-    """The output size on ``axis`` a tileable node's rule implies from its input, or ``None`` where the
-    output size is free (upsampling, pointwise ops: ``tile_check`` compares those)."""
-    kind = KINDS[node.op]
-    if kind in ("pixel", "upsample"):
-        return None
-    size = context.size(node.inputs[0], axis)
-    if kind == "window" and node.op == "conv2d":
-        weight = context.tensor_shapes[node.args[1].value]
-        args = window_args(node, weight)
-        before, after = conv_padding(node, weight)[axis]
-        return Window(args.kernel[axis], args.stride[axis], args.dilation[axis], before, after).output_size(size)
-    if kind == "window":
-        return window_args(node).axis(axis).output_size(size)
-    if kind == "conv_transpose":
-        args = transpose_args(node, context.tensor_shapes[node.args[1].value])
-        kernel, stride, padding, output_padding, dilation = (args[k][axis] for k in (
-            "kernel", "stride", "padding", "output_padding", "dilation"))
-        return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
-    if kind == "pad":
-        return size + sum(pad_amounts(node, axis))
-    return _slice_size(node, axis, size, context)
-
-
-def _slice_size(node: NodeSpec, axis: int, size: int, context: Context) -> int:
-    source = node.inputs[0]
-    dim = const(node, 1, 0) % len(context.shape(source))
-    if dim != context.spatial(source)[axis]:
-        return size
-    stop = const(node, 3, None)
-    stop = size if stop is None else stop + size if stop < 0 else stop
-    return max(0, min(stop, size) - slice_start(node, context))
-
-
-def _tileable(node: NodeSpec, context: Context) -> bool:
-    """The flag tracing gives ``node``: it reads an image, has a rule here, and outputs an image."""
-    return bool(sliced_inputs(node, context)) and tile_check(node, context) is None and is_image_shape(node)
-
-
-def _check_tileable(plan: Plan, context: Context) -> None:
+def _check_tileable(plan: Plan, graph: Graph) -> None:
     for node in plan.model.nodes:
         with _evaluating(f"node {node.name} (aten.{node.op})"):
-            tileable = _tileable(node, context)
-            sizes = [_expected_size(node, axis, context) for axis in range(2)] if tileable else []
-        if node.tileable != tileable:
+            flag = tileable(node, graph)
+            sizes = [rule(node).output_size(node, axis, graph) for axis in range(2)] if flag else []
+        if node.tileable != flag:
             _fail(f"node {node.name} (aten.{node.op}) is marked tileable={node.tileable}, but its op and "
-                  f"shapes make it {tileable}")
+                  f"shapes make it {flag}")
         for axis, size in enumerate(sizes):
-            if size is not None and size != context.size(node.name, axis):
-                _fail(f"node {node.name} (aten.{node.op}) has {AXES[axis]} size {context.size(node.name, axis)}, "
-                      f"but its input {node.inputs[0]!r} of size {context.size(node.inputs[0], axis)} gives {size}")
+            if size is not None and size != graph.size(node.name, axis):
+                _fail(f"node {node.name} (aten.{node.op}) has {AXES[axis]} size {graph.size(node.name, axis)}, "
+                      f"but its input {node.inputs[0]!r} of size {graph.size(node.inputs[0], axis)} gives {size}")
 
 
 def _check_cover(plan: Plan) -> None:
@@ -280,10 +217,10 @@ def _names(inputs: Sequence[SegmentInput]) -> str:
     return "[" + ", ".join(f"{i.name}{'' if i.sliced else ' (whole)'}" for i in inputs) + "]"
 
 
-def _check_segment(segment: Segment, bounds: Boundaries) -> None:
+def _check_segment(segment: Segment, graph: Graph) -> None:
     where = f"segment {segment.index}"
     first, stop = segment.first, segment.stop
-    inputs, outputs = bounds.inputs(first, stop), bounds.outputs(first, stop)
+    inputs, outputs = graph.inputs_of(first, stop), graph.outputs_of(first, stop)
     if tuple(segment.inputs) != inputs:
         _fail(f"{where} has inputs {_names(segment.inputs)}, but its nodes read {_names(inputs)} from before it")
     if tuple(segment.outputs) != outputs:
@@ -294,7 +231,7 @@ def _check_segment(segment: Segment, bounds: Boundaries) -> None:
             _fail(f"{where} is stored but has grid {grid[0]}x{grid[1]} and {len(segment.rows)}x{len(segment.cols)} "
                   f"axis tiles; a stored segment runs untiled (grid 1x1, no tiles)")
         return
-    blocker = next((n for n in bounds.members(first, stop) if not n.tileable), None)
+    blocker = next((n for n in graph.members(first, stop) if not n.tileable), None)
     if blocker is not None:
         _fail(f"{where} is tiled but node {blocker.name} (aten.{blocker.op}) cannot run tile by tile")
     if grid[0] < 1 or grid[1] < 1 or (len(segment.rows), len(segment.cols)) != grid:
@@ -302,20 +239,20 @@ def _check_segment(segment: Segment, bounds: Boundaries) -> None:
               f"{len(segment.cols)} column tiles")
 
 
-def _check_rolled(plan: Plan, segment: Segment, bounds: Boundaries) -> None:
+def _check_rolled(plan: Plan, segment: Segment, graph: Graph) -> None:
     """A segment rolls only gradients that no other backward needs the input for: a tiled segment,
-    inputs a tiled segment produced, that ``Boundaries.may_roll`` allows."""
-    may = bounds.may_roll(segment.first)
+    inputs a tiled segment produced, that ``Graph.may_roll`` allows."""
+    may = graph.may_roll(segment.first)
     allowed = {i.name for i in segment.inputs if i.name in may} if segment.mode == "tiled" else set()
     for name in segment.rolled:
-        producer = next((s for s in plan.segments if s.first <= bounds.position.get(name, -1) < s.stop), None)
+        producer = next((s for s in plan.segments if s.first <= graph.position.get(name, -1) < s.stop), None)
         if name not in allowed or producer is None or producer.mode != "tiled":
             _fail(f"segment {segment.index} rolls the gradient of {name}, which another backward may still read "
                   f"(it may roll only inputs of a tiled segment that a tiled segment produced and no earlier "
                   f"node reads, not the model input or an output)")
 
 
-def _check_owned(segment: Segment, axis: int, context: Context) -> None:
+def _check_owned(segment: Segment, axis: int, graph: Graph) -> None:
     tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
     where = f"segment {segment.index} {AXES[axis]}"
     for number, tile in enumerate(tiles):
@@ -324,7 +261,7 @@ def _check_owned(segment: Segment, axis: int, context: Context) -> None:
         if len(tile.owned) != len(segment.outputs):
             _fail(f"{where} tile {number} owns {len(tile.owned)} intervals for {len(segment.outputs)} outputs")
     for k, name in enumerate(segment.outputs):
-        size, position = context.size(name, axis), 0
+        size, position = graph.size(name, axis), 0
         for number, tile in enumerate(tiles):
             owned = tile.owned[k]
             if owned.start != position or not owned.start < owned.stop <= size:
@@ -374,19 +311,18 @@ def _compare(tile: AxisTile, expected: AxisTile, segment: Segment, where: str) -
                   f"{_interval(want)}")
 
 
-def _check_axis(segment: Segment, axis: int, bounds: Boundaries) -> None:
+def _check_axis(segment: Segment, axis: int, graph: Graph) -> None:
     tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
-    _check_owned(segment, axis, bounds.context)
-    members = bounds.members(segment.first, segment.stop)
+    _check_owned(segment, axis, graph)
+    with _evaluating(f"the rules of segment {segment.index} {AXES[axis]}"):
+        rebuilt = axis_tiles(graph, segment.first, segment.stop, axis, len(tiles))
     first_of_class: dict[int, tuple[int, tuple]] = {}
     numbering: dict[tuple, int] = {}
-    for number, tile in enumerate(tiles):
+    for number, (tile, expected) in enumerate(zip(tiles, rebuilt, strict=True)):
         where = f"segment {segment.index} {AXES[axis]} tile {number}"
-        with _evaluating(f"the rules of {where}"):
-            expected = _cone(bounds, members, segment.inputs, segment.outputs, axis, number, len(tiles))
         _compare(tile, expected, segment, where)
         with _evaluating(f"the class key of {where}"):
-            key = class_key(tile, bounds, segment.inputs, segment.outputs, axis)
+            key = class_key(tile, graph, segment.inputs, segment.outputs, axis)
         first, first_key = first_of_class.setdefault(tile.shape_class, (number, key))
         if first_key != key:
             _fail(f"{where} shares shape_class {tile.shape_class} with tile {first}, but their generated code "
@@ -421,18 +357,17 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         _check_input(plan)
         _check_predictions(plan)
         _check_nodes(plan)
-        graph = graph_of(plan)
+        graph = Graph.of_plan(plan)
         _check_digest(plan, graph)
-        bounds = Boundaries(graph)
-        _check_tileable(plan, bounds.context)
+        _check_tileable(plan, graph)
         _check_cover(plan)
         _check_shares(plan)
         for segment in plan.segments:
-            _check_segment(segment, bounds)
-            _check_rolled(plan, segment, bounds)
+            _check_segment(segment, graph)
+            _check_rolled(plan, segment, graph)
             if segment.mode == "tiled":
                 for axis in range(2):
-                    _check_axis(segment, axis, bounds)
+                    _check_axis(segment, axis, graph)
     except _Inconsistent as error:
         raise PlanError(f"{source} is inconsistent: {error}") from None
     return plan

@@ -34,7 +34,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from tilec.errors import OutputError, TilecError
 from tilec.ir import AxisTile, Plan, Segment
-from tilec.ops import Context, plan_context
+from tilec.graph import Graph
 from tilec.planio import write_files
 from tilec.regions import Interval
 from tilec.report import node_position
@@ -104,12 +104,12 @@ def _axis_reads(tiles: Sequence[AxisTile], step: int) -> list[Interval]:
     return [tile.steps[step].reads[0].read for tile in tiles]
 
 
-def _regions_panel(axes, plan: Plan, choice: Choice, context: Context) -> None:
+def _regions_panel(axes, plan: Plan, choice: Choice, graph: Graph) -> None:
     segment, (i, j) = choice.segment, choice.tile
     node = plan.model.nodes[choice.position]
     rstep, cstep = segment.rows[i].steps[choice.step], segment.cols[j].steps[choice.step]
     source = rstep.reads[0].input
-    height, width = context.size(source, 0), context.size(source, 1)
+    height, width = graph.size(source, 0), graph.size(source, 1)
     row_reads, col_reads = _axis_reads(segment.rows, choice.step), _axis_reads(segment.cols, choice.step)
     row_bounds, col_bounds = share_bounds(row_reads, height), share_bounds(col_reads, width)
     read_rows, read_cols = tuple(row_reads[i]), tuple(col_reads[j])
@@ -171,7 +171,7 @@ class Line:
     reads: tuple[tuple[str, Interval], ...]
 
 
-def cone(plan: Plan, segment: Segment, axis: int, index: int, context: Context) -> list[Line]:
+def cone(plan: Plan, segment: Segment, axis: int, index: int, graph: Graph) -> list[Line]:
     """Axis tile ``index``'s cone: the segment's sliced inputs, then its nodes, in that order."""
     tiles = segment.rows if axis == 0 else segment.cols
     tile = tiles[index]
@@ -180,10 +180,10 @@ def cone(plan: Plan, segment: Segment, axis: int, index: int, context: Context) 
         for read in step.reads:
             reads.setdefault(read.input, []).append((step.node, read.read))
     sliced = [i.name for i in segment.inputs if i.sliced]
-    lines = [Line(name, context.size(name, axis), tuple(t.inputs[k] for t in tiles), tuple(reads.get(name, ())))
+    lines = [Line(name, graph.size(name, axis), tuple(t.inputs[k] for t in tiles), tuple(reads.get(name, ())))
              for k, name in enumerate(sliced)]
     for k, node in enumerate(plan.model.nodes[segment.first:segment.stop]):
-        lines.append(Line(node.name, context.size(node.name, axis), tuple(t.steps[k].out for t in tiles),
+        lines.append(Line(node.name, graph.size(node.name, axis), tuple(t.steps[k].out for t in tiles),
                           tuple(reads.get(node.name, ()))))
     return lines
 
@@ -257,15 +257,15 @@ def _growth_panel(axes, row_lines: list[Line], col_lines: list[Line], choice: Ch
 def draw(plan: Plan, node: str | None = None, tile: tuple[int, int] | None = None) -> Figure:
     """The figure for ``tile`` (default: the middle one) at ``node`` (default: the first tiled node)."""
     choice = pick(plan, node, tile)
-    context = plan_context(plan)
+    graph = Graph.of_plan(plan)
     segment, (i, j) = choice.segment, choice.tile
-    row_lines, col_lines = cone(plan, segment, 0, i, context), cone(plan, segment, 1, j, context)
+    row_lines, col_lines = cone(plan, segment, 0, i, graph), cone(plan, segment, 1, j, graph)
     first_node = len(row_lines) - (segment.stop - segment.first)
     cone_height = max(4.0, 0.16 * len(row_lines))
     figure = Figure(figsize=(15, 6.5 + cone_height), layout="constrained")
     grid = figure.add_gridspec(2, 2, height_ratios=(6.5, cone_height), width_ratios=(1.1, 1))
     chosen = plan.model.nodes[choice.position].name
-    _regions_panel(figure.add_subplot(grid[0, 0]), plan, choice, context)
+    _regions_panel(figure.add_subplot(grid[0, 0]), plan, choice, graph)
     _growth_panel(figure.add_subplot(grid[0, 1]), row_lines, col_lines, choice, first_node)
     rows_axes = figure.add_subplot(grid[1, 0])
     _cone_panel(rows_axes, row_lines, i, 0, chosen)

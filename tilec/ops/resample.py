@@ -1,4 +1,4 @@
-"""Index maps of upsampling, read off PyTorch's own kernels.
+"""Upsampling, and its index maps read off PyTorch's own kernels.
 
 ``resample_map(node, axis, in_size, out_size)`` runs the node's upsampling op on a 1-D probe
 (``arange(in_size)`` in float64 along one axis, size 1 along the other) with the node's own
@@ -14,7 +14,10 @@ from functools import lru_cache
 
 import torch
 
-from tilec.ir import NodeSpec
+from tilec.graph import Shapes
+from tilec.ir import AxisStep, NodeSpec
+from tilec.ops.base import Need, Op, fail
+from tilec.regions import Interval
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,43 @@ def resample_map(node: NodeSpec, axis: int, in_size: int, out_size: int) -> Resa
     size, rest = _probe_args(node, axis, in_size, out_size)
     frozen = tuple(tuple(v) if isinstance(v, list) else v for v in rest)
     return _map(node.target, (None if size is None else tuple(size), frozen), axis, in_size, out_size)
+
+
+class Upsample(Op):
+    """Nearest, nearest-exact and bilinear upsampling: each output reads the inputs PyTorch's own
+    index map gives it (``resample_map``), local to the tile."""
+
+    vectorised = False
+    saves = "nothing"
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        if shapes.spatial(shapes.sliced_inputs(node)[0]) != (2, 3) or len(node.shape) != 4:
+            fail(node, "upsampling needs an NCHW input")
+        return None
+
+    def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
+        source = node.inputs[0]
+        if not out.length:
+            return [Need(source, Interval(0, 0), False)]
+        mapping = resample_map(node, axis, shapes.size(source, axis), node.shape[2 + axis])
+        return [Need(source, Interval(*mapping.reads(out.start, out.stop)), False)]
+
+    def extras(self, node: NodeSpec, step: AxisStep, axis: int, shapes: Shapes):
+        """Local ``(low, high, frac)`` index maps of upsampling over the tile's output."""
+        if step.out.length == 0:
+            return None
+        source = node.inputs[0]
+        mapping = resample_map(node, axis, shapes.size(source, axis), node.shape[2 + axis])
+        start, stop, base = step.out.start, step.out.stop, step.reads[0].read.start
+        low = tuple(i - base for i in mapping.low[start:stop])
+        high = tuple(i - base for i in mapping.high[start:stop])
+        return low, high, None if mapping.frac is None else mapping.frac[start:stop]
+
+    def emit(self, node: NodeSpec, tile) -> str:
+        low_r, high_r, frac_r = self.extras(node, tile.row, 0, tile.shapes)
+        low_c, high_c, frac_c = self.extras(node, tile.col, 1, tile.shapes)
+        source = tile.read(node.inputs[0])
+        if frac_r is None:
+            return f"gather({source}, {tile.constant(low_r)}, {tile.constant(low_c)})"
+        names = [tile.constant(v) for v in (low_r, high_r, frac_r, low_c, high_c, frac_c)]
+        return f"lerp({source}, {', '.join(names)})"

@@ -1,0 +1,78 @@
+"""``AxisArrays``: one axis of the tiles of a run of nodes, as ``[tile, node]`` arrays of lengths,
+what the cost model sizes a tile's tensors by."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+
+from tilec.cone import Cone
+from tilec.graph import Graph
+from tilec.ir import AxisTile
+from tilec.ops import rule
+
+
+class AxisArrays:
+    """One axis of the tiles of a run of nodes, as ``[tile, node]`` arrays of lengths.
+
+    Columns are node positions minus ``offset``. ``out``: output length; ``padded``: length of a
+    window op's input read plus its border padding; ``copied`` / ``copies``: length of its padded
+    copy and whether the tile makes one (1 or 0, ``Op.copies``). ``reads[name]``: per input of
+    the node, ``(input, start, stop)`` of the interval read, over ``tiles`` of the arrays
+    (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles.
+    """
+
+    def __init__(self, graph: Graph, offset: int, count: int, parts: int, steps):
+        """``steps``: per node, ``(name, out start, out stop, reads)``, each read ``(input, start,
+        stop, pad before, pad after)``; arrays over the tiles."""
+        self.parts, self.offset, self.tiles = parts, offset, slice(0, parts)
+        self.out = np.zeros((parts, count), dtype=np.int64)
+        self.padded = np.zeros((parts, count), dtype=np.int64)
+        self.copied = np.zeros((parts, count), dtype=np.int64)
+        self.copies = np.zeros((parts, count), dtype=np.int64)
+        self.reads: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+        for name, start, stop, reads in steps:
+            column = graph.position[name] - offset
+            self.out[:, column] = stop - start
+            self.reads[name] = [(source, read_start, read_stop) for source, read_start, read_stop, _, _ in reads]
+            op = rule(graph.nodes[name])
+            if not op.window:
+                continue
+            _, read_start, read_stop, before, after = reads[0]
+            self.padded[:, column] = read_stop - read_start + before + after
+            if op.padded_copy:
+                copies = op.copies(before, after)
+                self.copies[:, column] = copies
+                self.copied[:, column] = read_stop - read_start + np.where(copies, before + after, 0)
+        self.sums = self.out.sum(axis=0)
+
+    @classmethod
+    def of_cone(cls, graph: Graph, found: Cone) -> AxisArrays:
+        steps = [(step.node, step.start, step.stop, step.reads) for step in found.steps]
+        return cls(graph, found.low, found.stop - found.low, found.tiles, steps)
+
+    @classmethod
+    def of_tiles(cls, graph: Graph, first: int, stop: int, tiles: Sequence[AxisTile]) -> AxisArrays:
+        """The arrays of a planned segment's axis tiles."""
+        def column(values) -> np.ndarray:
+            return np.array(list(values), dtype=np.int64)
+
+        steps = []
+        for index, name in enumerate(graph.order[first:stop]):
+            at = [tile.steps[index] for tile in tiles]
+            reads = [(read.input, column(s.reads[k].read.start for s in at), column(s.reads[k].read.stop for s in at),
+                      column(s.reads[k].pad[0] for s in at), column(s.reads[k].pad[1] for s in at))
+                     for k, read in enumerate(at[0].reads)]
+            steps.append((name, column(s.out.start for s in at), column(s.out.stop for s in at), reads))
+        return cls(graph, first, stop - first, len(tiles), steps)
+
+    def window(self, start: int, stop: int) -> AxisArrays:
+        """Tiles ``[start, stop)`` only (several grids computed together, then taken apart)."""
+        part = copy.copy(self)
+        part.parts, part.tiles = stop - start, slice(start, stop)
+        part.out, part.padded, part.copied, part.copies = (
+            a[start:stop] for a in (self.out, self.padded, self.copied, self.copies))
+        part.sums = part.out.sum(axis=0)
+        return part

@@ -1,0 +1,302 @@
+"""``Estimator``: FLOPs, time and peak bytes of one training step of a segmented plan.
+
+Memory convention (``Plan.predicted_peak_bytes``): bytes the step allocates above the input, the
+parameters and the final output gradient, plus the kernel state a process's first step creates
+and keeps (``Target.kernel_state`` per distinct convolution call shape; all of it is counted in
+every segment's peak, as the first segment's backward, which runs last, finds it all). The input
+is assumed not to need a gradient (images).
+
+Step timeline. Segments run in order in forward, then in reverse in backward. Every segment
+output (a boundary tensor) stays alive from its creation until the backward of its last reader;
+the gradient of a boundary tensor exists from the backward of its last reader until the backward
+of its producer. While segment ``k`` runs:
+
+* forward: the kept bytes of earlier segments + ``forward_local`` (its outputs at full size and
+  its working set);
+* backward: the kept bytes of earlier segments + ``backward_local``: the gradients of the
+  tensors crossing its stop cut and of its inputs, the model outputs produced from its first node
+  on (the caller holds them), the gradients of its own parameters and of those of later segments
+  (created by their backward, which ran first; gradients that exist before the step, as with
+  ``zero_grad(set_to_none=False)``, are not the step's), and its working set.
+
+``kept``: a tiled segment keeps its outputs until its backward; a stored segment (untiled,
+through autograd) also keeps what autograd saves for its backward, under autocast the
+lower-precision copies of its parameters too. The step's forward is assumed to run under
+autocast and its backward outside it, as PyTorch's mixed-precision recipe does. Working sets
+come from the liveness simulation (``tilec.cost.liveness``); a tile tensor's bytes are its shape
+with the image axes replaced by the tile's lengths, times the element size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from tilec.cost.arrays import AxisArrays
+from tilec.cost.facts import Facts
+from tilec.cost.liveness import COPY, KINDS, Forward, Program, program
+from tilec.graph import Graph
+from tilec.ir import AxisTile
+from tilec.target import Target
+
+
+@dataclass(frozen=True)
+class SegmentCost:
+    """What one segment choice costs; bytes are per the module docstring's timeline; ``calls``
+    and ``copied`` bytes as ``Speed`` counts them."""
+
+    forward_local: int
+    backward_local: int
+    kept: int
+    flops: int
+    flop_overhead: float
+    calls: int
+    copied: int
+    seconds: float
+    #: Bytes of kernel state its convolutions create and the process keeps (``Target.kernel_state``).
+    kernels: int = 0
+    #: Per sliced input whose gradient the tiles may roll (``Estimator.rollable``), its name and
+    #: the bytes ``backward_local`` holds less if they do: its full gradient less the band.
+    rolls: tuple[tuple[str, int], ...] = ()
+
+    def rolled(self, made: frozenset[str]) -> frozenset[str]:
+        """The inputs the tiles roll, of those tiled segments made (``Estimator.made_tiled``)."""
+        return frozenset(name for name, _ in self.rolls if name in made)
+
+
+class Estimator:
+    """Costs of segment choices for one traced graph on one target (module docstring)."""
+
+    def __init__(self, graph: Graph, target: Target, dtype: str):
+        self.graph, self.target = graph, target
+        self.facts = facts = Facts(graph, target, dtype)
+        self.speed = target.rates
+        self.full = facts.full
+        self.forward = cache(self._forward)
+        self.program = cache(self._program)
+        self.stored = cache(self._stored)
+        self.stored_forward = cache(self._stored_forward)
+        self.gradients = cache(self._gradients)
+        self.boundary = cache(self._boundary)
+        self.rollable = cache(self._rollable)
+
+    def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
+                stored: bool) -> SegmentCost:
+        """Cost of nodes ``[first, stop)``, stored, or tiled with the given axis tiles."""
+        if stored:
+            return self.stored(first, stop)
+        return self.tiled(first, stop, AxisArrays.of_tiles(self.graph, first, stop, rows),
+                          AxisArrays.of_tiles(self.graph, first, stop, cols))
+
+    def _stored(self, first: int, stop: int) -> SegmentCost:
+        facts = self.facts
+        forward, kept = self.stored_forward(first)
+        backward = self.program(first, stop, False).backward.peak(facts.scale_full[first:stop].reshape(1, -1))
+        casts = self.cast_bytes(first, stop)
+        flops = float(facts.flops[first:stop].sum() + facts.backward_flops[first:stop].sum())
+        calls = 2 * (stop - first)
+        return SegmentCost(
+            forward_local=forward[stop - first - 1] + casts,
+            backward_local=self.gradients(first, stop) + facts.later_weights[first] + backward + casts,
+            kept=kept[stop - first - 1] + casts,
+            flops=round(flops),
+            flop_overhead=0.0,
+            calls=calls,
+            copied=0,
+            seconds=self.speed.seconds(flops, calls, 0),
+            kernels=self.kernel_bytes((p, facts.stored_passes[p], None) for p in facts.convolutions
+                                      if first <= p < stop),
+        )
+
+    def _stored_forward(self, first: int) -> tuple[list[int], list[int]]:
+        """Per stop, the forward peak and the kept bytes of the stored segment ``[first, stop)``."""
+        ahead = self.forward(first, False, True)
+        alive, at = (level[0] for level in ahead.run.trace().levels(self.facts.scale_full[first:].reshape(1, -1)))
+        peaks = np.maximum.accumulate(np.concatenate([[0.0], at]))
+        return ([round(float(peaks[events])) for _, events, _, _ in ahead.marks],
+                [round(float(alive[changes])) for changes, _, _, _ in ahead.marks])
+
+    def tiled(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> SegmentCost:
+        """Cost of nodes ``[first, stop)`` tiled; ``rows`` and ``cols`` cover at least those nodes."""
+        facts, nodes = self.facts, self.facts.nodes
+        simulated = self.program(first, stop, True)
+        sizes = self._pair_bytes(simulated, rows, cols)
+        outputs, in_grad, fixed = self.boundary(first, stop)
+        tiled = float((facts.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
+                       * cols.sums[first - cols.offset:stop - cols.offset]).sum())
+        untiled = float(facts.flops[first:stop].sum())
+        halo = tiled / untiled if untiled else 1.0
+        flops = 2 * tiled + float(facts.backward_flops[first:stop].sum()) * halo
+        calls = rows.parts * cols.parts * (stop - first) * 3
+        # every tile copies its convolutions' weights: forward (once where packed), autograd re-run, backward
+        packed = self.packed_bytes(first, stop)
+        copied_weights = packed + rows.parts * cols.parts * sum(
+            (1 if nodes[p].packed else 2) * nodes[p].weight_copies + nodes[p].backward_weight_copies
+            for p in range(first, stop))
+        copied = outputs + 2 * in_grad + copied_weights
+        rollable = self.rollable(first)
+        bands = [(name, _band(rows, name, readers)) for name, readers in simulated.slices if name in rollable]
+        rolls = tuple((name, self.full[name] - self.full[name] * band // self.graph.size(name, 0))
+                      for name, band in bands if band is not None)
+        return SegmentCost(
+            forward_local=outputs + packed + simulated.forward.peak(sizes),
+            backward_local=fixed + simulated.backward.peak(sizes),
+            kept=outputs,
+            flops=round(flops),
+            flop_overhead=halo - 1,
+            calls=calls,
+            copied=copied,
+            seconds=self.speed.seconds(flops, calls, copied),
+            kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col)) for p in facts.convolutions
+                                      if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)),
+            rolls=rolls,
+        )
+
+    def _rollable(self, cut: int) -> frozenset[str]:
+        """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
+        into the tensor's own storage, band by band (``tilec.runtime.tiles.Rolled``), if a tiled
+        segment made it (``made_tiled``): those ``Graph.may_roll`` names that need one; none where
+        ranks share the tiles (``Target.shared_tiles``)."""
+        if self.target.shared_tiles:
+            return frozenset()
+        return frozenset(name for name in self.graph.may_roll(cut) if self.facts.needs_grad(self.graph.position[name]))
+
+    def made_tiled(self, cut: int, spans: Iterable[tuple[int, int, str]]) -> frozenset[str]:
+        """Of ``rollable(cut)``, the tensors made by a tiled segment of ``spans``, ``(first, stop,
+        mode)`` each (at least the segments before ``cut``): the segment starting there rolls
+        those of its ``SegmentCost.rolls``."""
+        position, tiled = self.graph.position, [(first, stop) for first, stop, mode in spans if mode == "tiled"]
+        return frozenset(name for name in self.rollable(cut) if any(a <= position[name] < b for a, b in tiled))
+
+    def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:
+        """Kernel state of convolution calls ``(position, passes, call shape)``: alike convolutions'
+        calls of one shape share their kernels."""
+        distinct = {(self.facts.kernel_key[p], passes, shape) for p, passes, shape in calls}
+        return self.target.kernel_state * sum(passes for _, passes, _ in distinct)
+
+    def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
+        """A tiled segment's output bytes, sliced inputs' gradient bytes, and backward bytes besides
+        its working set (``gradients``, and the gradients of its and later segments' parameters)."""
+        inputs = [i.name for i in self.graph.inputs_of(first, stop) if i.sliced]
+        in_grad = sum(self.full[name] for name in inputs if self.facts.needs_grad(self.graph.position[name]))
+        return self.output_bytes(first, stop), in_grad, self.gradients(first, stop) + self.facts.later_weights[first]
+
+    def local(self, cost: SegmentCost, made: frozenset[str] = frozenset()) -> int:
+        """Peak bytes while a segment runs, beyond the kept bytes of earlier segments, its tiles
+        rolling the gradients of those of its ``rolls`` that tiled segments ``made``."""
+        return max(cost.forward_local, cost.backward_local - sum(saved for name, saved in cost.rolls if name in made))
+
+    def stored_floor(self, first: int, stop: int) -> int:
+        """A lower bound of ``local`` of the segment stored, without simulating its backward."""
+        forward = self.stored_forward(first)[0][stop - first - 1] + self.cast_bytes(first, stop)
+        return max(forward, self.gradients(first, stop) + self.facts.later_weights[first])
+
+    def floor(self, first: int, stop: int) -> int:
+        """A lower bound of ``local`` of the segment tiled with any grid: all but its working set
+        and the gradients it may roll."""
+        outputs, _, fixed = self.boundary(first, stop)
+        rollable = self.rollable(first)
+        return max(outputs + self.packed_bytes(first, stop),
+                   fixed - sum(self.full[i.name] for i in self.graph.inputs_of(first, stop) if i.name in rollable))
+
+    def cast_bytes(self, first: int, stop: int) -> int:
+        """Bytes of autocast's copies of the parameters of nodes ``[first, stop)`` stored."""
+        return self.facts.casts_after[first] - self.facts.casts_after[stop]
+
+    def packed_bytes(self, first: int, stop: int) -> int:
+        """Bytes of the packed weights a tiled forward pass of nodes ``[first, stop)`` keeps."""
+        return self.facts.packed_after[first] - self.facts.packed_after[stop]
+
+    def step_peaks(self, costs: Sequence[SegmentCost], rolled: Sequence[frozenset[str]]) -> list[int]:
+        """Predicted step peak while each segment runs (forward or backward, whichever is higher),
+        with the kernel state of every segment; segment ``k`` rolls the gradients ``rolled[k]``."""
+        peaks, kept, kernels = [], 0, sum(cost.kernels for cost in costs)
+        for cost, names in zip(costs, rolled, strict=True):
+            peaks.append(kept + self.local(cost, names) + kernels)
+            kept += cost.kept
+        return peaks
+
+    def output_bytes(self, first: int, stop: int) -> int:
+        return sum(self.full[name] for name in self.graph.outputs_of(first, stop))
+
+    def _gradients(self, first: int, stop: int) -> int:
+        """Gradients alive in the segment's backward, and the model outputs held from ``first`` on."""
+        position = self.graph.position
+        names = {*self.graph.crossing(stop), *(i.name for i in self.graph.inputs_of(first, stop))}
+        grads = sum(self.full[n] for n in names if self.facts.needs_grad(position[n]) and n not in self.facts.outputs)
+        return grads + sum(self.full[n] for n in self.facts.outputs if position[n] >= first)
+
+    def _pair_bytes(self, program: Program, rows: AxisArrays, cols: AxisArrays) -> np.ndarray:
+        """Bytes of each quantity in each distinct (row tile, column tile) pair: ``[pairs, quantities]``."""
+        first, stop, count = program.first, program.stop, len(program.slices)
+        row_lengths, row_flags = _classes(program, rows)
+        col_lengths, col_flags = _classes(program, cols)
+        scale = np.concatenate([[self.full[name] / self.facts.area(name) for name, _ in program.slices],
+                                self.facts.scale_pixel[first:stop].ravel()])
+        flags = np.ones((len(row_flags), len(col_flags), count + KINDS * (stop - first)))
+        flags[:, :, count + COPY::KINDS] = np.maximum(row_flags[:, None], col_flags[None])
+        return (row_lengths[:, None] * col_lengths[None] * flags * scale).reshape(-1, len(scale))
+
+    def _forward(self, first: int, tiled: bool, autograd: bool) -> Forward:
+        end = first
+        while end < len(self.graph) and (not tiled or self.graph.nodes[self.graph.order[end]].tileable):
+            end += 1
+        return Forward(self.facts, first, end, tiled, autograd)
+
+    def _program(self, first: int, stop: int, tiled: bool) -> Program:
+        return program(self.facts, self.forward, first, stop, tiled)
+
+
+def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
+    """The distinct ``(length, padding)`` along one axis of the convolution calls at ``position``
+    over the tiles: its read padded natively, or the copy of it padded (padding 0)."""
+    column = position - arrays.offset
+    length = np.where(arrays.copies[:, column] > 0, arrays.padded[:, column], arrays.copied[:, column])
+    return set(zip(length.tolist(), (arrays.padded[:, column] - length).tolist(), strict=True))
+
+
+def _classes(program: Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
+    columns = slice(program.first - arrays.offset, program.stop - arrays.offset)
+    hulls = [_hull(arrays, name, readers) for name, readers in program.slices]
+    table = np.concatenate([np.array(hulls, dtype=np.int64).reshape(-1, arrays.parts).T, arrays.out[:, columns],
+                            arrays.padded[:, columns], arrays.copied[:, columns], arrays.copies[:, columns]], axis=1)
+    table = table[list({row.tobytes(): index for index, row in enumerate(table)}.values())]
+    count, width = len(program.slices), program.stop - program.first
+    out, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(4))
+    lengths = np.concatenate([table[:, :count], np.stack([out, padded, copied, out], axis=2)
+                              .reshape(len(table), -1)], axis=1)
+    return lengths, copies
+
+
+def _hull(arrays: AxisArrays, name: str, readers: Sequence[str]) -> np.ndarray:
+    """Length of the interval of ``name`` the tiles read (the hull of their non-empty reads)."""
+    start, stop, read = _hull_bounds(arrays, name, readers)
+    return np.where(read, stop - start, 0)
+
+
+def _hull_bounds(arrays: AxisArrays, name: str, readers: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """Per tile, the start and stop of the hull of its non-empty reads of ``name``, and whether it
+    reads any."""
+    reads = [(start, stop) for reader in readers for source, start, stop in arrays.reads[reader] if source == name]
+    if not reads:
+        empty = np.zeros(arrays.parts, dtype=np.int64)
+        return empty, empty, empty.astype(bool)
+    starts, stops = (np.array(bounds)[:, arrays.tiles] for bounds in zip(*reads, strict=True))
+    full = stops > starts
+    start, stop = np.where(full, starts, starts.max()).min(axis=0), np.where(full, stops, stops.min()).max(axis=0)
+    return start, stop, full.any(axis=0)
+
+
+def _band(rows: AxisArrays, name: str, readers: Sequence[str]) -> int | None:
+    """Rows of the band that rolls the gradient of ``name`` (``Estimator.rollable``): the tallest
+    read of a row of tiles; ``None`` where the reads' starts fall from one row to the next (the
+    band could not move on)."""
+    start, stop, read = _hull_bounds(rows, name, readers)
+    starts = start[read]
+    if not len(starts) or np.any(np.diff(starts) < 0):
+        return None
+    return int((stop - start)[read].max())

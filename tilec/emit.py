@@ -1,0 +1,181 @@
+"""Statements of generated functions: one per node, with the variables it reads and those that die.
+
+A tile function computes its shape class's nodes in order, each ``v_<node> = <expression>``
+(``Op.emit`` writes the expression through a ``TileView``: the node's reads as slices of what
+the tile holds, its border padding, its parameters, its local constants); a stored segment's
+function calls each node's aten op on whole tensors. Every statement records the variables it
+reads, so that each dies (``del``) right after its last reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilec.graph import Shapes
+from tilec.ir import INPUT, Arg, AxisStep, NodeSpec
+from tilec.ops import rule
+from tilec.regions import Interval
+
+
+def var(name: str) -> str:
+    return "x_in" if name == INPUT else f"v_{name}"
+
+
+@dataclass
+class Statement:
+    """``dst = expr``; ``uses``: the variables ``expr`` reads; ``free``: those that die after it."""
+
+    dst: str
+    expr: str
+    uses: set[str] = field(default_factory=set)
+    free: list[str] = field(default_factory=list)
+
+
+def index(ndim: int, spatial, rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> str:
+    """``[:, :, a:b, c:d]`` selecting ``rows``/``cols`` on the spatial dims (``None``: all)."""
+    parts = [":"] * ndim
+    for dim, bounds in zip(spatial, (rows, cols), strict=True):
+        if bounds is not None:
+            parts[dim] = f"{bounds[0]}:{bounds[1]}"
+    while parts and parts[-1] == ":":
+        parts.pop()
+    return f"[{', '.join(parts)}]" if parts else ""
+
+
+def local(read: Interval, base: Interval) -> tuple[int, int] | None:
+    """``read`` in the coordinates of a tile tensor covering ``base``; ``None`` if all of it."""
+    start = read.start - base.start
+    if start == 0 and read.length == base.length:
+        return None
+    return start, start + read.length
+
+
+def literal(value) -> str:
+    if isinstance(value, str) and value.startswith("torch."):
+        return value
+    if isinstance(value, float) and value != value:
+        return "float('nan')"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return f"float({str(value)!r})"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    return repr(value)
+
+
+class Constants:
+    """Module-level tuples (upsampling index maps and weights, divisors), deduplicated by value."""
+
+    def __init__(self):
+        self.names: dict[tuple, str] = {}
+
+    def name(self, values: tuple) -> str:
+        return self.names.setdefault(values, f"_K{len(self.names)}")
+
+    def items(self) -> list[tuple[str, str]]:
+        return [(name, repr(values)) for values, name in self.names.items()]
+
+
+class TileView:
+    """What ``Op.emit`` may look up while one node of one tile function is emitted: ``node``, its
+    axis steps ``row`` and ``col``, the border padding of each input (``pads``), whether it runs
+    in place (``in_place``: ``None`` no, ``False`` forward only, ``True`` backward too), and the
+    graph's ``shapes``. Every variable the expression names is recorded in ``uses``."""
+
+    def __init__(self, shapes: Shapes, slots: dict[str, int], constants: Constants,
+                 region: dict[str, tuple[Interval, Interval]]):
+        self.shapes, self.slots, self.constants, self.region = shapes, slots, constants, region
+        self.node: NodeSpec | None = None
+        self.row = self.col = None
+        self.pads: dict[str, tuple] = {}
+        self.in_place: bool | None = None
+        self.uses: set[str] = set()
+
+    def focus(self, node: NodeSpec, row: AxisStep | None, col: AxisStep | None, in_place: bool | None) -> None:
+        self.node, self.row, self.col, self.in_place, self.uses = node, row, col, in_place, set()
+        self.pads = {r.input: (r.pad, c.pad) for r, c in zip(row.reads, col.reads, strict=True)} if row else {}
+
+    def var(self, name: str) -> str:
+        self.uses.add(var(name))
+        return var(name)
+
+    def local(self, name: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """The node's read of ``name`` in the coordinates of what the tile holds of it, per axis."""
+        k = [r.input for r in self.row.reads].index(name)
+        held_r, held_c = self.region[name]
+        return local(self.row.reads[k].read, held_r), local(self.col.reads[k].read, held_c)
+
+    def index(self, ndim: int, spatial, rows, cols) -> str:
+        return index(ndim, spatial, rows, cols)
+
+    def read(self, name: str) -> str:
+        """The node's read of input ``name``: a slice of the tile's tensor where it reads less."""
+        if self.row is None:
+            return self.var(name)
+        return self.var(name) + index(len(self.shapes.shape(name)), self.shapes.spatial(name), *self.local(name))
+
+    def tensor(self, name: str) -> str:
+        return f"p[{self.slots[name]}]"
+
+    def arg(self, arg: Arg) -> str:
+        reads = set(self.pads) if self.row is not None else set()
+        if arg.kind == "node":
+            return self.read(arg.value) if arg.value in reads else self.var(arg.value)
+        if arg.kind == "nodes":
+            return "[" + ", ".join(self.read(v) if v in reads else self.var(v) for v in arg.value) + "]"
+        if arg.kind == "tensor":
+            return self.tensor(arg.value)
+        return literal(arg.value)
+
+    def call(self, node: NodeSpec, args: list[str], target: str | None = None) -> str:
+        keyed = [a if arg.keyword is None else f"{arg.keyword}={a}" for a, arg in zip(args, node.args, strict=False)]
+        keyed += args[len(node.args):]
+        return f"{target or node.target}({', '.join(keyed)})"
+
+    def constant(self, values: tuple) -> str:
+        return self.constants.name(values)
+
+    def padded(self, name: str, value: str, native_limit=None) -> tuple[str, tuple[int, int]]:
+        """The read of ``name`` with its asymmetric border padding applied in the arena; the padding
+        left for the op itself to apply (symmetric, within ``native_limit`` per axis)."""
+        source = self.read(name)
+        (rb, ra), (cb, ca) = self.pads[name]
+        native, explicit = [], [0, 0, 0, 0]
+        for axis, (before, after) in enumerate(((rb, ra), (cb, ca))):
+            if before == after and (native_limit is None or before <= native_limit[axis]):
+                native.append(before)
+            else:
+                native.append(0)
+                explicit[2 - 2 * axis: 4 - 2 * axis] = [before, after]
+        if any(explicit):
+            source = f"pad_border(arena, {source}, {tuple(explicit)!r}, {value})"
+        return source, tuple(native)
+
+    def statement(self, node: NodeSpec, row: AxisStep, col: AxisStep, in_place: bool | None) -> Statement:
+        """The statement computing ``node`` in one tile (an empty tensor where the tile computes none)."""
+        self.focus(node, row, col, in_place)
+        if row.out.length == 0 or col.out.length == 0:
+            shape = list(node.shape)
+            shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
+            return Statement(var(node.name), f"xs[0].new_empty({tuple(shape)!r})")
+        expr = rule(node).emit(node, self)
+        return Statement(var(node.name), expr, self.uses)
+
+    def whole(self, node: NodeSpec, args: list[str] | None = None, expr: str | None = None) -> Statement:
+        """A stored segment's statement: ``node``'s aten call on whole tensors (``args`` replacing
+        its arguments' expressions, or ``expr`` the whole expression)."""
+        self.focus(node, None, None, None)
+        args = [self.arg(a) for a in node.args] if args is None else args
+        return Statement(var(node.name), expr if expr is not None else self.call(node, args), self.uses)
+
+
+def free(statements: list[Statement], keep: set[str]) -> None:
+    """Attach ``del`` lists: each variable dies after the statement that reads it last."""
+    last: dict[str, int] = {}
+    for position, statement in enumerate(statements):
+        for name in statement.uses:
+            last[name] = position
+    for name, position in last.items():
+        if name not in keep:
+            statements[position].free.append(name)
+    for statement in statements:
+        statement.free.sort()

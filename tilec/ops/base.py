@@ -1,0 +1,158 @@
+"""``Op``: everything tilec knows about one op family, in one object.
+
+A rule object answers, for a node of its op (a ``NodeSpec``) and the graph's shapes:
+
+* ``layout``: the dims of the output's image axes (``tilec.trace``);
+* ``check``: why the node cannot run tile by tile: ``None`` (it can), ``"nonlocal"`` (it reads
+  the whole map and runs untiled), or a one-line ``UnsupportedLayerError``;
+* ``need``: the halo rule. For an output interval ``out`` on one axis, the *unclipped* interval
+  it needs of each sliced input, and whether clipping that interval means border padding the
+  tile applies (conv, pooling, constant pad) or simply nothing to read. Rules are 1-D; the 2-D
+  problem is the product of the row and the column problem. ``vectorised`` rules take arrays
+  of interval bounds, every tile at once;
+* ``output_size``: the size on one axis its rule implies from its input (validation);
+* ``extras``: the hashable local constants a tile's code depends on beyond lengths and pads
+  (tiles with equal extras share code);
+* ``emit``: the expression a tile function computes it with (``tilec.codegen``'s view);
+* ``flops``, ``backward_factor`` and the memory attributes below: the cost model.
+
+Intervals are half-open ``[start, stop)`` in the coordinates of the full (untiled) tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilec.errors import UnsupportedLayerError
+from tilec.graph import Shapes
+from tilec.ir import AxisStep, NodeSpec
+from tilec.regions import Interval
+
+
+@dataclass(frozen=True)
+class Need:
+    """What ``out`` needs of one sliced input on one axis. ``pads``: the clipped part of
+    ``interval`` is border padding the tile applies (else it just does not exist)."""
+
+    input: str
+    interval: Interval
+    pads: bool
+
+
+def const(node: NodeSpec, index: int, default=None):
+    """Positional constant ``index`` of ``node`` (``default`` when the call left it out)."""
+    return node.args[index].value if index < len(node.args) else default
+
+
+def pair(value) -> tuple[int, int]:
+    """An int or a one- or two-element sequence as ``(rows, cols)``."""
+    if isinstance(value, int | float):
+        return int(value), int(value)
+    values = tuple(int(v) for v in value)
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def dim(value: int, ndim: int) -> int:
+    """A possibly negative dim as a non-negative one."""
+    return value + ndim if value < 0 else value
+
+
+def fail(node: NodeSpec, why: str):
+    """Refuse ``node`` with one line naming its op and the module it came from."""
+    where = f"module {node.path} ({node.module_type})" if node.path else f"the model's forward ({node.module_type})"
+    raise UnsupportedLayerError(f"op aten.{node.op} from {where} is not supported: {why}")
+
+
+class Op:
+    """An op family's rules; subclasses override what differs. Instances are registered by the
+    aten op names they cover (``tilec.ops.RULES``)."""
+
+    #: Maps each position to itself (activations, arithmetic, channel ops).
+    pixel = False
+    #: ``need`` takes arrays of interval bounds (every tile at once); else tile by tile.
+    vectorised = True
+    #: The result aliases its input: no bytes of its own.
+    view = False
+    #: The backward hands its output gradient (or views of it) to its inputs, allocating nothing.
+    pass_through = False
+    #: What autograd keeps for the backward: ``"nothing"``, ``"input"`` (the first), ``"inputs"``
+    #: or ``"output"``.
+    saves = "input"
+    #: A convolution: weight copies, kernel state and workspace in the cost model.
+    convolution = False
+    #: Reads a window of its input: its input gradient covers the padded read.
+    window = False
+    #: A border tile feeds it a padded copy of its input (``tilec.codegen``).
+    padded_copy = False
+    #: It makes indices for its backward (max pooling).
+    keeps_indices = False
+    #: Autocast casts its parameters to its lower precision.
+    casts_parameters = False
+    #: Its channels-last backward takes a temporary the size of its input.
+    channels_last_backward_copy = False
+    #: Forward FLOPs per output element (``flops`` may compute them from the node instead).
+    flop_count = 1
+    #: Backward FLOPs as a multiple of forward.
+    backward_factor = 1
+    #: The aten overload a tile runs it in place with, and the runtime function that
+    #: back-propagates it in place (``tilec.ops.in_place``).
+    in_place: str | None = None
+    in_place_grad: str | None = None
+    #: Its result is a fresh tensor its backward does not read: overwriting it is invisible to autograd.
+    fresh_result = False
+    #: Its backward hands its input a fresh gradient that nothing else reads.
+    fresh_gradient = False
+    #: Its result changes from one run to the next (never recomputed).
+    random = False
+    #: Index of the argument that switches it between training and eval behaviour.
+    training_flag: int | None = None
+
+    def __init__(self, *names: str, **attributes):
+        self.names = names
+        for key, value in attributes.items():
+            if not hasattr(type(self), key):
+                raise TypeError(f"{type(self).__name__} has no attribute {key!r}")
+            setattr(self, key, value)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}{self.names!r}"
+
+    def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+        """Dims of the output's image axes (``node.spatial`` is not set yet)."""
+        return (2, 3) if len(node.shape) == 4 else None
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        """Why ``node`` (which reads an image) cannot run tile by tile (module docstring)."""
+        fail(node, "tilec has no tiling rule for it")
+
+    def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
+        raise NotImplementedError(f"{self!r} has no halo rule")
+
+    def output_size(self, node: NodeSpec, axis: int, shapes: Shapes) -> int | None:
+        """The size on ``axis`` the rule implies from the input, or ``None`` where it is free."""
+        return None
+
+    def extras(self, node: NodeSpec, step: AxisStep, axis: int, shapes: Shapes):
+        """The hashable local constants of ``node`` in one axis step (``None`` for most ops)."""
+        return None
+
+    def emit(self, node: NodeSpec, tile) -> str:
+        """The expression one tile computes ``node`` with (``tile``: ``tilec.codegen.TileView``)."""
+        args = [tile.arg(a) for a in node.args]
+        if tile.in_place is not None:
+            if tile.in_place:
+                return f"in_place({', '.join([args[0], self.in_place, self.in_place_grad, *args[1:]])})"
+            return tile.call(node, args, self.in_place)
+        return tile.call(node, args)
+
+    def flops(self, node: NodeSpec, shapes: Shapes) -> float:
+        """Forward FLOPs per output element."""
+        return self.flop_count
+
+
+class Whole(Op):
+    """Ops that read the whole map (global and adaptive pooling, flatten, group norm...): they and
+    what is computed only from their results run untiled."""
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return "nonlocal"

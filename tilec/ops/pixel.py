@@ -1,0 +1,233 @@
+"""Per-pixel ops: everything that maps a position to itself.
+
+Activations, eval-mode BatchNorm and Dropout, elementwise arithmetic, channel concat / chunk /
+shuffle, the channels-last LayerNorm / Linear pair and permutes, and reductions over channels.
+An output interval needs the same interval of every sliced input. Some of them read the whole
+map in other uses (a mean over H and W, a Linear after flatten): their ``check`` says so.
+"""
+
+from __future__ import annotations
+
+from tilec.graph import Shapes
+from tilec.ir import NodeSpec
+from tilec.ops.base import Need, Op, const, dim, fail
+from tilec.regions import Interval
+
+
+class Pixel(Op):
+    pixel = True
+
+    def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+        images = [name for name in node.inputs if shapes.spatial(name) is not None]
+        if not images:
+            return super().layout(node, shapes)
+        rows, cols = shapes.spatial(images[0])
+        return self.image_layout(node, shapes, images[0], rows, cols)
+
+    def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
+        """The layout of an output computed from image ``source`` with image axes ``rows, cols``."""
+        return (rows, cols) if len(node.shape) == len(shapes.shape(source)) else None
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        images = shapes.sliced_inputs(node)
+        layout = shapes.spatial(images[0])
+        if len(images) > 1 and any(shapes.spatial(name) != layout for name in images):
+            fail(node, "its inputs hold the image axes in different dims")
+        for name in images:
+            if tuple(shapes.shape(name)[d] for d in layout) != tuple(node.shape[d] for d in node.spatial or ()):
+                fail(node, "it broadcasts one image over another of a different size")
+        return None
+
+    def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
+        return [Need(name, out, False) for name in shapes.sliced_inputs(node)]
+
+
+class BatchNorm(Pixel):
+    """``batch_norm`` with running statistics (eval mode); ``_native_batch_norm_legit_no_training``."""
+
+    fresh_result = True
+    channels_last_backward_copy = True
+    flop_count = 5
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        if node.op == "batch_norm" and const(node, 5, False):
+            fail(node, "BatchNorm with batch statistics (training mode, or track_running_stats=False) needs "
+                       "statistics of the whole image; call .eval() on the BatchNorm modules (exact training-mode "
+                       "BatchNorm is not supported yet)")
+        return super().check(node, shapes)
+
+
+class Dropout(Pixel):
+    """Dropout in eval mode is the identity; in training mode it draws a mask over the whole image."""
+
+    view = True
+    pass_through = True
+    saves = "nothing"
+    random = True
+    training_flag = 2
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        if const(node, 2, False) and const(node, 1, 0):
+            fail(node, "Dropout in training mode draws a mask over the whole image; call .eval() on it")
+        return super().check(node, shapes)
+
+
+def reduced_dims(node: NodeSpec, ndim: int) -> set[int]:
+    """The dims a ``mean`` / ``sum`` / ``amax``... reduces (all of them without a dim argument)."""
+    dims = const(node, 1, None)
+    if dims is None:
+        return set(range(ndim))
+    dims = (dims,) if isinstance(dims, int) else dims
+    return {dim(d, ndim) for d in dims}
+
+
+class ChannelReduction(Pixel):
+    """``mean`` / ``sum`` / ``amax`` over dims other than the image axes (channels)."""
+
+    def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
+        ndim = len(shapes.shape(source))
+        if len(node.args) > 2 and not node.args[2].value and node.args[1].value is not None:
+            removed = reduced_dims(node, ndim)
+            if removed & {rows, cols}:
+                return None
+            return tuple(d - sum(r < d for r in removed) for d in (rows, cols))
+        return super().image_layout(node, shapes, source, rows, cols)
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        source = shapes.sliced_inputs(node)[0]
+        if len(node.args) < 2 or reduced_dims(node, len(shapes.shape(source))) & set(shapes.spatial(source)):
+            return "nonlocal"
+        return super().check(node, shapes)
+
+
+class Softmax(Pixel):
+    """``softmax`` / ``log_softmax`` along the channels."""
+
+    saves = "output"
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        source = shapes.sliced_inputs(node)[0]
+        if dim(const(node, 1, 0), len(shapes.shape(source))) in shapes.spatial(source):
+            return "nonlocal"
+        return super().check(node, shapes)
+
+
+class Reshape(Pixel):
+    """``view`` / ``reshape`` of the dims before the image axes (channel shuffles)."""
+
+    view = True
+    pass_through = True
+    saves = "nothing"
+
+    def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
+        source_shape, ndim, shape = shapes.shape(source), len(shapes.shape(source)), node.shape
+        if (rows, cols) == (ndim - 2, ndim - 1) and len(shape) >= 3 and shape[-2:] == source_shape[-2:]:
+            return len(shape) - 2, len(shape) - 1
+        return None
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        source = shapes.sliced_inputs(node)[0]
+        layout, source_shape, ndim = shapes.spatial(source), shapes.shape(source), len(shapes.shape(source))
+        if layout != (ndim - 2, ndim - 1) or node.shape[-2:] != source_shape[-2:] or node.shape[0] != source_shape[0]:
+            return "nonlocal"
+        return super().check(node, shapes)
+
+    def emit(self, node: NodeSpec, tile) -> str:
+        shape = list(node.shape)
+        shape[node.spatial[0]], shape[node.spatial[1]] = tile.row.out.length, tile.col.out.length
+        return tile.call(node, [tile.read(node.inputs[0]), repr(shape)])
+
+
+class Move(Pixel):
+    """``permute`` / ``transpose`` keeping rows before columns (channels-last blocks). One that swaps
+    rows and columns is no layout tile rules can follow: it runs untiled."""
+
+    view = True
+    pass_through = True
+    saves = "nothing"
+
+    def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
+        ndim = len(shapes.shape(source))
+        if node.op == "permute":
+            order = [d % ndim for d in node.args[1].value]
+            moved = order.index(rows), order.index(cols)
+        else:
+            a, b = (d % ndim for d in (node.args[1].value, node.args[2].value))
+            swap = {a: b, b: a}
+            moved = swap.get(rows, rows), swap.get(cols, cols)
+        return moved if moved[0] < moved[1] else None
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        if node.spatial is None:
+            return "nonlocal"
+        return super().check(node, shapes)
+
+
+class LayerNorm(Pixel):
+    """``layer_norm`` over trailing dims that are not image axes (channels-last)."""
+
+    flop_count = 5
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        source = shapes.sliced_inputs(node)[0]
+        ndim = len(shapes.shape(source))
+        if set(range(ndim - len(const(node, 1, ())), ndim)) & set(shapes.spatial(source)):
+            return "nonlocal"
+        return super().check(node, shapes)
+
+
+class Linear(Pixel):
+    """``linear`` over a last dim that is not an image axis (channels-last)."""
+
+    casts_parameters = True
+    backward_factor = 2
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        source = shapes.sliced_inputs(node)[0]
+        if len(shapes.shape(source)) - 1 in shapes.spatial(source):
+            return "nonlocal"
+        return super().check(node, shapes)
+
+    def flops(self, node: NodeSpec, shapes: Shapes) -> float:
+        return 2 * shapes.tensor_shapes[node.args[1].value][1]
+
+
+class Channels(Pixel):
+    """``cat`` / ``chunk`` / ``split`` along channels (``dim_arg``: the argument holding the dim)."""
+
+    def __init__(self, *names: str, dim_arg: int, **attributes):
+        super().__init__(*names, **attributes)
+        self.dim_arg = dim_arg
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        source = shapes.sliced_inputs(node)[0]
+        if dim(const(node, self.dim_arg, 0), len(shapes.shape(source))) in shapes.spatial(source):
+            fail(node, "concatenating or splitting along an image axis is not supported")
+        return super().check(node, shapes)
+
+
+class Squeeze(Pixel):
+    """``squeeze`` / ``unsqueeze`` of an image: runs untiled."""
+
+    view = True
+    pass_through = True
+    saves = "nothing"
+
+    def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
+        return None
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return "nonlocal"
+
+
+class GetItem(Pixel):
+    """``getitem`` of an op's list result (chunks, splits): the element, cropped to the tile's read."""
+
+    view = True
+    pass_through = True
+    saves = "nothing"
+
+    def emit(self, node: NodeSpec, tile) -> str:
+        source = node.args[0].value
+        rows, cols = tile.local(source)
+        return f"{tile.var(source)}[{node.args[1].value}]{tile.index(len(node.shape), node.spatial, rows, cols)}"

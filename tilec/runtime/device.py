@@ -1,0 +1,65 @@
+"""What a tile's kernels are on each device: one table, ``kernels_for``.
+
+On the CPU, tiles carve their tensors from a reused arena, convolve float32 through oneDNN's
+convolution-into with weights packed once per forward pass, may compute a convolution's weight
+gradient as matrix products (raced against the library's on the device: ``gemm_min_channels``),
+and the process pins glibc's mmap threshold. Every other device (CUDA among them) runs the
+*generic* path: aten's kernels on fresh tensors, which its caching allocator reuses. The
+generic path can be forced on the CPU (``TiledModel(model, kernels="generic")``).
+The cost model asks the same table what a plan's tiles will run.
+"""
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+#: oneDNN's convolution adding into a given tensor, and its reorder of a convolution weight into
+#: its blocked layout, where this build of torch has them.
+CONVOLVE_INTO = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise_", None)
+PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_convolution_weight", None)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels of a device's tiles.
+
+    ``arena``: tiles carve their own tensors (input copies, padding, convolution and pooling
+    results) from one reused buffer. ``onednn``: float32 convolutions outside autocast run
+    oneDNN's convolution-into the arena, weights packed in forward. ``gemm_min_channels``: from
+    how many input channels a stride-1 convolution's weight gradient is matrix products
+    (``None``: never). ``pin_allocator``: pin glibc's mmap threshold (``tilec.runtime.memory``).
+    """
+
+    arena: bool
+    onednn: bool
+    gemm_min_channels: int | None
+    pin_allocator: bool
+
+
+#: Aten's kernels on fresh tensors: CUDA and every device but the CPU.
+GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False)
+
+
+def kernels_for(device_type, gemm_min_channels, generic=False):
+    """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
+    race chose ``gemm_min_channels``; ``generic`` forces ``GENERIC``."""
+    if generic or device_type != "cpu":
+        return GENERIC
+    return Kernels(arena=True, onednn=CONVOLVE_INTO is not None and PACK is not None,
+                   gemm_min_channels=gemm_min_channels, pin_allocator=sys.platform.startswith("linux"))
+
+
+def uses_onednn(kernels, dtype, autocast):
+    """Whether a tile convolution computing in ``dtype`` (a ``torch.dtype``) runs on oneDNN into
+    the arena: float32, outside ``autocast`` (which would cast it). The tensors must also be
+    channels-last, as tiles make them."""
+    return kernels.onednn and dtype == torch.float32 and not autocast
+
+
+def uses_gemm_weight_grad(kernels, dtype, groups, stride, taps, in_channels):
+    """Whether a tile convolution's weight gradient is the matrix products: float32 or float64,
+    no groups, stride 1, a kernel of more than one tap and at least ``kernels.gemm_min_channels``
+    input channels (channels-last tensors, as tiles make them)."""
+    return (kernels.gemm_min_channels is not None and dtype in (torch.float32, torch.float64) and groups == 1
+            and tuple(stride) == (1, 1) and taps > 1 and in_channels >= kernels.gemm_min_channels)

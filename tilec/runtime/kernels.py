@@ -1,0 +1,291 @@
+"""What a tile computes its ops with, beyond aten's own calls.
+
+Convolutions (oneDNN's convolution-into the arena on CPU, with the weight gradient raced against
+matrix products), max pooling into the arena, border padding, upsampling with PyTorch's index
+maps local to the tile, avg-pool divisors of border tiles, and activations in place. Each is an
+autograd function or plain aten calls: autograd derives every tile's backward.
+"""
+
+import torch
+
+from tilec.runtime.device import CONVOLVE_INTO, uses_gemm_weight_grad, uses_onednn
+
+aten = torch.ops.aten
+
+CONSTANTS = {}
+
+
+def constant(values, like, dtype):
+    """``values`` (a module-level tuple) as a tensor on ``like``'s device, cached."""
+    key = (id(values), like.device, dtype)
+    if key not in CONSTANTS:
+        CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=like.device)
+    return CONSTANTS[key]
+
+
+def divisor(rows, cols, like):
+    """Avg-pool divisors of a border tile: the outer product of the per-axis counts."""
+    return constant(rows, like, like.dtype)[:, None] * constant(cols, like, like.dtype)[None, :]
+
+
+def gather(x, rows, cols):
+    """Nearest upsampling of a tile: PyTorch's own index maps, local to the tile."""
+    x = x.index_select(2, constant(rows, x, torch.int64))
+    return x.index_select(3, constant(cols, x, torch.int64))
+
+
+def lerp_axis(x, dim, low, high, frac):
+    weight = constant(frac, x, x.dtype).reshape([-1] + [1] * (x.dim() - 1 - dim))
+    lower = x.index_select(dim, constant(low, x, torch.int64))
+    upper = x.index_select(dim, constant(high, x, torch.int64))
+    return lower + (upper - lower) * weight
+
+
+def lerp(x, low_rows, high_rows, frac_rows, low_cols, high_cols, frac_cols):
+    """Bilinear upsampling of a tile, one axis after the other, with PyTorch's index maps."""
+    return lerp_axis(lerp_axis(x, 3, low_cols, high_cols, frac_cols), 2, low_rows, high_rows, frac_rows)
+
+
+def narrow(t, spatial, rows, cols):
+    return t.narrow(spatial[0], rows[0], rows[1] - rows[0]).narrow(spatial[1], cols[0], cols[1] - cols[0])
+
+
+def layout_of(x):
+    """The memory format of a tile tensor made from ``x``: channels-last where ``x`` is."""
+    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+class CopyIn(torch.autograd.Function):
+    """A tile's slice of a sliced input, copied channels-last into the arena (every op of the tile
+    then computes channels-last: convolution kernels read and write it without reordering); its
+    gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, x, arena):
+        return arena.take(tuple(x.shape), x.dtype, x.device, torch.channels_last).copy_(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def copy_in(arena, tile):
+    return [CopyIn.apply(t, arena) if t.dim() == 4 else t for t in tile]
+
+
+def padded_copy(arena, x, pads, value):
+    """``x`` padded with ``value`` (``pads``: left, right, top, bottom), in the arena."""
+    left, right, top, bottom = pads
+    n, c, h, w = x.shape
+    y = arena.take((n, c, h + top + bottom, w + left + right), x.dtype, x.device, layout_of(x))
+    for rows, cols in ((slice(0, top), slice(None)), (slice(top + h, None), slice(None)),
+                       (slice(top, top + h), slice(0, left)), (slice(top, top + h), slice(left + w, None))):
+        y[:, :, rows, cols].fill_(value)
+    y[:, :, top:top + h, left:left + w].copy_(x)
+    return y
+
+
+class PadBorder(torch.autograd.Function):
+    """A border tile's own share of a window op's padding, into the arena; its gradient is the
+    inner part of the output gradient."""
+
+    @staticmethod
+    def forward(ctx, x, pads, value, arena):
+        ctx.inner = pads[2], x.shape[2], pads[0], x.shape[3]
+        return padded_copy(arena, x, pads, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        top, height, left, width = ctx.inner
+        return g.narrow(2, top, height).narrow(3, left, width), None, None, None
+
+
+def pad_border(arena, x, pads, value):
+    return PadBorder.apply(x, pads, value, arena)
+
+
+def pooled(size, kernel, stride, padding, dilation):
+    """Output length of a window op (no ceil mode) along one axis."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+class MaxPool2d(torch.autograd.Function):
+    """A tile's max_pool2d, its result and indices in the arena; aten's kernels both ways."""
+
+    @staticmethod
+    def forward(ctx, x, kernel, stride, padding, dilation, arena):
+        shape = (*x.shape[:2], *(pooled(x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i])
+                                 for i in range(2)))
+        y = arena.take(shape, x.dtype, x.device, layout_of(x))
+        indices = arena.take(shape, torch.int64, x.device, layout_of(x))
+        aten.max_pool2d_with_indices.out(x, kernel, stride, padding, dilation, False, out=y, indices=indices)
+        ctx.save_for_backward(x, indices)
+        ctx.args = kernel, stride, padding, dilation
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, indices = ctx.saved_tensors
+        return (aten.max_pool2d_with_indices_backward.default(g, x, *ctx.args, False, indices),
+                None, None, None, None, None)
+
+
+def max_pool(arena, x, kernel, stride, padding, dilation):
+    return MaxPool2d.apply(x, kernel, stride, padding, dilation, arena)
+
+
+def onednn(x, w, arena):
+    """Whether a tile convolution of ``x`` by ``w`` runs on oneDNN into ``arena``: where the
+    device's kernels say so (``uses_onednn``) for a channels-last ``x`` and a ``w`` alike."""
+    return (uses_onednn(arena.kernels, x.dtype, torch.is_autocast_enabled(x.device.type)) and w.dtype == x.dtype
+            and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def convolve(arena, x, w, b, stride, padding, dilation, groups):
+    """``conv2d(x, w, b)``: where ``onednn`` says so, written into the arena by oneDNN (which
+    adds the convolution to the tensor it is given: the bias, broadcast) with ``w`` as the arena
+    gives it (``Arena.packed``); elsewhere aten's ``conv2d``."""
+    if not onednn(x, w, arena):
+        return aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
+    shape = (x.shape[0], w.shape[0], *(pooled(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
+                                       for i in range(2)))
+    y = arena.take(shape, x.dtype, x.device, torch.channels_last)
+    if b is None:
+        y.zero_()
+    else:
+        y.copy_(b.view(1, -1, 1, 1).expand(shape))
+    if y.numel() == 0:
+        return y
+    # dilating an axis of one tap changes nothing, but oneDNN crashes on some (a 1x1 kernel
+    # dilated 2, an input 1 wide, padding, stride 2 or more)
+    dilation = [1 if w.shape[2 + i] == 1 else dilation[i] for i in range(2)]
+    mark = arena.top
+    CONVOLVE_INTO.binary(y, x, arena.packed(w, x, stride, padding, dilation, groups), None, list(padding),
+                         list(stride), list(dilation), groups, "add", 1.0, None, [], None)
+    arena.top = mark
+    return y
+
+
+def gemm_weight_grad(x, w, stride, groups, arena):
+    """Whether ``weight_grad`` computes this convolution's weight gradient: where the device's
+    kernels say so (``uses_gemm_weight_grad``) for a channels-last ``x``. On some CPUs oneDNN's own
+    channels-last weight gradient takes 1.5-3x as long there, on others half as long: the plan's
+    race says which."""
+    return (uses_gemm_weight_grad(arena.kernels, x.dtype, groups, stride, w.shape[2] * w.shape[3], w.shape[1])
+            and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def weight_grad(g, x, kernel, dilation, arena):
+    """Weight gradient of a stride-1 convolution of the channels-last, already padded ``x`` whose
+    output gradient is ``g``: one matrix product per kernel tap. Flattened to (pixel, channel)
+    rows, tap (a, b) pairs output pixel q with input pixel q + a * dilation * padded width +
+    b * dilation when ``g`` is padded with zeros to the input's height and width: each tap is one
+    contiguous slice of ``x``'s rows, and the padding rows contribute nothing. The padded
+    gradient and the taps are scratch on top of ``arena`` (the caller releases them); the result
+    is a view of the taps in the weight's shape."""
+    n, channels, height, width = x.shape
+    out, g_height, g_width = g.shape[1:]
+    rows = arena.take((n, height, width, out), g.dtype, g.device)  # zeroing only the padding, not all of it
+    rows[:, g_height:].zero_()
+    rows[:, :g_height, g_width:].zero_()
+    rows[:, :g_height, :g_width].copy_(g.permute(0, 2, 3, 1))
+    rows = rows.view(-1, out)
+    pixels = x.permute(0, 2, 3, 1).reshape(-1, channels)
+    (kh, kw), (dh, dw) = kernel, dilation
+    length = rows.shape[0] - (kh - 1) * dh * width - (kw - 1) * dw
+    taps = arena.take((kh, kw, out, channels), g.dtype, g.device)
+    for a in range(kh):
+        for b in range(kw):
+            start = a * dh * width + b * dw
+            torch.mm(rows[:length].T, pixels[start:start + length], out=taps[a, b])
+    return taps.permute(2, 3, 0, 1)
+
+
+class Conv2d(torch.autograd.Function):
+    """A tile's conv2d (``convolve``); its input and bias gradients from aten, its weight gradient
+    from ``weight_grad`` where ``gemm_weight_grad`` says so, else from aten too. The backward
+    runs in the dtype the forward computed in (autocast's, if it cast), which autograd casts back
+    to the inputs'. ``weight_grad``'s result is added into the weight's ``grad`` here when the
+    weight is a leaf (the tiles' parameters are), instead of being copied out of the arena for
+    autograd to add: one weight-sized allocation fewer per tile."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, stride, padding, dilation, groups, arena):
+        y = convolve(arena, x, w, b, stride, padding, dilation, groups)
+        ctx.save_for_backward(x, w)
+        ctx.args = stride, padding, dilation, groups, b is not None
+        ctx.arena = arena
+        ctx.leaf = w if w.is_leaf else None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, w = (t.to(g.dtype) for t in ctx.saved_tensors)
+        stride, padding, dilation, groups, bias = ctx.args
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        arena, mark = ctx.arena, ctx.arena.top
+        gemm = need_w and gemm_weight_grad(x, w, stride, groups, arena)
+        weight = arena.channels_last(w) if onednn(x, w, arena) else w
+        # oneDNN computes a bias gradient together with the weight gradient: not on the GEMM path
+        gx, gw, gb = aten.convolution_backward.default(
+            g, x, weight, [w.shape[0]] if bias else None, stride, padding, dilation, False, [0, 0], groups,
+            [need_x, need_w and not gemm, need_b and not gemm])
+        arena.top = mark
+        if gemm:
+            if any(padding):
+                x = padded_copy(arena, x, (padding[1], padding[1], padding[0], padding[0]), 0.0)
+            gw = weight_grad(g, x, w.shape[2:], dilation, arena)
+            gb = g.sum((0, 2, 3)) if need_b else None
+            leaf = ctx.leaf
+            if leaf is None or leaf.dtype != gw.dtype:
+                gw = gw.contiguous()
+            elif leaf.grad is None:
+                leaf.grad, gw = gw.contiguous(), None
+            else:
+                leaf.grad.add_(gw)
+                gw = None
+        arena.top = mark
+        return gx, gw, gb, None, None, None, None, None
+
+
+conv2d = Conv2d.apply
+
+
+class InPlace(torch.autograd.Function):
+    """``op(x, *args)`` computed in place on ``x``, and back-propagated in place: ``grad(g, y,
+    *args)`` overwrites the output gradient ``g`` with the input gradient, from the result
+    ``y``. For a tile's activation whose one reader hands it a fresh gradient that nothing else
+    reads (a convolution's or a pooling's): one gradient-sized allocation fewer per activation."""
+
+    @staticmethod
+    def forward(ctx, x, op, grad, *args):
+        y = op(x, *args)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(y)
+        ctx.grad, ctx.args = grad, args
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        return ctx.grad(g, y, *ctx.args), None, None, *(None for _ in ctx.args)
+
+
+in_place = InPlace.apply
+
+
+def relu_grad_(g, y):
+    return aten.threshold_backward.grad_input(g, y, 0, grad_input=g)
+
+
+def leaky_relu_grad_(g, y, slope=0.01):
+    return aten.leaky_relu_backward.grad_input(g, y, slope, True, grad_input=g)
+
+
+
+def hardtanh_grad_(g, y, low=-1.0, high=1.0):
+    return aten.hardtanh_backward.grad_input(g, y, low, high, grad_input=g)
