@@ -3,6 +3,11 @@
 The tests run thousands of tiny tensor ops. On a 2-core CI machine (or one shared with other
 jobs) intra-op threads only add synchronisation: a single thread is several times faster and
 keeps timings stable, so the whole suite uses one.
+
+Helpers shared by the test modules live in the package ``tests/support`` (``from support.zoo
+import ZOO``; pyproject's ``pythonpath``). Markers (pyproject): ``slow``, the multi-process and
+measuring subprocess tests (``pytest -m "not slow"`` is the quick loop; CI runs everything), and
+``cuda``, the tests that need a CUDA device (skipped without one).
 """
 
 import dataclasses

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils._pytree import tree_leaves
-from zoo import SHAPES, ZOO
 
 from tilec.pipeline import build
+
+from support.zoo import SHAPES, ZOO
 
 MODELS = ["resnet_head", "unet_bilinear", "unet_transposed", "convnext", "efficientnet", "densenet"]
 

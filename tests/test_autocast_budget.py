@@ -14,15 +14,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 from torch.utils._pytree import tree_leaves
-from zoo import SHAPES, ZOO
 
 import tilec.calibrate as calibration
-from tilec.calibrate import calibrate
+from tilec.calibrate import conv_workspace_of
 from tilec.cli import main
-from tilec.cost import Estimator
-from tilec.pipeline import build, plan_for
-from tilec.planner import Boundaries
+from tilec.cost.estimator import Estimator
+from tilec.graph import output_leaves
+from tilec.pipeline import build, plan_for, target_for
 from tilec.trace import trace
+
+from support.zoo import SHAPES, ZOO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,32 +32,32 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_trace_records_the_dtypes_autocast_computes_in(name):
     model = ZOO[name]()
     graph = trace(model, SHAPES[name], "cpu:bfloat16")
-    nodes = {name: graph.nodes[name]["spec"] for name in graph.graph["order"]}
-    assert graph.graph["autocast"] == "cpu:bfloat16"
+    nodes = graph.nodes
+    assert graph.autocast == "cpu:bfloat16"
     assert all(n.autocast_dtype == "bfloat16" for n in nodes.values() if n.op == "conv2d")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         outputs = tree_leaves(model(torch.randn(SHAPES[name])))
-    leaves = _leaves(graph.graph["output"])
+    leaves = output_leaves(graph.output)
     assert len(leaves) == len(outputs)
     for leaf, output in zip(leaves, outputs, strict=True):
         assert str(output.dtype).removeprefix("torch.") == (nodes[leaf].autocast_dtype or "float32")
 
 
-def _leaves(tree) -> list[str]:
-    return [tree.node] if tree.kind == "tensor" else [leaf for item in tree.items for leaf in _leaves(item)]
-
-
 def test_untraced_for_autocast_no_op_is_lowered():
     graph = trace(ZOO["resnet_head"](), SHAPES["resnet_head"])
-    assert graph.graph["autocast"] is None
-    assert all(graph.nodes[n]["spec"].autocast_dtype is None for n in graph.graph["order"])
+    assert graph.autocast is None
+    assert all(node.autocast_dtype is None for node in graph)
+
+
+def _planned(graph, **options):
+    return plan_for(graph, target_for(graph, "float32"), "m", **options)
 
 
 def test_autocast_plans_predict_fewer_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model, shape = ZOO["resnet_head"](), (1, 3, 96, 96)
-    full = plan_for(trace(model, shape), "m", grid=(2, 2))
-    mixed = plan_for(calibrate(trace(model, shape, "cpu:bfloat16")), "m", grid=(2, 2))
+    full = _planned(trace(model, shape), grid=(2, 2))
+    mixed = _planned(trace(model, shape, "cpu:bfloat16"), grid=(2, 2))
     assert mixed.autocast == "cpu:bfloat16" and mixed.conv_workspace is not None
     assert full.autocast is None and full.conv_workspace is None
     assert mixed.predicted_peak_bytes < full.predicted_peak_bytes
@@ -71,12 +72,13 @@ def test_stored_segments_keep_autocasts_parameter_copies(tmp_path, monkeypatch):
     copied = sum(m.weight.numel() + (m.bias.numel() if m.bias is not None else 0) for m in model.modules()
                  if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)) * 2
     for autocast, expected in ((None, 0), ("cpu:bfloat16", copied)):
-        graph = calibrate(trace(model, shape, autocast))
-        estimator = Estimator(Boundaries(graph), "float32")
-        nodes = len(graph.graph["order"])
+        graph = trace(model, shape, autocast)
+        target = target_for(graph, "float32")
+        estimator = Estimator(graph, target, "float32")
+        nodes = len(graph)
         assert estimator.cast_bytes(0, nodes) == expected
-        uncounted = Estimator(Boundaries(graph), "float32")
-        uncounted.casts_after = [0] * (nodes + 1)
+        uncounted = Estimator(graph, target, "float32")
+        uncounted.facts.casts_after = [0] * (nodes + 1)
         stored, without = (e.segment(0, nodes, (), (), stored=True) for e in (estimator, uncounted))
         assert stored.kept - without.kept == stored.forward_local - without.forward_local == expected
 
@@ -84,19 +86,20 @@ def test_stored_segments_keep_autocasts_parameter_copies(tmp_path, monkeypatch):
 def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     graph = trace(ZOO["resnet_head"](), SHAPES["resnet_head"], "cpu:bfloat16")
-    measured = calibrate(graph).graph["conv_workspace"]
+    measured = conv_workspace_of(graph.autocast)
     entries = json.loads((tmp_path / "tilec" / "calibration.json").read_text())
     assert list(entries.values()) == [[list(pair) for pair in measured]]
     assert all(v >= 0 and v * 4 == int(v * 4) for pair in measured for v in pair)
+    assert target_for(graph, "float32").conv_workspace == measured and target_for(graph, "float32").device == "cpu"
 
     def fail(*args):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(calibration, "conv_workspace", fail)
-    assert calibrate(graph).graph["conv_workspace"] == measured
+    assert conv_workspace_of("cpu:bfloat16") == measured
     (tmp_path / "tilec" / "calibration.json").write_text("{not json")
     monkeypatch.setattr(calibration, "conv_workspace", lambda device, dtype, last: (0.5, 1.25))
-    assert calibrate(graph).graph["conv_workspace"] == ((0.5, 1.25), (0.5, 1.25))
+    assert conv_workspace_of("cpu:bfloat16") == ((0.5, 1.25), (0.5, 1.25))
 
 
 def test_calibration_measures_an_im2col_fallback():

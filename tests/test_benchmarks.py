@@ -13,6 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STEP = ROOT / "benchmarks" / "step.py"
 
+pytestmark = pytest.mark.slow
+
 TINY_MODEL = """
 from torch import nn
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 import torch
@@ -14,10 +14,11 @@ import tilec.clock
 import tilec.pipeline
 from tilec.calibrate import measure_kernels
 from tilec.clock import clock
-from tilec.cost import GEMM_MIN_CHANNELS, REFERENCE_SPEED, Estimator, Speed
+from tilec.cost.estimator import Estimator
 from tilec.pipeline import plan_for
-from tilec.planner import Boundaries, plan
+from tilec.planner import plan
 from tilec.search import choose, smallest_budget
+from tilec.target import GEMM_MIN_CHANNELS, REFERENCE, REFERENCE_SPEED, Speed, Target
 from tilec.trace import trace
 
 
@@ -30,9 +31,68 @@ def chain() -> nn.Sequential:
 SHAPE = (1, 3, 64, 64)
 
 
-def test_measured_rates_are_plausible():
-    speed = tilec.clock.measure("cpu", "float32")
-    assert 1e8 < speed.flop_rate < 1e15 and 0 <= speed.call_seconds < 0.1 and 1e8 < speed.copy_rate < 1e13
+@pytest.fixture
+def timed(monkeypatch):
+    """``measure``'s timings replaced by those of a device running at a given ``Speed``: the copy
+    takes ``COPY_BYTES`` over its copy rate, each step the sum of its segments' ``Speed.seconds``
+    (the costs ``_tiled_module`` estimated for the modules it built), without running anything.
+    ``timed(speed)`` returns the measured speed and the rows ``(segment costs, seconds)``."""
+    built = []
+    real = tilec.clock._tiled_module
+
+    def tiled_module(*args, **kwargs):
+        module, costs = real(*args, **kwargs)
+        built.append(costs)
+        return module, costs
+
+    def run(speed: Speed, steps: list[float] | None = None):
+        built.clear()
+        rows, timings = [], iter([None, *(steps or [None, None])])
+
+        def best(step, device):
+            if not rows:  # the copy comes first
+                rows.append(None)
+                next(timings)
+                return tilec.clock.COPY_BYTES / speed.copy_rate
+            costs = built[len(rows) - 1]
+            seconds = next(timings)
+            if seconds is None:
+                seconds = sum(speed.seconds(c.flops, c.calls, c.copied) for c in costs)
+            rows.append((costs, seconds))
+            return seconds
+
+        monkeypatch.setattr(tilec.clock, "_tiled_module", tiled_module)
+        monkeypatch.setattr(tilec.clock, "_best", best)
+        measured = tilec.clock.measure("cpu", "float32")
+        return measured, rows[1:]
+
+    return run
+
+
+@pytest.mark.parametrize("speed", [Speed(2e10, 4e-5, 8e9), Speed(3e11, 0.0, 1e10), Speed(1e9, 1e-3, 1e9)])
+def test_the_rates_are_solved_from_the_two_timed_steps(timed, speed):
+    """The FLOP rate and call cost are the solution of the two timed steps' estimates (one mostly
+    FLOPs, one mostly calls): they reproduce the step times they were solved from, and a device
+    that runs at ``speed`` is measured at ``speed``."""
+    measured, rows = timed(speed)
+    assert len(rows) == 2
+    (large, _), (small, _) = rows
+    assert sum(c.calls for c in small) > 4 * sum(c.calls for c in large)  # two distinct equations
+    assert sum(c.flops for c in large) > sum(c.flops for c in small)
+    for costs, seconds in rows:
+        assert sum(measured.seconds(c.flops, c.calls, c.copied) for c in costs) == pytest.approx(seconds, rel=1e-9)
+    assert measured.flop_rate == pytest.approx(speed.flop_rate, rel=1e-9)
+    assert measured.call_seconds == pytest.approx(speed.call_seconds, rel=1e-9, abs=1e-15)
+    assert measured.copy_rate == pytest.approx(speed.copy_rate, rel=1e-12)
+
+
+def test_noisy_timings_cost_no_call_less_than_nothing(timed):
+    """Where the call-bound step ran faster than its FLOPs allow (noise), calls cost nothing and
+    the FLOP rate reproduces the FLOP-bound step alone."""
+    measured, rows = timed(Speed(1e10, 1e-4, 1e10), steps=[0.5, 1e-6])
+    (large, seconds), _ = rows
+    assert measured.call_seconds == 0.0
+    assert sum(measured.seconds(c.flops, c.calls, c.copied) for c in large) == pytest.approx(seconds, rel=1e-9)
 
 
 @pytest.fixture
@@ -69,24 +129,28 @@ def speed_keys(cache):
 
 
 def test_rates_are_measured_once_per_device_and_dtype(measured, tmp_path):
-    graph = trace(chain(), SHAPE)
-    first = clock(graph, "float32").graph["speed"]
-    assert first == Speed(1e9, 1e-4, 1e9) and clock(graph, "float32").graph["speed"] == first
-    assert clock(graph, "float64").graph["speed"] == Speed(2e9, 1e-4, 1e9)
-    assert clock(trace(chain(), SHAPE, "cpu:bfloat16"), "float32").graph["speed"] == Speed(3e9, 1e-4, 1e9)
+    first = clock(REFERENCE, "float32", None).speed
+    assert first == Speed(1e9, 1e-4, 1e9) and clock(REFERENCE, "float32", None).speed == first
+    assert clock(REFERENCE, "float64", None).speed == Speed(2e9, 1e-4, 1e9)
+    assert clock(REFERENCE, "bfloat16", "cpu:bfloat16").speed == Speed(3e9, 1e-4, 1e9)
     assert measured == [("cpu", "float32", None), ("cpu", "float64", None), ("cpu", "bfloat16", "cpu:bfloat16")]
-    assert "speed" not in graph.graph, "clock returns a copy"
+    assert REFERENCE.speed is None, "clock returns a copy"
     cache = tmp_path / "tilec" / "calibration.json"
     assert sorted(key.split(" | ")[-1] for key in speed_keys(cache)) == ["bfloat16", "float32", "float64"]
 
 
+def test_clock_keeps_the_rest_of_the_target(measured):
+    target = Target(kernel_state=123, shared_tiles=True, conv_workspace=((0.5, 1.0), (1.0, 2.0)))
+    timed = clock(target, "float32", None)
+    assert timed == replace(target, speed=Speed(1e9, 1e-4, 1e9), gemm_min_channels=64)
+
+
 def test_the_weight_gradient_is_raced_once_per_device_and_dtype(measured, raced):
-    graph = trace(chain(), SHAPE)
-    assert clock(graph, "float32").graph["gemm_min_channels"] == 64
-    clock(graph, "float32")
-    clock(graph, "float64")
+    assert clock(REFERENCE, "float32", None).gemm_min_channels == 64
+    clock(REFERENCE, "float32", None)
+    clock(REFERENCE, "float64", None)
     assert raced == [("cpu", "float32"), ("cpu", "float64")]
-    assert "gemm_min_channels" not in graph.graph, "clock returns a copy"
+    assert REFERENCE.gemm_min_channels == GEMM_MIN_CHANNELS, "clock returns a copy"
 
 
 @pytest.mark.parametrize(("wins", "fewest"), [((True,) * 5, 32), ((False, True, False, True, True), 256),
@@ -116,36 +180,34 @@ def test_no_race_where_matrix_products_do_not_serve(monkeypatch):
 @pytest.mark.parametrize("entry", ["{not json", '{"KEY": [1.0, 0.001]}', '{"KEY": [-1.0, 0.001, 1.0]}',
                                    '{"KEY": [1.0, "x", 1.0]}'])
 def test_a_malformed_cache_entry_is_measured_again(measured, tmp_path, entry):
-    graph = trace(chain(), SHAPE)
-    clock(graph, "float32")
+    clock(REFERENCE, "float32", None)
     cache = tmp_path / "tilec" / "calibration.json"
     key, = speed_keys(cache)
     cache.write_text(entry.replace("KEY", key))
-    assert clock(graph, "float32").graph["speed"] == Speed(2e9, 1e-4, 1e9) and len(measured) == 2
+    assert clock(REFERENCE, "float32", None).speed == Speed(2e9, 1e-4, 1e9) and len(measured) == 2
 
 
 def test_budget_plans_record_the_rates_they_were_ranked_by(measured, monkeypatch):
     monkeypatch.setattr(tilec.pipeline, "clock", clock)
     graph = trace(chain(), SHAPE)
-    budgeted = plan_for(graph, "m", memory_budget=2 * smallest_budget(graph))
+    budgeted = plan_for(graph, REFERENCE, "m", memory_budget=2 * smallest_budget(graph, REFERENCE))
     assert budgeted.speed == (1e9, 1e-4, 1e9) and budgeted.gemm_min_channels == 64
-    gridded = plan_for(graph, "m", grid=(2, 2))
+    gridded = plan_for(graph, REFERENCE, "m", grid=(2, 2))
     assert gridded.speed is None and gridded.gemm_min_channels == GEMM_MIN_CHANNELS
 
 
 def test_the_rates_steer_the_search():
     """Where calls are dear the search takes fewer tiles; where FLOPs are, fewer halo FLOPs."""
     graph = trace(chain(), SHAPE)
-    low, high = smallest_budget(graph), plan(graph, name="m", grid=(1, 1)).predicted_peak_bytes
+    low, high = smallest_budget(graph, REFERENCE), plan(graph, name="m", grid=(1, 1)).predicted_peak_bytes
     differs = False
     for budget in (low + (high - low) * k // 6 for k in range(7)):
         picked = []
         for speed in (Speed(1e15, 1.0, 1e15), Speed(1e6, 0.0, 1e15)):
-            timed = graph.copy()
-            timed.graph["speed"] = speed
-            chosen = choose(timed, budget)
-            planned = plan(chosen.graph, name="m", segments=chosen.segments)
-            estimator = Estimator(Boundaries(chosen.graph), "float32")
+            target = Target(speed=speed)
+            chosen = choose(graph, target, budget)
+            planned = plan(chosen.graph, target, name="m", segments=chosen.segments)
+            estimator = Estimator(chosen.graph, target, "float32")
             costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned.segments]
             tiles = sum(math.prod(s.grid) for s in planned.segments if s.mode == "tiled")
             picked.append((tiles, sum(cost.flops for cost in costs)))
@@ -157,5 +219,6 @@ def test_the_rates_steer_the_search():
 
 def test_the_suite_ranks_at_the_reference_rates():
     graph = trace(chain(), SHAPE)
-    budget = 2 * smallest_budget(measure_kernels(graph, "float32"))  # with the kernel state plan_for measures
-    assert plan_for(graph, "m", memory_budget=budget).speed == astuple(REFERENCE_SPEED)
+    measured = measure_kernels(REFERENCE, "float32")  # the kernel state plan_for measures
+    budget = 2 * smallest_budget(graph, measured)
+    assert plan_for(graph, REFERENCE, "m", memory_budget=budget).speed == astuple(REFERENCE_SPEED)

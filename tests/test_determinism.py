@@ -1,7 +1,10 @@
 """Compiling is deterministic: the same model gives byte-identical plan and module everywhere.
 
-The model is a DAG whose traced graph has fan-out, fan-in, a dict output and several segment
-inputs and outputs: everything a set or dict iteration order could leak into.
+One test per property: the same inputs twice in one process; the CLI's output files, written
+twice into two directories; fresh interpreters with other hash seeds. (That a fresh compile
+equals the committed golden files is ``test_golden.py``.) The model is a DAG whose traced graph
+has fan-out, fan-in, a dict output and several segment inputs and outputs: everything a set or
+dict iteration order could leak into.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from tilec.config import CompileConfig
 from tilec.modelfile import load_model
 from tilec.pipeline import compile_model, plan_for
 from tilec.planio import dumps
+from tilec.target import REFERENCE
 from tilec.trace import trace
+
+from support.hardening import run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = textwrap.dedent(
@@ -77,20 +83,24 @@ def test_plan_and_source_are_the_same_for_the_same_inputs(model_file):
     model, shape = load_model(model_file)
     texts = set()
     for _ in range(2):
-        the_plan = plan_for(trace(model, shape), "det", grid=(3, 4))
+        the_plan = plan_for(trace(model, shape), REFERENCE, "det", grid=(3, 4))
         texts.add((dumps(the_plan), render(the_plan)))
     assert len(texts) == 1
     # a freshly built model of the same architecture and another grid: also stable
     model, _ = load_model(model_file)
-    plans = {dumps(plan_for(trace(model, shape), "det", grid=(5, 2))) for _ in range(2)}
+    plans = {dumps(plan_for(trace(model, shape), REFERENCE, "det", grid=(5, 2))) for _ in range(2)}
     assert len(plans) == 1 and plans != {text for text, _ in texts}
 
 
-def test_twice_in_two_directories(model_file, tmp_path):
-    first = _compile_in_process(model_file, tmp_path / "a")
-    second = _compile_in_process(model_file, tmp_path / "b" / "deeper")
-    assert set(first) == {"det.plan.json", "det_tiled.py"}
-    assert first == second
+def test_the_cli_writes_the_same_files_twice_in_two_directories(model_file, tmp_path):
+    outputs = []
+    for out in (tmp_path / "a", tmp_path / "b" / "deeper"):
+        result = run(["compile", str(model_file), "--grid", "3x4", "--name", "det", "--out-dir", str(out),
+                      "--plan-dir", str(out)])
+        assert result.exit_code == 0, result.output
+        outputs.append(_files(out))
+    assert set(outputs[0]) == {"det.plan.json", "det_tiled.py"}
+    assert outputs[0] == outputs[1]
 
 
 def test_fresh_subprocesses_with_other_hash_seeds(model_file, tmp_path):

@@ -1,6 +1,6 @@
 """``tilec.distribute``: tiles shared among ranks by their FLOPs, recorded in the plan, shown by
 the CLI; the generated module follows the recorded shares (see test_distributed.py for the
-multi-process runs)."""
+multi-process runs, and test_runtime.py for ``tilec.runtime.tiles.share`` itself)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,24 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from zoo import SHAPES, ZOO
 
 from tilec.cli import main
-from tilec.codegen import render
-from tilec.distribute import distribute, share
+from tilec.codegen import load_source, render
+from tilec.distribute import distribute
 from tilec.errors import GridError, PlanError
-from tilec.pipeline import load_source, plan_for
+from tilec.pipeline import plan_for
 from tilec.planio import dumps, loads
+from tilec.target import REFERENCE
 from tilec.trace import trace
 
-
-@settings(max_examples=60, deadline=None, derandomize=True)
-@given(costs=st.lists(st.integers(0, 1000), min_size=0, max_size=40), ranks=st.integers(1, 6))
-def test_every_tile_goes_to_one_rank_and_loads_are_balanced(costs, ranks):
-    shares = share(costs, ranks)
-    assert len(shares) == ranks
-    assert sorted(i for indices in shares for i in indices) == list(range(len(costs)))
-    loads = [sum(costs[i] for i in indices) for indices in shares]
-    assert max(loads) - min(loads) <= max(costs, default=0)  # greedy, costliest first
-    assert share(costs, ranks) == shares
-
-
-def test_costlier_tiles_are_spread_not_counted():
-    assert share([10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2) == ((0,), tuple(range(1, 11)))
+from support.zoo import SHAPES, ZOO
 
 
 def _plan(ranks):
     name = "resnet_head"
     graph = trace(ZOO[name](), SHAPES[name])
-    return distribute(plan_for(graph, name, segments=[(0, 9, (2, 3)), (9, 19, (3, 1)), (19, 22, (1, 1))]), ranks)
+    segments = [(0, 9, (2, 3)), (9, 19, (3, 1)), (19, 22, (1, 1))]
+    return distribute(plan_for(graph, REFERENCE, name, segments=segments), ranks)
 
 
 def test_distribute_records_shares_and_the_busiest_rank():
@@ -75,11 +61,22 @@ def test_forged_shares_are_refused():
 def test_generated_module_uses_the_recorded_shares():
     plan = _plan(3)
     module = load_source(render(plan), "ranked")
-    assert module.PLAN_RANKS == 3
-    segments = [value for value in vars(module).values() if isinstance(value, module._Segment)]
+    assert module.PLAN.ranks == 3
+    segments = [step.run for step in module.TiledModel.steps if isinstance(step.run, module.TiledSegment)]
     recorded = [s for s in plan.segments if s.mode == "tiled"]
     assert [[segment.share(3, rank) for rank in range(3)] for segment in segments] == [
         [set(indices) for indices in s.shares] for s in recorded]
+
+
+def test_a_module_compiled_without_ranks_shares_its_tiles_as_a_plan_for_them_would():
+    """The generated module shares the tiles of a group the plan did not name by the same costs
+    and rule as ``distribute``."""
+    module = load_source(render(_plan(None)), "unranked")
+    segments = [step.run for step in module.TiledModel.steps if isinstance(step.run, module.TiledSegment)]
+    for ranks in (2, 3, 4):
+        recorded = [s for s in _plan(ranks).segments if s.mode == "tiled"]
+        assert [[segment.share(ranks, rank) for rank in range(ranks)] for segment in segments] == [
+            [set(indices) for indices in s.shares] for s in recorded]
 
 
 def test_cli_compiles_and_inspects_for_ranks(tmp_path):

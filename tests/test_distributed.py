@@ -1,25 +1,32 @@
 """Spatial parallelism and DDP on real gloo process groups: float64 results equal single-process
-untiled PyTorch's. Each test spawns its ranks (``distributed.launch``), bounded in time."""
+untiled PyTorch's. Each test spawns its ranks (``support.distributed.launch``), bounded in time."""
 
 from __future__ import annotations
 
-import distributed
-import pytest
-from exactness import TOLERANCE
-from zoo import SHAPES, ZOO
+from dataclasses import replace
 
-from tilec.calibrate import measure_kernels
+import pytest
+
+from tilec.calibrate import measure_kernels, search_device
 from tilec.codegen import render
 from tilec.distribute import distribute
-from tilec.pipeline import plan_for
+from tilec.pipeline import plan_for, target_for
 from tilec.search import smallest_budget
 from tilec.trace import trace
+
+from support import distributed
+from support.exactness import TOLERANCE
+from support.zoo import SHAPES, ZOO
+
+pytestmark = pytest.mark.slow
 
 
 def _source(tmp_path, name: str, label: str = "tiled", ranks: int | None = None, **options) -> str:
     """Render the float64 module of zoo model ``name`` into a file; return its path."""
     path = tmp_path / f"{label}.py"
-    plan = plan_for(trace(ZOO[name](), SHAPES[name]), name, dtype="float64", **options)
+    graph = trace(ZOO[name](), SHAPES[name])
+    # not planned for shared tiles: segments may roll gradients, which ranks sharing tiles must not
+    plan = plan_for(graph, target_for(graph, "float64"), name, dtype="float64", **options)
     path.write_text(render(distribute(plan, ranks)))
     return str(path)
 
@@ -52,7 +59,7 @@ SPATIAL = {
 def test_spatial_ranks_match_untiled(case, tmp_path):
     name, ranks, options = SPATIAL[case]
     if "segments" in options:
-        count = len(trace(ZOO[name](), SHAPES[name]).graph["order"])
+        count = len(trace(ZOO[name](), SHAPES[name]))
         options = {**options, "segments": [(a, count if b is None else b, g) for a, b, g in options["segments"]]}
     source = _source(tmp_path, name, **options)
     _assert_exact(_results(distributed.launch(ranks, distributed.spatial, source, name, SHAPES[name],
@@ -72,8 +79,11 @@ def test_ddp_over_tiled_models_averages_like_untiled(planning, tmp_path):
     name = "resnet_head"
     if planning == "grid":
         source = _source(tmp_path, name, grid=(2, 2))
-    else:  # the smallest feasible budget, as the budget search measures kernel state
-        budget = smallest_budget(measure_kernels(trace(ZOO[name](), SHAPES[name]), "float64"), "float64")
+    else:  # the smallest feasible budget, with the kernel state the budget search measures
+        graph = trace(ZOO[name](), SHAPES[name])
+        device, dtype = search_device(graph.autocast, "float64")
+        target = measure_kernels(replace(target_for(graph, "float64"), device=device), dtype)
+        budget = smallest_budget(graph, target, "float64")
         source = _source(tmp_path, name, memory_budget=budget)
     results = _results(distributed.launch(2, distributed.ddp, source, name, SHAPES[name], folder=tmp_path))
     _assert_exact(results)

@@ -1,8 +1,8 @@
 """The generated module refuses models, inputs and plans it was not built for, naming what differs.
 
-``check_model`` (parameters, buffers and modules), ``check_input`` (type, shape, dtype against the
-model's tensors), ``check_modes`` (eval-only modules of tiled segments) and ``check_plan`` (a plan
-JSON file) all raise ``ValueError`` with a one-line message.
+``check_model(PLAN, model)`` (parameters, buffers and modules), ``check_input(PLAN, x, tensors)``
+(type, shape, dtype against the model's tensors), ``check_modes`` (eval-only modules of tiled
+segments) and ``check_plan`` (a plan JSON file) all raise ``ValueError`` with a one-line message.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-from tilec.codegen import render
+from tilec.codegen import load_source, render
 from tilec.ir import SCHEMA_VERSION
-from tilec.pipeline import load_source, plan_for
+from tilec.pipeline import plan_for
 from tilec.planio import dumps
-from tilec.trace import nodes_in_order, trace
+from tilec.target import REFERENCE
+from tilec.trace import trace
 
 SHAPE = (1, 3, 15, 13)
 
@@ -42,7 +43,7 @@ class Net(nn.Module):
 
 
 def _plan(model=None, shape=SHAPE, **options):
-    return plan_for(trace((model or Net()).eval(), shape), "checked", **(options or {"grid": (2, 2)}))
+    return plan_for(trace((model or Net()).eval(), shape), REFERENCE, "checked", **(options or {"grid": (2, 2)}))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ class Renamed(nn.Module):
 )
 def test_mismatched_model_is_refused(generated, make_model, message):
     with pytest.raises(ValueError, match=message):
-        generated.check_model(make_model())
+        generated.check_model(generated.PLAN, make_model())
     with pytest.raises(ValueError, match=message):
         generated.TiledModel(make_model())
 
@@ -93,12 +94,12 @@ def test_missing_parameter_free_module_is_refused(generated):
     del model.pool
     model.add_module("pool2", nn.MaxPool2d(2))
     with pytest.raises(ValueError, match=r"^the model has no module 'pool' \(MaxPool2d\), which plan 'checked' uses$"):
-        generated.check_model(model)
+        generated.check_model(generated.PLAN, model)
 
 
 def test_matching_model_is_accepted(generated):
     model = Net()
-    generated.check_model(model)
+    generated.check_model(generated.PLAN, model)
     tiled = generated.TiledModel(model)
     assert tiled.model is model
     assert set(dict(tiled.named_parameters())) == {f"model.{name}" for name, _ in model.named_parameters()}
@@ -128,7 +129,7 @@ def test_matching_model_is_accepted(generated):
 def test_mismatched_input_is_refused(generated, make_input, message):
     model = Net()
     with pytest.raises(ValueError, match=message):
-        generated.check_input(make_input(), generated.model_tensors(model))
+        generated.check_input(generated.PLAN, make_input(), generated.model_tensors(generated.PLAN, model))
     with pytest.raises(ValueError, match=message):
         generated.TiledModel(model)(make_input())
 
@@ -166,7 +167,7 @@ def test_training_mode_at_forward_time_is_refused(generated, switch, message):
 
 def test_dropout_with_p_zero_may_stay_in_training_mode():
     model = nn.Sequential(nn.Conv2d(1, 1, 3), nn.Dropout(0.0), nn.ReLU())
-    generated = load_source(render(plan_for(trace(model, (1, 1, 9, 9)), "p0", grid=(2, 2))))
+    generated = load_source(render(plan_for(trace(model, (1, 1, 9, 9)), REFERENCE, "p0", grid=(2, 2))))
     x = torch.randn(1, 1, 9, 9)
     torch.testing.assert_close(generated.TiledModel(model)(x), model(x), rtol=0, atol=1e-6)
 
@@ -217,7 +218,7 @@ def test_another_plan_is_refused(generated, plan_file, change, message):
 
 
 def test_another_segmentation_is_refused(generated, tmp_path):
-    count = len(nodes_in_order(trace(Net().eval(), SHAPE)))
+    count = len(trace(Net().eval(), SHAPE))
     path = tmp_path / "other.plan.json"
     path.write_text(dumps(_plan(segments=[(0, 3, (2, 2)), (3, count, (2, 2))])), encoding="utf-8")
     with pytest.raises(ValueError, match=rf"has segments \(first, stop, grid\) \(\(0, 3, \(2, 2\)\), \(3, {count}, "
@@ -250,7 +251,7 @@ def test_check_plan_reports_a_directory(generated, tmp_path):
 def test_progress_reports_every_tile(capsys):
     model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU())
     x = torch.randn(1, 1, 9, 9, requires_grad=True)
-    generated = load_source(render(plan_for(trace(model, (1, 1, 9, 9)), "loud", grid=(2, 3))))
+    generated = load_source(render(plan_for(trace(model, (1, 1, 9, 9)), REFERENCE, "loud", grid=(2, 3))))
     generated.TiledModel(model, progress=True)(x).sum().backward()
     err = capsys.readouterr().err
     assert "tilec loud segment 0 forward: tile 6/6\n" in err

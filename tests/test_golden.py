@@ -15,12 +15,15 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from exactness import TOLERANCE
 from torch.utils._pytree import tree_flatten
 
+from tilec.codegen import load_source
+from tilec.ir import SCHEMA_VERSION
 from tilec.modelfile import load_model
-from tilec.pipeline import compile_model, load_source
+from tilec.pipeline import compile_model
 from tilec.planio import dumps, load
+
+from support.exactness import TOLERANCE
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -57,7 +60,7 @@ def test_golden_files_are_byte_identical(tmp_path):
 def test_golden_plan_describes_the_model():
     plan = load(REGEN.PLAN_FILE)
     assert dumps(plan) == REGEN.PLAN_FILE.read_text(encoding="utf-8")  # loads and dumps back unchanged
-    assert plan.schema_version == 6 and plan.name == "small" and plan.input_shape == (1, 3, 13, 11)
+    assert plan.schema_version == SCHEMA_VERSION and plan.name == "small" and plan.input_shape == (1, 3, 13, 11)
     assert [(s.first, s.stop, s.grid) for s in plan.segments] == [tuple(s) for s in REGEN.SEGMENTS]
     assert [s.mode for s in plan.segments] == ["tiled", "tiled", "stored"]
     ops = [node.op for node in plan.model.nodes]
@@ -99,6 +102,7 @@ def test_golden_module_is_an_importable_file():
     spec.loader.exec_module(module)
     model, _ = load_model(REGEN.MODEL_FILE)
     assert module.PLAN_NAME == "small" and module.INPUT_SHAPE == (1, 3, 13, 11)
+    assert module.PLAN.name == "small" and module.PLAN.segments == tuple(REGEN.SEGMENTS)
     module.check_plan(REGEN.PLAN_FILE)
     out = module.TiledModel(model)(torch.randn(1, 3, 13, 11))
     assert set(out) == {"mask", "logits"}

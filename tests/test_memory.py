@@ -23,6 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
+pytestmark = pytest.mark.slow
+
 
 def _measured_budget_step(budget: int, *args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, int]:
     """Run ``benchmarks/step.py --variant auto --budget BUDGET --repeats 2 ARGS`` on VGG16's layout at

@@ -5,7 +5,8 @@ A step reads earlier tensors, so skips cross any number of steps: window ops (co
 kernel / stride / padding / dilation / groups, max and avg pooling with ceil_mode, transposed
 conv, nearest or bilinear upsampling followed by a conv), per-pixel ops (activations, eval
 BatchNorm), residual adds of same-shape tensors, channel concat of same-size tensors, and
-constant pad / crop of one tensor to another's size before an add or concat.
+constant pad / crop of one tensor to another's size before an add or concat. Each model is
+checked on the CPU's tile kernels and on the generic ones (``kernels="generic"``, CUDA's path).
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from exactness import check_exact
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from tilec.errors import GridError
-from tilec.ops import KINDS, RULES
+from tilec.ops import rule
 from tilec.pipeline import build, plan_for
-from tilec.planner import Boundaries, output_sizes
+from tilec.planner import output_sizes
 from tilec.regions import Interval
-from tilec.trace import nodes_in_order, trace
+from tilec.target import REFERENCE
+from tilec.trace import trace
+
+from support.exactness import check_exact
 
 #: Fixed examples (derandomized) for reproducible CI. Shrinking a failure of these models takes
 #: minutes, so it is off unless TILEC_SHRINK=1 is set; the failing example is printed either way.
@@ -35,6 +38,10 @@ PROPERTY = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if os.environ.get("TILEC_SHRINK") == "1" else []),
 )
+
+#: The tile kernels every drawn model runs on: the CPU's and the generic ones.
+KERNELS = ("auto", "generic")
+
 
 @dataclass(frozen=True)
 class Step:
@@ -245,21 +252,21 @@ def _finite(model: nn.Module, shape) -> bool:
 def test_random_dags_tile_exactly_with_one_grid(case, grid):
     model, shape = case
     assume(_finite(model, shape))
-    check_exact(model, shape, grid=grid)
+    for kernels in KERNELS:
+        check_exact(model, shape, grid=grid, kernels=kernels)
 
 
 @st.composite
 def segmentations(draw, model: nn.Module, shape) -> list[tuple]:
     """Random cuts of the node order; each tileable run gets a random grid (or is stored)."""
     graph = trace(model, shape)
-    bounds = Boundaries(graph)
-    count = len(nodes_in_order(graph))
+    count = len(graph)
     cuts = sorted(draw(st.sets(st.integers(1, count - 1), max_size=4))) if count > 1 else []
     edges = [0, *cuts, count]
     segments = []
     for first, stop in zip(edges[:-1], edges[1:], strict=True):
-        sizes = output_sizes(bounds, first, stop)
-        if not bounds.tileable(first, stop) or not draw(st.integers(0, 4)):
+        sizes = output_sizes(graph, first, stop)
+        if not graph.tileable(first, stop) or not draw(st.integers(0, 4)):
             segments.append((first, stop, (1, 1)))
             continue
         rows = draw(st.integers(1, min(4, *(s[0] for s in sizes))))
@@ -276,7 +283,8 @@ def test_random_dags_tile_exactly_with_random_segments(case, data):
     model, shape = case
     assume(_finite(model, shape))
     segments = data.draw(segmentations(model, shape), label="segments")
-    check_exact(model, shape, segments=segments)
+    for kernels in KERNELS:
+        check_exact(model, shape, segments=segments, kernels=kernels)
 
 
 @pytest.mark.parametrize("grid", [(0, 1), (1, 0), (-1, 2), (2,), (1, 2, 3), (1.5, 2)])
@@ -296,8 +304,7 @@ def test_planned_regions_are_consistent(case, data):
     model, shape = case
     graph = trace(model, shape)
     segments = data.draw(segmentations(model, shape), label="segments")
-    the_plan = plan_for(graph, "m", segments=segments)
-    context = Boundaries(graph).context
+    the_plan = plan_for(graph, REFERENCE, "m", segments=segments)
     for segment in the_plan.segments:
         if segment.mode == "stored":
             assert segment.grid == (1, 1) and not segment.rows and not segment.cols
@@ -306,22 +313,22 @@ def test_planned_regions_are_consistent(case, data):
             assert len(tiles) == segment.grid[axis]
             for position, name in enumerate(segment.outputs):
                 owned = [tile.owned[position] for tile in tiles]
-                assert owned[0].start == 0 and owned[-1].stop == context.size(name, axis)
+                assert owned[0].start == 0 and owned[-1].stop == graph.size(name, axis)
                 assert all(part.length >= 1 for part in owned)
                 assert all(a.stop == b.start for a, b in zip(owned[:-1], owned[1:], strict=True))
             for tile in tiles:
                 needed: dict[str, list[Interval]] = {n: [o] for n, o in zip(segment.outputs, tile.owned, strict=True)}
                 for step in reversed(tile.steps):
-                    node = context.nodes[step.node]
+                    node = graph.nodes[step.node]
                     assert step.grad_out == step.out
-                    assert 0 <= step.out.start <= step.out.stop <= context.size(node.name, axis)
+                    assert 0 <= step.out.start <= step.out.stop <= graph.size(node.name, axis)
                     for want in needed.get(node.name, []):
                         if want.length:
                             assert step.out.start <= want.start and want.stop <= step.out.stop, (node.name, axis)
-                    needs = RULES[KINDS[node.op]](node, axis, step.out, context)
+                    needs = rule(node).need(node, axis, step.out, graph)
                     assert [r.input for r in step.reads] == [n.input for n in needs]
                     for read, need in zip(step.reads, needs, strict=True):
-                        size = context.size(read.input, axis)
+                        size = graph.size(read.input, axis)
                         assert read.grad == read.read and 0 <= read.read.start <= read.read.stop <= size
                         if step.out.length:
                             clipped, before, after = need.interval.clip(size)

@@ -4,16 +4,18 @@ when it pays, refused with one line when impossible."""
 from __future__ import annotations
 
 import pytest
-from exactness import check_exact
+import torch
 from torch import nn
-from zoo import SHAPES, TINY_KERNEL_STATE, ZOO
 
 import tilec.recompute
 from tilec.errors import GridError
 from tilec.planner import plan
 from tilec.recompute import MIN_GAP, candidates, cone, late_readers, recompute
-from tilec.search import choose, smallest_budget, variants
+from tilec.search import _budget_for, _Costs, _smallest, choose, smallest_budget, variants
 from tilec.trace import trace
+
+from support.exactness import check_exact
+from support.zoo import SHAPES, TINY, ZOO
 
 
 @pytest.fixture
@@ -28,7 +30,7 @@ def _unet(name: str = "unet_transposed"):
 
 
 def _skips(graph) -> list[str]:
-    return candidates(graph, dict.fromkeys(graph.graph["order"], 1.0), 1.0)
+    return candidates(graph, dict.fromkeys(graph.order, 1.0), 1.0)
 
 
 def test_the_skips_of_a_unet_are_the_candidates_cheapest_first(short_gaps):
@@ -38,7 +40,7 @@ def test_the_skips_of_a_unet_are_the_candidates_cheapest_first(short_gaps):
     assert len(cone(graph, skips[0])) < len(cone(graph, skips[1]))
     for name in skips:
         readers = late_readers(graph, name)
-        assert [graph.nodes[r]["spec"].op for r in readers] == ["cat"]
+        assert [graph.nodes[r].op for r in readers] == ["cat"]
 
 
 def test_recompute_copies_the_cone_before_the_late_reader():
@@ -46,20 +48,22 @@ def test_recompute_copies_the_cone_before_the_late_reader():
     skip = _skips(graph)[0]
     reader = late_readers(graph, skip)[0]
     copied = recompute(graph, [skip])
-    order = list(copied.graph["order"])
-    copies = [n for n in order if copied.nodes[n]["spec"].recomputes is not None]
-    assert [copied.nodes[n]["spec"].recomputes for n in copies] == cone(graph, skip)
+    order = list(copied.order)
+    copies = [n for n in order if copied.nodes[n].recomputes is not None]
+    assert [copied.nodes[n].recomputes for n in copies] == cone(graph, skip)
+    assert all(n == f"{copied.nodes[n].recomputes}_recomputed0" for n in copies)
     assert order.index(copies[-1]) + 1 == order.index(reader)
-    assert copied.nodes[reader]["spec"].inputs[0] == copies[-1]
-    assert list(copied.successors(skip)) != [] and reader not in copied.successors(skip)
-    assert list(graph.graph["order"]) == [n for n in order if n not in copies]  # the original is untouched
+    assert copied.nodes[reader].inputs[0] == copies[-1]
+    assert copied.users[skip] != () and reader not in copied.users[skip]
+    assert list(graph.order) == [n for n in order if n not in copies]  # the original is untouched
+    assert reader in graph.users[skip]
 
 
 @pytest.mark.parametrize("name", ["unet_transposed", "unet_nearest", "unet_bilinear", "unet_crop"])
 def test_recomputed_skips_are_exact_through_cuts(name, short_gaps):
     model, graph = _unet(name)
     skips = _skips(graph)
-    count = len(recompute(graph, skips).graph["order"])
+    count = len(recompute(graph, skips))
     middle = count // 2
     segments = [(0, 7, (2, 3)), (7, middle, (1, 1)), (middle, count, (3, 2))]
     check_exact(model, SHAPES[name], segments=segments, recomputed=skips)
@@ -84,18 +88,16 @@ def test_recompute_lowers_the_smallest_budget_of_a_unet_whose_skips_dominate():
 
         def forward(self, x):
             skip = self.enc(x)
-            return self.out(__import__("torch").cat([skip, self.deep(self.squeeze(skip))], 1))
+            return self.out(torch.cat([skip, self.deep(self.squeeze(skip))], 1))
 
     graph = trace(Wide(), (1, 1, 64, 64))
-    graph.graph["kernel_state"] = TINY_KERNEL_STATE
-    assert [recomputed for recomputed, _ in variants(graph)] == [(), (_skips(graph)[0],)]
-    kept = smallest_budget(graph)
-    chosen = choose(graph, kept)
-    planned = plan(chosen.graph, name="m", segments=chosen.segments, memory_budget=kept)
+    assert [recomputed for recomputed, _ in variants(graph, TINY)] == [(), (_skips(graph)[0],)]
+    kept = smallest_budget(graph, TINY)
+    chosen = choose(graph, TINY, kept)
+    planned = plan(chosen.graph, TINY, name="m", segments=chosen.segments, memory_budget=kept)
     assert planned.predicted_peak_bytes <= kept
     # with recompute the smallest budget is lower than the best plan keeping the skip can do
-    from tilec.search import _budget_for, _Costs, _smallest
-    assert kept < _budget_for(_smallest(_Costs(graph, "float32")))
+    assert kept < _budget_for(_smallest(_Costs(graph, TINY, "float32")))
     check_exact(Wide(), (1, 1, 64, 64), segments=chosen.segments, recomputed=chosen.recomputed)
 
 
@@ -115,11 +117,11 @@ def test_bad_names_are_refused_in_one_line(name, message):
 
 def test_a_node_without_late_readers_or_from_an_untiled_part_is_refused():
     _, graph = _unet()
-    first = graph.graph["order"][0]
+    first = graph.order[0]
     with pytest.raises(GridError, match=rf"--recompute {first}: .*no reader comes {MIN_GAP} or more nodes after"):
         recompute(graph, [first])
     heads = ZOO["heads"]()
     graph = trace(heads, SHAPES["heads"])
-    outputs = [n for n in graph.graph["order"] if not graph.nodes[n]["spec"].tileable]
+    outputs = [node.name for node in graph if not node.tileable]
     with pytest.raises(GridError, match="--recompute"):
         recompute(graph, [outputs[-1]])

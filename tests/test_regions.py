@@ -1,7 +1,7 @@
 """Unit tests of the 1-D region math: Interval, Window, split, and every op's halo rule.
 
-The rule tests trace a one-op model, ask ``tilec.ops.RULES`` what an output interval needs of
-the input, and compare with what the output really depends on: the input gradient of a sum
+The rule tests trace a one-op model, ask its rule (``tilec.ops.rule(node).need``) what an output
+interval needs of the input, and compare with what the output really depends on: the input gradient of a sum
 over that output interval is non-zero exactly on the dependence set (weights are positive, so
 nothing cancels). The rule's interval, clipped to the input, must be the hull of that set.
 """
@@ -18,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from tilec.graph import Graph
 from tilec.ir import NodeSpec
-from tilec.ops import KINDS, RULES, Context, conv_padding, window_args
-from tilec.planner import context_of
+from tilec.ops import rule
+from tilec.ops.window import conv_padding, window_args
 from tilec.regions import Interval, Window, split
-from tilec.trace import nodes_in_order, trace
+from tilec.trace import trace
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True)
 
@@ -225,18 +226,18 @@ class Op(nn.Module):
         return self.fn(x)
 
 
-def _traced(module: nn.Module, shape) -> tuple[NodeSpec, Context]:
-    """The one non-pointwise node of ``module`` traced on ``shape``, and the rules' context."""
+def _traced(module: nn.Module, shape) -> tuple[NodeSpec, Graph]:
+    """The one non-pointwise node of ``module`` traced on ``shape``, and the graph (the rules' shapes)."""
     graph = trace(module, shape)
-    (node,) = [n for n in nodes_in_order(graph) if KINDS.get(n.op) != "pixel"]
-    return node, context_of(graph)
+    (node,) = [n for n in graph if not rule(n).pixel]
+    return node, graph
 
 
 def _windows(module: nn.Module) -> tuple[Window, Window]:
     """Per-axis windows of a conv / pooling module, from its traced node (as the planner sees it)."""
-    node, context = _traced(module, (1, getattr(module, "in_channels", 1), 40, 40))
+    node, graph = _traced(module, (1, getattr(module, "in_channels", 1), 40, 40))
     if node.op == "conv2d":
-        weight = context.tensor_shapes[node.args[1].value]
+        weight = graph.tensor_shapes[node.args[1].value]
         args, pads = window_args(node, weight), conv_padding(node, weight)
         return tuple(Window(args.kernel[a], args.stride[a], args.dilation[a], *pads[a]) for a in (0, 1))
     args = window_args(node)
@@ -310,16 +311,16 @@ def test_avg_pool_output_size_matches_pytorch(args, include, height, width):
 )
 def test_same_padding_split(kernel, dilation, expected):
     """'same' puts the smaller half of the padding before, as PyTorch does."""
-    node, context = _traced(nn.Conv2d(1, 1, kernel, padding="same", dilation=dilation), (1, 1, 20, 20))
-    rows, _ = conv_padding(node, context.tensor_shapes[node.args[1].value])
+    node, graph = _traced(nn.Conv2d(1, 1, kernel, padding="same", dilation=dilation), (1, 1, 20, 20))
+    rows, _ = conv_padding(node, graph.tensor_shapes[node.args[1].value])
     assert rows == expected
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_window_args_of_string_padding(padding):
-    node, context = _traced(nn.Conv2d(1, 1, 3, padding=padding), (1, 1, 9, 9))
-    args = window_args(node, context.tensor_shapes[node.args[1].value])
+    node, graph = _traced(nn.Conv2d(1, 1, 3, padding=padding), (1, 1, 9, 9))
+    args = window_args(node, graph.tensor_shapes[node.args[1].value])
     assert args.kernel == (3, 3) and args.stride == (1, 1)
 
 
@@ -328,8 +329,8 @@ def test_same_padding_even_kernel_matches_pytorch_values():
     """Asymmetric 'same' padding: an explicit pad with tilec's split reproduces PyTorch's output."""
     torch.manual_seed(0)
     conv = nn.Conv2d(2, 3, (4, 2), padding="same", dilation=(1, 3)).double()
-    node, context = _traced(conv, (1, 2, 20, 20))
-    rows, cols = conv_padding(node, context.tensor_shapes[node.args[1].value])
+    node, graph = _traced(conv, (1, 2, 20, 20))
+    rows, cols = conv_padding(node, graph.tensor_shapes[node.args[1].value])
     x = torch.randn(1, 2, 9, 8, dtype=torch.float64)
     padded = nn.functional.pad(x, (*cols, *rows))
     expected = nn.functional.conv2d(padded, conv.weight, conv.bias, dilation=conv.dilation)
@@ -372,8 +373,8 @@ def check_rule(module: nn.Module, shape, *, pads: bool, seed: int = 0, slack: in
     the input is the hull of what the output depends on. ``slack``: it may read that many more at
     its end; on ``loose`` axes it need only contain that hull. ``front(axis, out)``: the rule
     starts at or before this input (and reads it alone when the outputs depend on nothing)."""
-    node, context = _traced(module, shape)
-    rule = RULES[KINDS[node.op]]
+    node, graph = _traced(module, shape)
+    op = rule(node)
     module = _positive(module)
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
     y = module(x)
@@ -382,7 +383,7 @@ def check_rule(module: nn.Module, shape, *, pads: bool, seed: int = 0, slack: in
     for axis in (0, 1):
         in_size = shape[2 + axis]
         for out in _intervals(y.shape[2 + axis], rng):
-            (need,) = rule(node, axis, out, context)
+            (need,) = op.need(node, axis, out, graph)
             assert need.input == node.inputs[0] and need.pads is pads
             clipped, _, _ = need.interval.clip(in_size)
             depends = _dependence(y, x, axis, out)
@@ -449,9 +450,9 @@ def _dilated(module: nn.Module) -> tuple[int, ...]:
     return tuple(a for a in (0, 1) if module.dilation[a] > 1)
 
 
-@pytest.mark.xfail(strict=True, reason="tilec.ops.transpose_interval over-reads when stride > 1 and dilation > 1: "
-                                       "it takes the hull over all taps, also for outputs no tap reaches (harmless "
-                                       "for exactness, costs extra reads)")
+@pytest.mark.xfail(strict=True, reason="tilec.ops.transpose.transpose_interval over-reads when stride > 1 and "
+                                       "dilation > 1: it takes the hull over all taps, also for outputs no tap "
+                                       "reaches (harmless for exactness, costs extra reads)")
 def test_conv_transpose_rule_is_tight_when_strided_and_dilated():
     module = nn.ConvTranspose2d(1, 1, 3, stride=2, padding=2, output_padding=1, dilation=2)
     check_rule(module, (1, 1, 7, 9), pads=False, front=_covering(module, (7, 9)))

@@ -1,59 +1,21 @@
 """Rolled input gradients: a tiled segment's backward writes the gradient of an input that nothing
 reads afterwards over the input itself, row of tiles by row of tiles, holding one band of rows
-(the generated module's ``_Rolled``); which inputs roll (``Estimator.rollable``,
-``Estimator.made_tiled``), and what the cost model counts for them."""
+(``tilec.runtime.tiles.Rolled``, unit-tested in ``test_runtime.py``); which inputs roll
+(``Estimator.rollable``, ``Estimator.made_tiled``), and what the cost model counts for them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from exactness import check_exact, generated
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
-from tilec.cost import Estimator
-from tilec.distribute import shared
+from tilec.cost.estimator import Estimator
 from tilec.pipeline import build
-from tilec.planner import Boundaries, plan
+from tilec.planner import plan
+from tilec.target import Target
 from tilec.trace import trace
 
-GENERATED = generated()
-
-
-@st.composite
-def rows_of_tiles(draw):
-    """An input of ``height`` rows and, per row of tiles, the rows it reads, their starts rising."""
-    height = draw(st.integers(1, 30))
-    starts = sorted(draw(st.lists(st.integers(0, height - 1), min_size=1, max_size=6)))
-    reads = [(start, draw(st.integers(start + 1, height))) for start in starts]
-    return height, reads
-
-
-@settings(max_examples=200, deadline=None)
-@given(case=rows_of_tiles(), seed=st.integers(0, 2**16), channels_last=st.booleans())
-def test_a_rolled_gradient_equals_a_whole_one(case, seed, channels_last):
-    """Every row of tiles adds random parts within its reads; the rolled result, written over the
-    input, equals the whole gradient everywhere (zeros where no tile read)."""
-    height, reads = case
-    generator = torch.Generator().manual_seed(seed)
-    width, spatial = 5, (2, 3)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    x = torch.randn(2, 3, height, width, generator=generator, dtype=torch.float64).contiguous(memory_format=layout)
-    rolled, whole = GENERATED["_Rolled"](x, spatial, reads), GENERATED["_Whole"](x, spatial)
-    for start, stop in reads:
-        for accumulated in (rolled, whole):
-            accumulated.move(start)
-        for _ in range(3):
-            low = int(torch.randint(start, stop, (1,), generator=generator))
-            high = int(torch.randint(low + 1, stop + 1, (1,), generator=generator))
-            cols = sorted(int(c) for c in torch.randint(0, width + 1, (2,), generator=generator))
-            part = torch.randn(2, 3, high - low, cols[1] - cols[0], generator=generator, dtype=torch.float64)
-            for accumulated in (rolled, whole):
-                accumulated.add((low, high), cols, part)
-    result = rolled.result()
-    assert result.data_ptr() == x.data_ptr()
-    torch.testing.assert_close(result, whole.result(), rtol=0, atol=1e-12)
+from support.exactness import check_exact
 
 
 def chain() -> nn.Sequential:
@@ -87,8 +49,8 @@ def test_only_the_first_reader_rolls_and_never_an_output():
             return self.c(z) + y, z
 
     graph = trace(Skip(), (1, 4, 19, 17))
-    order = graph.graph["order"]
-    cuts = [order.index(name) for name in ("conv2d_1", "conv2d_2")]
+    order = graph.order
+    cuts = [graph.position[name] for name in ("conv2d_1", "conv2d_2")]
     planned = plan(graph, name="m", segments=[(0, cuts[0], (2, 2)), (cuts[0], cuts[1], (3, 2)),
                                               (cuts[1], len(order), (2, 3))])
     # y (relu) is read by b (segment 1) and by the add (segment 2): segment 1 rolls it; z is an output
@@ -118,7 +80,7 @@ def test_the_cost_model_counts_a_band_for_a_rolled_gradient():
     """Rolling takes off the gradient's full size less its band: the tallest read of a row of
     tiles, across the full width."""
     graph = trace(chain(), (1, 3, 96, 64))
-    estimator = Estimator(Boundaries(graph), "float32")
+    estimator = Estimator(graph, Target(), "float32")
     planned = plan(graph, name="m", segments=[(0, 2, (2, 2)), (2, 9, (6, 2))])
     second = planned.segments[1]
     cost = estimator.segment(second.first, second.stop, second.rows, second.cols, False)
@@ -136,4 +98,4 @@ def test_no_gradient_rolls_where_ranks_share_the_tiles():
     graph = trace(chain(), SHAPE)
     segments = [(0, 2, (3, 2)), (2, 9, (2, 3))]
     assert plan(graph, name="m", segments=segments).segments[1].rolled == ("relu",)
-    assert plan(shared(graph, True), name="m", segments=segments).segments[1].rolled == ()
+    assert plan(graph, Target(shared_tiles=True), name="m", segments=segments).segments[1].rolled == ()

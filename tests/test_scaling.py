@@ -16,6 +16,7 @@ from torch import nn
 
 from tilec.codegen import render
 from tilec.pipeline import plan_for
+from tilec.target import REFERENCE
 from tilec.trace import trace
 
 SHAPE = (1, 3, 1024, 1024)
@@ -52,9 +53,9 @@ def _functions(source: str) -> list[str]:
 
 def test_module_has_one_function_per_shape_class_not_per_tile():
     graph = trace(Net(), SHAPE)
-    count = len(graph.graph["order"])
+    count = len(graph)
     segments = {grid: [(0, 4, grid), (4, count, (grid[0] // 2, grid[1]))] for grid in ((8, 8), (64, 64))}
-    plans = [plan_for(graph, "m", segments=segments[grid]) for grid in segments]
+    plans = [plan_for(graph, REFERENCE, "m", segments=segments[grid]) for grid in segments]
     sources = [render(p) for p in plans]
     for the_plan, source in zip(plans, sources, strict=True):
         want = [f"_s{s.index}_{r}_{c}" for s in the_plan.segments
@@ -74,6 +75,6 @@ def test_module_has_one_function_per_shape_class_not_per_tile():
 
 def test_one_grid_for_the_network_scales_the_same():
     graph = trace(Net(), SHAPE)
-    small, large = (render(plan_for(graph, "m", grid=grid)) for grid in ((8, 8), (64, 64)))
+    small, large = (render(plan_for(graph, REFERENCE, "m", grid=grid)) for grid in ((8, 8), (64, 64)))
     assert _functions(small) == _functions(large)
     assert len(large) < 1.5 * len(small)

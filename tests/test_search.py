@@ -8,16 +8,15 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
-from exactness import TOLERANCE, max_errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-from zoo import TINY_KERNEL_STATE
 
 from tilec.cli import main
+from tilec.cone import axis_tiles
 from tilec.errors import BudgetError
-from tilec.ops import KINDS
-from tilec.planner import axis_tiles, plan
+from tilec.ops import rule
+from tilec.planner import plan
 from tilec.search import (
     MARGINS,
     MAX_CUTS,
@@ -31,6 +30,9 @@ from tilec.search import (
     variants,
 )
 from tilec.trace import trace
+
+from support.exactness import TOLERANCE, max_errors
+from support.zoo import TINY
 
 
 def conv_bn(inputs: int, outputs: int, stride: int = 1) -> nn.Sequential:
@@ -81,15 +83,13 @@ def build(name: str) -> nn.Module:
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def graph(request):
-    traced = trace(build(request.param), MODELS[request.param][1])
-    traced.graph["kernel_state"] = TINY_KERNEL_STATE
-    return traced
+    return trace(build(request.param), MODELS[request.param][1])
 
 
 def _budgets(graph) -> list[int]:
     """From the smallest feasible budget to one where everything is stored."""
-    low = smallest_budget(graph)
-    high = plan(graph, name="m", grid=(1, 1)).predicted_peak_bytes
+    low = smallest_budget(graph, TINY)
+    high = plan(graph, TINY, name="m", grid=(1, 1)).predicted_peak_bytes
     return sorted({low, *(low + (high - low) * k // 6 for k in range(1, 7)), 2 * high})
 
 
@@ -128,31 +128,30 @@ def _brute_force(costs: _Costs, budget: int) -> float:
 
 def test_the_search_costs_segments_as_the_planner_does(graph):
     """The search's tiles (all grids of a cut at once) give the costs of the planner's tiles."""
-    costs = _Costs(graph, "float32")
-    bounds = costs.bounds
+    costs = _Costs(graph, TINY, "float32")
     for first in costs.cuts:
         for stop in (c for c in costs.cuts if c > first):
             for grid in costs.grids(first, stop):
-                tiles = [axis_tiles(bounds, first, stop, axis, grid[axis]) for axis in (0, 1)]
+                tiles = [axis_tiles(graph, first, stop, axis, grid[axis]) for axis in (0, 1)]
                 expected = costs.estimator.segment(first, stop, *tiles, stored=False)
                 assert costs.option(first, stop, grid) == expected, (first, stop, grid)
 
 
 def test_cut_candidates(graph):
-    costs = _Costs(graph, "float32")
-    nodes, order = costs.bounds.context.nodes, costs.bounds.order
+    costs = _Costs(graph, TINY, "float32")
+    nodes, order = graph.nodes, graph.order
     assert costs.cuts[0] == 0 and costs.cuts[-1] == len(order) and len(costs.cuts) <= MAX_CUTS + 2
     for cut in range(1, len(order)):
         node, before = nodes[order[cut]], nodes[order[cut - 1]]
         if node.tileable != before.tileable:
             assert cut in costs.cuts
-        elif KINDS.get(node.op) == "pixel" and node.inputs == (before.name,):
+        elif rule(node).pixel and node.inputs == (before.name,):
             assert cut not in costs.cuts
 
 
 def _planned(graph, budget: int):
-    chosen = choose(graph, budget)
-    return plan(chosen.graph, name="m", segments=chosen.segments, memory_budget=budget)
+    chosen = choose(graph, TINY, budget)
+    return plan(chosen.graph, TINY, name="m", segments=chosen.segments, memory_budget=budget)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -174,8 +173,8 @@ def test_every_budget_gets_a_plan_that_fits_it(graph):
 
 
 def test_dynamic_programming_matches_brute_force(graph):
-    for recomputed, variant in variants(graph):
-        costs = _Costs(variant, "float32")
+    for recomputed, variant in variants(graph, TINY):
+        costs = _Costs(variant, TINY, "float32")
         for budget in _budgets(graph):
             best = _search(costs, usable(budget))
             expected = _brute_force(costs, usable(budget))
@@ -183,19 +182,19 @@ def test_dynamic_programming_matches_brute_force(graph):
                 assert expected == float("inf"), (recomputed, format_bytes(budget))
                 continue
             found = sum(costs.option(first, stop, None if mode == "stored" else grid).seconds
-                        for first, stop, grid, mode in best[3])
+                        for first, stop, grid, mode in best.choices)
             assert found == pytest.approx(expected, rel=1e-12), (recomputed, format_bytes(budget))
 
 
 def test_the_fastest_variant_that_fits_is_chosen(graph):
     for budget in _budgets(graph):
-        fits = [best[0] for _, variant in variants(graph)
-                if (best := _search(_Costs(variant, "float32"), usable(budget))) is not None]
-        assert choose(graph, budget).seconds == min(fits)
+        fits = [best.seconds for _, variant in variants(graph, TINY)
+                if (best := _search(_Costs(variant, TINY, "float32"), usable(budget))) is not None]
+        assert choose(graph, TINY, budget).seconds == min(fits)
 
 
 def test_more_memory_is_never_slower(graph):
-    times = [choose(graph, budget).seconds for budget in _budgets(graph)]
+    times = [choose(graph, TINY, budget).seconds for budget in _budgets(graph)]
     assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(times, times[1:], strict=False)), times
 
 
@@ -206,15 +205,15 @@ def test_a_generous_budget_stores_everything(graph):
 
 
 def test_tight_budgets_tile(graph):
-    chosen = _planned(graph, smallest_budget(graph))
+    chosen = _planned(graph, smallest_budget(graph, TINY))
     assert any(s.mode == "tiled" and s.grid != (1, 1) for s in chosen.segments)
 
 
 def test_a_budget_below_the_smallest_names_the_smallest(graph):
-    smallest = smallest_budget(graph)
-    choose(graph, smallest)
+    smallest = smallest_budget(graph, TINY)
+    choose(graph, TINY, smallest)
     with pytest.raises(BudgetError, match=re.escape(f"smallest feasible budget is about {format_bytes(smallest)}")):
-        choose(graph, smallest - 1)
+        choose(graph, TINY, smallest - 1)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -222,10 +221,9 @@ def test_a_budget_below_the_smallest_names_the_smallest(graph):
 def test_budget_plans_train_exactly(name, share):
     shape = MODELS[name][1]
     doubled = trace(build(name).double(), shape)
-    doubled.graph["kernel_state"] = TINY_KERNEL_STATE
-    low = smallest_budget(doubled, "float64")
-    high = plan(doubled, name="m", grid=(1, 1), dtype="float64").predicted_peak_bytes
-    chosen = choose(doubled, int(low + share * (high - low)), "float64")
+    low = smallest_budget(doubled, TINY, "float64")
+    high = plan(doubled, TINY, name="m", grid=(1, 1), dtype="float64").predicted_peak_bytes
+    chosen = choose(doubled, TINY, int(low + share * (high - low)), "float64")
     errors = max_errors(build(name), shape, segments=chosen.segments, recomputed=chosen.recomputed)
     assert max(errors.values()) < TOLERANCE, errors
 

@@ -7,19 +7,21 @@ import json
 
 import pytest
 import torch
-from hardening import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_validate_models import grid_plan, segment_plan
 from torch import nn
 
 from tilec.errors import PlanError
+from tilec.graph import Graph
 from tilec.ir import SCHEMA_VERSION, Plan
 from tilec.pipeline import plan_for
 from tilec.planio import dumps, loads
-from tilec.planner import fingerprint
+from tilec.target import REFERENCE
 from tilec.trace import trace
-from tilec.validate import check_version, graph_of, validate
+from tilec.validate import check_version, validate
+
+from support.hardening import run
+from support.models import grid_plan, segment_plan
 
 #: Two segments cutting the residual block (two outputs cross) and the U-Net skip.
 SPLIT = {"residual": ((0, 4, (3, 2)), (4, 8, (2, 2))), "unet": ((0, 3, (2, 2)), (3, 10, (3, 2)))}
@@ -45,7 +47,7 @@ def test_valid_plans_pass_and_round_trip(name):
 def test_tiles_that_read_only_padding_are_valid(grid):
     """A tile may read only a node's border padding (empty read), or compute nothing (empty out)."""
     model = nn.Sequential(nn.Conv2d(1, 2, 1, padding=1), nn.ReLU(), nn.Conv2d(2, 1, 1, padding=1))
-    plan = plan_for(trace(model, (1, 1, 5, 5)), "pad", grid=grid)
+    plan = plan_for(trace(model, (1, 1, 5, 5)), REFERENCE, "pad", grid=grid)
     segment = plan.segments[0]
     reads = [read for tile in segment.rows + segment.cols for step in tile.steps for read in step.reads]
     assert any(read.read.length == 0 for read in reads)
@@ -111,7 +113,7 @@ def data_of(plan: Plan) -> dict:
 def redigest(data: dict) -> None:
     """Give a mutated plan the digest of its (mutated) model, so the later checks are reached."""
     plan = Plan.model_validate(data)
-    data["model"]["digest"] = fingerprint(graph_of(plan)).digest
+    data["model"]["digest"] = Graph.of_plan(plan).fingerprint().digest
 
 
 def node_index(data: dict, name: str) -> int:
@@ -445,6 +447,6 @@ class Deep(nn.Module):
 
 
 def test_a_64x64_grid_on_170_nodes_validates():
-    plan = plan_for(trace(Deep().eval(), (1, 3, 64, 64)), "deep", grid=(64, 64))
+    plan = plan_for(trace(Deep().eval(), (1, 3, 64, 64)), REFERENCE, "deep", grid=(64, 64))
     assert len(plan.model.nodes) >= 165 and plan.segments[0].grid == (64, 64)
     assert validate(plan) is plan

@@ -1,27 +1,24 @@
-"""``tilec verify``, progress reporting, and reproducibility (byte-identical outputs, no pickle)."""
+"""``tilec verify``, progress reporting, and what the generated module imports.
+
+(Byte-identical outputs: ``test_determinism.py``; no pickle anywhere: ruff's banned-API rule,
+``test_lint.py``; a TiledModel's per-tile progress: ``test_generated_checks.py``.)"""
 
 from __future__ import annotations
 
 import ast
 import io
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import torch
-from hardening import SMALL, run, small_model, snapshot
 from rich.console import Console
 
 import tilec.cli
 import tilec.verify
 from tilec.codegen import render
-from tilec.pipeline import build
 from tilec.planner import plan
 from tilec.trace import trace
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.hardening import SMALL, run, small_model, snapshot
 
 BN_MODEL = """\
 from torch import nn
@@ -103,9 +100,17 @@ def test_verify_refuses_bad_input(workdir, args, words):
 
 
 def test_planner_reports_progress():
+    """``progress(done, total)`` counts the planned axes of the tiled segments (two each), up to
+    ``total``; stored segments count none."""
     calls = []
-    plan(trace(small_model(), (1, 3, 16, 16)), name="p", grid=(3, 5), progress=lambda *a: calls.append(a))
-    assert calls == [(done, 8) for done in range(1, 9)]
+    graph = trace(small_model(), (1, 3, 16, 16))
+    plan(graph, name="p", segments=[(0, 2, (3, 5)), (2, 3, (1, 1)), (3, 4, (2, 2))],
+         progress=lambda *a: calls.append(a))
+    assert calls and all(total == 4 for _, total in calls)
+    assert [done for done, _ in calls] == sorted({done for done, _ in calls}) and calls[-1] == (4, 4)
+    calls.clear()
+    plan(graph, name="p", grid=(1, 1), progress=lambda *a: calls.append(a))
+    assert calls == []
 
 
 def test_compile_is_quiet_when_piped(workdir):
@@ -126,56 +131,10 @@ def test_compile_shows_a_bar_on_a_terminal(workdir, monkeypatch):
     monkeypatch.setattr(tilec.cli, "Console", terminal)
     result = run(["compile", "ok.py", "--grid", "6x6"])
     assert result.exit_code == 0, result.output
-    assert "planning tiles" in stream.getvalue() and "12/12" in stream.getvalue()
+    assert "planning tiles" in stream.getvalue() and "2/2" in stream.getvalue()  # one tiled segment: two axes
 
 
-def test_tiled_model_reports_tile_progress(capsys):
-    model = small_model().double()
-    tiled = build(model, (1, 3, 16, 16), (2, 3), progress=True)
-    tiled(torch.randn(1, 3, 16, 16, dtype=torch.float64, requires_grad=True)).sum().backward()
-    err = capsys.readouterr().err
-    assert "forward: tile 6/6" in err and "backward: tile 6/6" in err and "tile 3/6" in err
-    build(model, (1, 3, 16, 16), (2, 3))(torch.randn(1, 3, 16, 16, dtype=torch.float64))
-    assert capsys.readouterr().err == ""
-
-
-# -- reproducibility --------------------------------------------------------------------------
-
-
-COMPILE_TWICE = """
-import sys
-from pathlib import Path
-from tilec.config import CompileConfig
-from tilec.pipeline import compile_model
-out = Path(sys.argv[1])
-compile_model(CompileConfig(model_path=Path(sys.argv[2]), grid=(3, 2), out_dir=out, plan_dir=out))
-"""
-
-
-def test_same_inputs_give_byte_identical_outputs(tmp_path):
-    """Two interpreters with different hash seeds write the same plan and module bytes."""
-    model = tmp_path / "bn.py"
-    model.write_text(BN_MODEL)
-    outputs = []
-    for seed in ("1", "2"):
-        out = tmp_path / f"out{seed}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}
-        subprocess.run([sys.executable, "-c", COMPILE_TWICE, str(out), str(model)], env=env, check=True,
-                       timeout=120)
-        outputs.append(snapshot(out))
-    assert outputs[0] == outputs[1]
-    assert set(outputs[0]) == {"bn.plan.json", "bn_tiled.py"}
-    same = plan(trace(small_model(), (1, 3, 16, 16)), name="x", grid=(2, 2))
-    again = plan(trace(small_model(), (1, 3, 16, 16)), name="x", grid=(2, 2))
-    assert render(same) == render(again)
-
-
-def test_no_pickle_anywhere():
-    sources = [*ROOT.joinpath("tilec").glob("*.py"), *ROOT.joinpath("templates").glob("*.j2")]
-    generated = render(plan(trace(small_model(), (1, 3, 16, 16)), name="x", grid=(2, 2)))
-    for text in [p.read_text() for p in sources] + [generated]:
-        for word in ("pickle", "torch.load", "torch.save", "marshal", "shelve"):
-            assert word not in text
+# -- the generated module ------------------------------------------------------------------------
 
 
 def test_generated_module_imports_only_torch_and_the_standard_library():

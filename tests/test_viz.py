@@ -6,17 +6,18 @@ import io
 
 import numpy as np
 import pytest
-from hardening import run, snapshot
 from matplotlib import image
 from rich.console import Console
-from test_validate_models import grid_plan, segment_plan
 
 from tilec.errors import OutputError, TilecError
-from tilec.ops import plan_context
+from tilec.graph import Graph
 from tilec.planio import dumps
 from tilec.regions import Interval, split
 from tilec.report import describe_plan, node_table, tile_table
 from tilec.viz import cone, draw, pick, save, share_bounds
+
+from support.hardening import run, snapshot
+from support.models import grid_plan, segment_plan
 
 UNET_SPLIT = ((0, 3, (2, 2)), (3, 10, (3, 2)))
 
@@ -74,11 +75,11 @@ def test_picking_a_node_picks_its_segment():
 
 def test_shares_of_an_output_are_its_owned_parts():
     plan = segment_plan("unet", UNET_SPLIT)
-    context = plan_context(plan)
+    graph = Graph.of_plan(plan)
     for segment in plan.segments:
         for axis, tiles in enumerate((segment.rows, segment.cols)):
             for k, name in enumerate(segment.outputs):
-                size = context.size(name, axis)
+                size = graph.size(name, axis)
                 bounds = share_bounds([t.owned[k] for t in tiles], size)
                 assert [Interval(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)] == list(
                     split(size, len(tiles)))
@@ -99,7 +100,7 @@ def test_cone_shows_the_hull_of_a_skip_connection():
     segment = plan.segments[1]
     for axis in range(2):
         for index in range(segment.grid[axis]):
-            lines = {line.name: line for line in cone(plan, segment, axis, index, plan_context(plan))}
+            lines = {line.name: line for line in cone(plan, segment, axis, index, Graph.of_plan(plan))}
             assert list(lines)[:2] == ["max_pool2d", "relu"]  # the sliced segment inputs come first
             skip = lines["relu_1"]
             assert [consumer for consumer, _ in skip.reads] == ["conv_transpose2d", "upsample_bilinear2d"]

@@ -29,6 +29,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -59,10 +61,25 @@ def conv_workspace_of(autocast: str) -> tuple[tuple[float, float], tuple[float, 
 
 def measure_kernels(target: Target, dtype: str) -> Target:
     """``target`` with ``kernel_state``: the bytes a process keeps per convolution kernel it runs
-    for the first time (``tilec.target.KERNEL_STATE_BYTES``) on its device in ``dtype`` (cached)."""
+    for the first time (``tilec.target.KERNEL_STATE_BYTES``) on its device in ``dtype``, measured in
+    a fresh process (in one that has run much already, freed heap absorbs new kernels: readings of
+    a few hundred bytes) and cached."""
     key = f"kernel state | {machine_key(target.device, dtype)}"
-    return replace(target, kernel_state=cached(key, lambda: kernel_state(target.device, getattr(torch, dtype)),
-                                               _bytes))
+    return replace(target, kernel_state=cached(key, lambda: _fresh_kernel_state(target.device, dtype), _bytes))
+
+
+def _fresh_kernel_state(device: str, dtype: str) -> int:
+    """``kernel_state`` measured in a new Python process."""
+    code = f"import torch, tilec.calibrate as c; print(c.kernel_state({device!r}, torch.{dtype}))"
+    package_root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
+                                                                              os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
+                              timeout=600, check=True)
+        return int(done.stdout.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return kernel_state(device, getattr(torch, dtype))
 
 
 def search_device(autocast: str | None, dtype: str) -> tuple[str, str]:

@@ -152,6 +152,7 @@ def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int]) ->
     view = TileView(graph, slots, Constants(), {})
     statements = []
     for node in graph.members(segment.first, segment.stop):
+        view.focus(node, None, None, None)
         flag = rule(node).training_flag
         args = None
         if node.op == "getitem":

@@ -162,8 +162,8 @@ class TileView:
 
     def whole(self, node: NodeSpec, args: list[str] | None = None, expr: str | None = None) -> Statement:
         """A stored segment's statement: ``node``'s aten call on whole tensors (``args`` replacing
-        its arguments' expressions, or ``expr`` the whole expression)."""
-        self.focus(node, None, None, None)
+        its arguments' expressions, or ``expr`` the whole expression, both made through this view
+        since ``focus(node, None, None, None)``)."""
         args = [self.arg(a) for a in node.args] if args is None else args
         return Statement(var(node.name), expr if expr is not None else self.call(node, args), self.uses)
 

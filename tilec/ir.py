@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 INPUT = "input"
 
 Shape = tuple[int, ...]
@@ -198,6 +198,9 @@ class Plan(Frozen):
                     "primitive cache on CPU), as measured on the device a budget search planned for "
                     "(tilec.calibrate.kernel_state), else tilec.cost.KERNEL_STATE_BYTES")
     memory_budget: int | None = Field(description="bytes the plan was chosen to fit, if any")
+    grid: tuple[int, int] | None = Field(
+        default=None, description="the grid compile --grid asked for, if any: each tiled segment's grid is it "
+                                  "clipped to the segment's outputs' sizes")
     predicted_peak_bytes: int = Field(
         description="peak bytes the first training step of a process allocates above the input, the parameters "
         "and the output gradient: boundary activations, outputs, gradients, one tile's working set, and "

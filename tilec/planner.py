@@ -135,6 +135,7 @@ def plan(
     positions in the node order. ``progress(done, total)`` is called after each axis of each
     tiled segment is planned.
     """
+    segments_given = segments
     if segments is None:
         if grid is not None:
             check_grid(grid, [(10**12, 10**12)], "the network")
@@ -147,10 +148,13 @@ def plan(
     for index, (first, stop, seg_grid, mode) in enumerate(choices):
         rows = cols = ()
         if mode == "tiled":
-            rows, cols = (classified(graph, first, stop, axis, seg_grid[axis]) for axis in range(2))
-            done += 2
-            if progress is not None:
-                progress(done, total)
+            axes = []
+            for axis in range(2):
+                axes.append(classified(graph, first, stop, axis, seg_grid[axis]))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            rows, cols = axes
         planned.append(Segment(
             index=index, first=first, stop=stop, grid=seg_grid, mode=mode, inputs=graph.inputs_of(first, stop),
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
@@ -176,6 +180,7 @@ def plan(
         gemm_min_channels=target.gemm_min_channels,
         kernel_state=target.kernel_state,
         memory_budget=memory_budget,
+        grid=tuple(grid) if grid is not None and segments_given is None else None,
         predicted_peak_bytes=max(peaks),
         kernel_state_bytes=sum(cost.kernels for cost in costs),
         model=graph.fingerprint(),

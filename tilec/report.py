@@ -78,9 +78,12 @@ def describe_plan(plan: Plan) -> Table:
     for node in nodes:
         if node.recomputes is not None:  # copies are named <node>_recomputed<k>, k per recomputed tensor
             groups.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
+    captions = []
     if groups:
-        table.caption = "recomputed from the input by later readers instead of kept: " + ", ".join(
-            f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values())
+        captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
+            f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))
+    captions += clipped_grids(plan)
+    table.caption = "\n".join(captions) or None
     for segment in plan.segments:
         tiled = segment.mode == "tiled"
         classes = len({t.shape_class for t in segment.rows}) * len({t.shape_class for t in segment.cols})
@@ -98,6 +101,15 @@ def describe_plan(plan: Plan) -> Table:
             *_rank_cells(plan, segment),
         )
     return table
+
+
+def clipped_grids(plan: Plan) -> list[str]:
+    """One line per tiled segment whose grid is ``--grid`` clipped to its outputs' sizes."""
+    if plan.grid is None:
+        return []
+    return [f"--grid {plan.grid[0]}x{plan.grid[1]} is finer than the outputs of segment {s.index}: clipped to "
+            f"{s.grid[0]}x{s.grid[1]}" for s in plan.segments
+            if s.mode == "tiled" and tuple(s.grid) != tuple(plan.grid)]
 
 
 def _rank_cells(plan: Plan, segment: Segment) -> list[str]:

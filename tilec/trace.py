@@ -23,15 +23,16 @@ import torch
 from torch import nn
 
 from tilec.errors import ShapeError, UnsupportedLayerError
+from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT, Arg, NodeSpec, OutputTree, Shape, TensorSpec
 from tilec.ops import rule, tileable
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
 FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
-#: Ops whose result aliases their input: an in-place op on one would write through to another tensor.
-ALIASING = frozenset({"view", "reshape", "_unsafe_view", "permute", "transpose", "slice", "getitem", "chunk",
-                   "split", "split_with_sizes", "alias", "expand", "squeeze", "unsqueeze", "select"})
+#: Checks of a tensor's metadata that compute nothing (``x.float()`` exports one before its cast).
+METADATA_CHECKS = frozenset({"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range",
+                             "sym_constrain_range_for_size", "_functional_sym_constrain_range"})
 
 
 def check_input_shape(shape: Sequence[int]) -> Shape:
@@ -173,6 +174,10 @@ def _shape(value) -> tuple[int, ...]:
     return tuple(int(n) for n in value.shape) if isinstance(value, torch.Tensor) else ()
 
 
+def _where(path: str, module_type: str) -> str:
+    return f"module {path} ({module_type})" if path else f"the model's forward ({module_type})"
+
+
 def _module(node: torch.fx.Node) -> tuple[str, str]:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
@@ -201,10 +206,15 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         raise UnsupportedLayerError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
     shape = check_input_shape(input_shape)
     program = _export(model, shape)
+    functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
+        f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
     autocast_dtypes = _autocast_dtypes(program, shape, autocast) if autocast else {}
     signature = program.graph_signature
     state = dict(model.state_dict(keep_vars=True))
     tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    if signature.inputs_to_lifted_tensor_constants:
+        raise UnsupportedLayerError("the model makes a tensor constant in its forward (torch.tensor(...)); register "
+                                    "it as a buffer (self.register_buffer) so that tilec can pass it to the tiles")
     tensor_specs = tuple(
         TensorSpec(name=name, shape=tuple(state[name].shape), buffer=name in signature.buffers)
         for name in sorted(set(tensors.values())) if name in state
@@ -218,6 +228,8 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         if fx_node.op != "call_function":
             continue
         op = _op_name(fx_node.target)
+        if op in METADATA_CHECKS:
+            continue
         functional = _functional(fx_node.target) if op != "getitem" else None
         mutated = fx_node.args[0] if functional is not None else None
         if functional is not None and tensors.get(mutated.name, "").endswith("num_batches_tracked"):
@@ -241,11 +253,6 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         )
         node = node.model_copy(update={"spatial": rule(node).layout(node, shapes)})
         if mutated is not None and functional is not None:
-            source = names[mutated.name]
-            if source != INPUT and shapes.nodes[source].op in ALIASING:
-                where = f"module {path} ({module_type})" if path else f"the model's forward ({module_type})"
-                raise UnsupportedLayerError(f"op aten.{fx_node.target._opname} from {where} is not supported: "
-                                            f"it writes in place into a view of another tensor")
             names[mutated.name] = fx_node.name  # later readers of the mutated tensor read this result
         names[fx_node.name] = fx_node.name
         shapes.nodes[node.name] = node.model_copy(update={"tileable": tileable(node, shapes)})

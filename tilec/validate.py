@@ -28,6 +28,7 @@ difference is reported, naming the segment, axis, tile and node):
   consumers' reads and its owned parts, every sliced input interval the hull of its reads;
 * shape classes are numbered in order of first appearance, one per distinct ``class_key``
   (tiles of one class share generated code);
+* a plan compiled for one grid (``Plan.grid``) has the segments it makes;
 * a segment rolls (``Segment.rolled``) only the gradients of inputs no other backward reads
   (``_check_rolled``): the generated module overwrites them.
 
@@ -46,7 +47,7 @@ from tilec.errors import PlanError, TilecError
 from tilec.graph import Graph
 from tilec.ir import INPUT, SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
 from tilec.ops import rule, tileable
-from tilec.planner import class_key
+from tilec.planner import class_key, default_segments
 from tilec.regions import Interval
 
 AXES = ("rows", "cols")
@@ -333,6 +334,20 @@ def _check_axis(segment: Segment, axis: int, graph: Graph) -> None:
                   f"code shape, numbered in order of first appearance)")
 
 
+def _check_grid(plan: Plan, graph: Graph) -> None:
+    """A plan compiled for one grid (``Plan.grid``) has the segments that grid makes
+    (``tilec.planner.default_segments``)."""
+    if plan.grid is None:
+        return
+    if any(n < 1 for n in plan.grid):
+        _fail(f"grid {tuple(plan.grid)} is not two positive sizes")
+    found = [(s.first, s.stop, tuple(s.grid), s.mode) for s in plan.segments]
+    expected = [tuple(choice) for choice in default_segments(graph, tuple(plan.grid))]
+    if found != expected:
+        _fail(f"the segments (first, stop, grid, mode) {found} are not those grid {plan.grid[0]}x{plan.grid[1]} "
+              f"makes: {expected}")
+
+
 def _check_shares(plan: Plan) -> None:
     """Without ``ranks`` no segment has shares; with it, each tiled segment's shares give every
     tile to exactly one of the ``ranks`` ranks, and stored segments have none."""
@@ -368,6 +383,7 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
             if segment.mode == "tiled":
                 for axis in range(2):
                     _check_axis(segment, axis, graph)
+        _check_grid(plan, graph)
     except _Inconsistent as error:
         raise PlanError(f"{source} is inconsistent: {error}") from None
     return plan

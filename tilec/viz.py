@@ -33,8 +33,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from tilec.errors import OutputError, TilecError
-from tilec.ir import AxisTile, Plan, Segment
 from tilec.graph import Graph
+from tilec.ir import AxisTile, Plan, Segment
 from tilec.planio import write_files
 from tilec.regions import Interval
 from tilec.report import node_position

@@ -6,7 +6,7 @@ the local constants and the expression a tile computes it with, its FLOPs, and w
 backward keeps. Adding an op is one entry here (or one class beside the family it joins).
 
 Families: window ops (``window``), transposed convolution (``transpose``), upsampling
-(``resample``), constant padding and slicing (``crop``), per-pixel ops (``pixel``), and ops that
+(``resample``), padding and slicing (``crop``), per-pixel ops (``pixel``), and ops that
 read the whole map (``Whole``: they and what is computed only from their results run untiled).
 An op with no entry has no tiling rule (``UNKNOWN``): it runs in untiled segments only.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
 from tilec.ops.base import Need, Op, Whole, const, fail
-from tilec.ops.crop import ConstantPad, Slice
+from tilec.ops.crop import Pad, Slice
 from tilec.ops.pixel import (
     BatchNorm,
     ChannelReduction,
@@ -42,7 +42,7 @@ OPS: tuple[Op, ...] = (
     AvgPool2d("avg_pool2d"),
     ConvTranspose2d("conv_transpose2d"),
     Upsample("upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_bilinear2d"),
-    ConstantPad("pad", "constant_pad_nd"),
+    Pad("pad", "constant_pad_nd"),
     Slice("slice"),
     # activations whose backward reads their result, run in place by tiles where that is safe
     Pixel("relu", saves="output", in_place="aten.relu_.default", in_place_grad="relu_grad_"),
@@ -57,6 +57,9 @@ OPS: tuple[Op, ...] = (
     Pixel("sub", saves="nothing", fresh_result=True),
     Pixel("rsub", saves="nothing"),
     Pixel("mul", "div", "maximum", "minimum", saves="inputs"),
+    # casts, and writes of a tensor into channels of another (``tilec.functionalize``)
+    Pixel("to", "_to_copy", "copy", saves="nothing"),
+    Channels("slice_scatter", dim_arg=2, saves="nothing"),
     # normalisation and dropout in eval mode, identity copies
     BatchNorm("batch_norm", training_flag=5),
     BatchNorm("_native_batch_norm_legit_no_training"),

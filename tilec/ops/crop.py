@@ -1,4 +1,4 @@
-"""Shifts of the interval: constant padding (negative widths crop) and slicing along an image axis."""
+"""Padding (constant, replicate, reflect; negative widths crop) and slicing along an image axis."""
 
 from __future__ import annotations
 
@@ -17,28 +17,73 @@ def pad_amounts(node: NodeSpec, axis: int) -> tuple[int, int]:
     return pad[2 * dim_from_end], pad[2 * dim_from_end + 1]
 
 
-class ConstantPad(Op):
-    """``pad(x, widths, "constant", value)`` / ``constant_pad_nd``: the clipped part of a tile's read
-    is its share of the padding."""
+#: ``pad`` modes that read their border from the input itself: output ``o`` of an axis padded
+#: ``before`` reads input index ``map(o - before)``, as PyTorch's kernels do.
+INDEX_MODES = {
+    "replicate": lambda i, size: min(max(i, 0), size - 1),
+    "reflect": lambda i, size: -i if i < 0 else 2 * (size - 1) - i if i >= size else i,
+}
+
+
+def pad_mode(node: NodeSpec) -> str:
+    """``"constant"``, ``"replicate"``, ``"reflect"``... (``constant_pad_nd`` is constant)."""
+    return const(node, 2, "constant") or "constant" if node.op == "pad" else "constant"
+
+
+class Pad(Op):
+    """``pad(x, widths, mode, value)`` / ``constant_pad_nd``, per axis.
+
+    Constant: the clipped part of a tile's read is its share of the padding (negative widths
+    crop). Replicate and reflect: each output reads one input index (``INDEX_MODES``); a tile
+    reads the hull of its outputs' indices and gathers them, so a border tile pads itself in the
+    same mode, and a tile that reaches no border (or zero widths) just passes its read on.
+    """
 
     pass_through = True
     saves = "nothing"
+    vectorised = False
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        if node.op == "pad" and const(node, 2, "constant") not in ("constant", None):
-            fail(node, f"padding mode {const(node, 2)!r} is not supported (only 'constant')")
+        mode = pad_mode(node)
+        if mode != "constant" and mode not in INDEX_MODES:
+            fail(node, f"padding mode {mode!r} is not supported (only 'constant', 'replicate' and 'reflect')")
         return None
 
-    def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
+    def index_map(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[int]:
+        """Per output of ``out``, the input index it reads (replicate and reflect)."""
         before, _ = pad_amounts(node, axis)
-        return [Need(node.inputs[0], out.shift(-before), True)]
+        size, read = shapes.size(node.inputs[0], axis), INDEX_MODES[pad_mode(node)]
+        return [read(o - before, size) for o in range(out.start, out.stop)]
+
+    def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
+        if pad_mode(node) == "constant":
+            before, _ = pad_amounts(node, axis)
+            return [Need(node.inputs[0], out.shift(-before), True)]
+        indices = self.index_map(node, axis, out, shapes)
+        return [Need(node.inputs[0], Interval(min(indices), max(indices) + 1) if indices else Interval(0, 0), False)]
 
     def output_size(self, node: NodeSpec, axis: int, shapes: Shapes) -> int | None:
         return shapes.size(node.inputs[0], axis) + sum(pad_amounts(node, axis))
 
+    def extras(self, node: NodeSpec, step, axis: int, shapes: Shapes):
+        """Replicate and reflect: the tile's local index map on this axis, ``None`` where it is its
+        read in order (no border reached)."""
+        if pad_mode(node) == "constant" or step.out.length == 0:
+            return None
+        start = step.reads[0].read.start
+        local = tuple(i - start for i in self.index_map(node, axis, step.out, shapes))
+        return None if local == tuple(range(len(local))) and len(local) == step.reads[0].read.length else local
+
     def emit(self, node: NodeSpec, tile) -> str:
-        (rb, ra), (cb, ca) = tile.pads[node.inputs[0]]
         source = tile.read(node.inputs[0])
+        if pad_mode(node) != "constant":
+            rows, cols = (self.extras(node, step, axis, tile.shapes) for axis, step in enumerate((tile.row, tile.col)))
+            if rows is None and cols is None:
+                return source
+            rows = rows or tuple(range(tile.row.out.length))
+            cols = cols or tuple(range(tile.col.out.length))
+            return f"gather({source}, {tile.constant(rows)}, {tile.constant(cols)})"
+        (rb, ra), (cb, ca) = tile.pads[node.inputs[0]]
         if (rb, ra, cb, ca) == (0, 0, 0, 0):
             return source
         value = const(node, 3 if node.op == "pad" else 2, None)

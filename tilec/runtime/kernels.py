@@ -147,6 +147,9 @@ def convolve(arena, x, w, b, stride, padding, dilation, groups):
     """``conv2d(x, w, b)``: where ``onednn`` says so, written into the arena by oneDNN (which
     adds the convolution to the tensor it is given: the bias, broadcast) with ``w`` as the arena
     gives it (``Arena.packed``); elsewhere aten's ``conv2d``."""
+    # dilating an axis of one tap changes nothing, but some kernels crash on it (oneDNN's and aten's
+    # channels-last ones: a 1x1 kernel dilated 2, an input 1 wide, padding, stride 2 or more)
+    dilation = [1 if w.shape[2 + i] == 1 else dilation[i] for i in range(2)]
     if not onednn(x, w, arena):
         return aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
     shape = (x.shape[0], w.shape[0], *(pooled(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
@@ -158,9 +161,6 @@ def convolve(arena, x, w, b, stride, padding, dilation, groups):
         y.copy_(b.view(1, -1, 1, 1).expand(shape))
     if y.numel() == 0:
         return y
-    # dilating an axis of one tap changes nothing, but oneDNN crashes on some (a 1x1 kernel
-    # dilated 2, an input 1 wide, padding, stride 2 or more)
-    dilation = [1 if w.shape[2 + i] == 1 else dilation[i] for i in range(2)]
     mark = arena.top
     CONVOLVE_INTO.binary(y, x, arena.packed(w, x, stride, padding, dilation, groups), None, list(padding),
                          list(stride), list(dilation), groups, "add", 1.0, None, [], None)

@@ -6,7 +6,7 @@ it returns (or the one-line error it raised) as JSON. The parent waits at most `
 seconds, kills what is left, and returns the per-rank results. Every process destroys its
 group in ``finally``, so a failing check cannot leave a group behind.
 
-Workers compare against single-process untiled PyTorch in float64 (``exactness.max_errors``).
+Workers compare against single-process untiled PyTorch in float64 (``support.exactness.max_errors``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from exactness import max_errors, randomise_buffers
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten
-from zoo import ZOO
 
-from tilec.pipeline import load_source
+from tilec.codegen import load_source
+
+from support.exactness import max_errors, randomise_buffers
+from support.zoo import ZOO
 
 TIMEOUT = 180
 
@@ -87,7 +88,7 @@ def spatial(rank: int, world: int, source_path: str, name: str, shape) -> dict[s
 def shares(rank: int, world: int, source_path: str, name: str) -> list[int]:
     """How many tiles of each tiled segment this rank runs."""
     module = load_source(Path(source_path).read_text(encoding="utf-8"), "tiled_rank")
-    segments = [value for value in vars(module).values() if isinstance(value, module._Segment)]
+    segments = [step.run for step in module.TiledModel.steps if isinstance(step.run, module.TiledSegment)]
     return [len(segment.share(world, rank)) for segment in segments]
 
 

@@ -18,10 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Bytes per kernel (``graph.graph["kernel_state"]``) for tests of the budget search on tiny models,
-#: whose tensors take a few KiB: enough to steer the search between grids without drowning out
-#: the tensors, as ``tilec.cost.KERNEL_STATE_BYTES`` (84 KiB per kernel) would.
+from tilec.target import Target
+
+#: Bytes per kernel (``Target.kernel_state``) for tests of the budget search on tiny models, whose
+#: tensors take a few KiB: enough to steer the search between grids without drowning out the
+#: tensors, as ``tilec.target.KERNEL_STATE_BYTES`` (84 KiB per kernel) would.
 TINY_KERNEL_STATE = 256
+#: The reference target with ``TINY_KERNEL_STATE``.
+TINY = Target(kernel_state=TINY_KERNEL_STATE)
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -616,7 +620,7 @@ def plain_chain() -> nn.Module:
 
 def wide_convs() -> nn.Module:
     """Convolutions with 32 or more input channels, which tiles give their weight gradient by
-    matrix products (the generated module's ``_weight_grad``): dilated, rectangular, without bias,
+    matrix products (``tilec.runtime.kernels.weight_grad``): dilated, rectangular, without bias,
     after batch norm; and ones that keep oneDNN's (1x1, strided, grouped)."""
     torch.manual_seed(0)
     return _finish(nn.Sequential(

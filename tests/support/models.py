@@ -16,6 +16,7 @@ from torch.nn import functional
 
 from tilec.ir import Plan
 from tilec.pipeline import plan_for
+from tilec.target import REFERENCE
 from tilec.trace import trace
 
 SHAPE = (1, 3, 23, 19)
@@ -84,9 +85,9 @@ def graph(name: str, shape: tuple[int, ...] = SHAPE):
 
 @cache
 def grid_plan(name: str, grid: tuple[int, int] = (3, 2)) -> Plan:
-    return plan_for(graph(name), name, grid=grid)
+    return plan_for(graph(name), REFERENCE, name, grid=grid)
 
 
 @cache
 def segment_plan(name: str, segments: tuple) -> Plan:
-    return plan_for(graph(name), name, segments=list(segments))
+    return plan_for(graph(name), REFERENCE, name, segments=list(segments))

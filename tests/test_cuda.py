@@ -1,0 +1,65 @@
+"""On CUDA: tiled == untiled for a few zoo models, the model and its input moved to the GPU after
+compiling (float64 within 1e-10, float32 within rounding), and a ``TiledModel`` on CUDA runs the
+generic tile kernels (``tilec.runtime.device``: aten on fresh tensors, no arena buffer, no oneDNN,
+no matrix-product weight gradient, no allocator pin). Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilec.codegen import load_source, render
+from tilec.planner import plan
+from tilec.target import Target
+from tilec.trace import trace
+
+from support.exactness import check_close, check_exact
+from support.generated import Recorded
+from support.zoo import SHAPES, ZOO
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+#: A residual network, a U-Net with bilinear upsampling, one with transposed convolutions and
+#: cropped skips, depthwise convolutions with an SE branch (stored segments), and wide convolutions
+#: (the CPU would give them matrix-product weight gradients).
+MODELS = ["resnet_basic", "unet_bilinear", "unet_crop", "efficientnet", "wide_convs"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("grid", [(2, 3), (5, 4)])
+def test_tiled_equals_untiled_on_cuda_in_float64(name, grid):
+    check_exact(ZOO[name](), SHAPES[name], grid=grid, device="cuda")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tiled_is_close_to_untiled_on_cuda_in_float32(name):
+    # cuDNN picks its algorithms per shape (tiles have other shapes than the whole map): within
+    # float32 rounding of each tensor's scale, without TF32
+    with torch.backends.cudnn.flags(allow_tf32=False), _no_tf32_matmul():
+        check_close(ZOO[name](), SHAPES[name], grid=(3, 2), device="cuda")
+
+
+class _no_tf32_matmul:
+    def __enter__(self):
+        self.before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.before
+
+
+def test_a_tiled_model_on_cuda_runs_the_generic_kernels():
+    name = "wide_convs"
+    model = ZOO[name]()
+    module = load_source(render(plan(trace(model, SHAPES[name]), Target(), name="wide", grid=(3, 2)))).__dict__
+    model = model.cuda()
+    x = torch.randn(SHAPES[name], device="cuda")
+    with Recorded(module) as recorded:
+        tiled = module["TiledModel"](model)
+        for _ in range(2):  # the second step finds the arenas' sizes
+            model.zero_grad()
+            tiled(x).square().sum().backward()
+    assert recorded.arenas and all(arena.kernels == module["GENERIC"] for arena in recorded.arenas)
+    assert recorded.used() == {"weight_grad": False, "return_freed_memory": False, "CONVOLVE_INTO": False,
+                               "buffer": False}
+    assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters())

@@ -1,0 +1,115 @@
+"""Reductions inside tiled segments: partials per tile, combines across tiles.
+
+A tile computes a *partial* over the part of a reduction's input it owns (the owned parts of the
+tiles partition the input); a *combine* merges the tiles' partials into the reduction's result.
+Both are differentiable torch code, so autograd derives the backward of every reduction from
+them. Partials and results keep the reduced dims (``keepdim``), so that they broadcast.
+
+* ``partial_sum`` / ``combine_sum``: sums (means divide by a count known when compiling).
+* ``partial_moments`` / ``combine_moments``: ``(count, mean, M2)`` per reduced group, merged with
+  Chan's parallel formula, which stays accurate where ``E[x²] - E[x]²`` cancels.
+* ``partial_max`` / ``combine_max``: maxima with the number of elements tied at them; the
+  combined gradient goes to each tile in proportion to its ties, as ``amax`` spreads it evenly.
+* ``partial_argmax`` / ``combine_argmax``: the first maximum in row-major order and its flat
+  index, as max pooling picks it; the gradient goes to the tile holding it.
+"""
+
+import torch
+
+
+def partial_sum(x, dims):
+    return (x.sum(dims, keepdim=True),)
+
+
+def combine_sum(parts):
+    """The sums of the tiles' partials, element by element."""
+    return tuple(torch.stack(values).sum(0) for values in zip(*parts, strict=True))
+
+
+def partial_moments(x, dims):
+    """``(count, mean, M2)`` of ``x`` over ``dims``: the count as a tensor of the mean's shape."""
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    mean = x.mean(dims, keepdim=True)
+    m2 = (x - mean).square().sum(dims, keepdim=True)
+    return torch.full_like(mean, count, requires_grad=False), mean, m2
+
+
+def combine_moments(parts):
+    """Chan's merge of ``(count, mean, M2)`` over the tiles: for two parts a and b,
+    ``n = na + nb``, ``d = mean_b - mean_a``, ``mean = mean_a + d * nb / n``,
+    ``M2 = M2_a + M2_b + d² * na * nb / n``."""
+    count, mean, m2 = parts[0]
+    for other_count, other_mean, other_m2 in parts[1:]:
+        total = count + other_count
+        delta = other_mean - mean
+        mean = mean + delta * (other_count / total)
+        m2 = m2 + other_m2 + delta.square() * (count * other_count / total)
+        count = total
+    return count, mean, m2
+
+
+def partial_max(x, dims):
+    """The maxima of ``x`` over ``dims`` and how many elements equal them."""
+    top = x.amax(dims, keepdim=True)
+    return top, (x == top).sum(dims, keepdim=True).to(x.dtype)
+
+
+class MaxCombine(torch.autograd.Function):
+    """The maximum over the tiles' maxima; its gradient goes to each tile whose maximum it is,
+    in proportion to the elements the tile holds at it (``amax`` spreads its gradient evenly over
+    all maxima of the whole input)."""
+
+    @staticmethod
+    def forward(ctx, counts, *tops):
+        stacked = torch.stack(tops)
+        top = stacked.amax(0)
+        hits = torch.where(stacked == top, counts, torch.zeros_like(counts))
+        ctx.save_for_backward(hits / hits.sum(0))
+        return top
+
+    @staticmethod
+    def backward(ctx, grad):
+        shares, = ctx.saved_tensors
+        return (None, *(grad * share for share in shares))
+
+
+def combine_max(parts):
+    tops = [top for top, _ in parts]
+    counts = torch.stack([count.detach() for _, count in parts])
+    return (MaxCombine.apply(counts, *tops),)
+
+
+def partial_argmax(x, rows, cols, width):
+    """Max pooling of the tile's owned part ``x`` (rows ``rows[0]:``, columns ``cols[0]:`` of an
+    input ``width`` wide) to 1x1: the first maximum in row-major order, and its flat index in the
+    whole input."""
+    top, local = torch.nn.functional.adaptive_max_pool2d(x, 1, return_indices=True)
+    row, col = local // x.shape[-1] + rows[0], local % x.shape[-1] + cols[0]
+    return top, row * width + col
+
+
+class ArgMaxCombine(torch.autograd.Function):
+    """The tiles' maxima merged as max pooling picks: the largest, the one at the smallest flat
+    index among ties; its gradient goes to that tile alone."""
+
+    @staticmethod
+    def forward(ctx, indices, *tops):
+        stacked = torch.stack(tops)
+        top = stacked.amax(0)
+        candidates = torch.where(stacked == top, indices, torch.full_like(indices, torch.iinfo(indices.dtype).max))
+        first = candidates.argmin(0, keepdim=True)
+        ctx.save_for_backward(first)
+        ctx.tiles = len(tops)
+        return top, indices.gather(0, first).squeeze(0)
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        first, = ctx.saved_tensors
+        chosen = torch.arange(ctx.tiles, device=grad.device).view(-1, *[1] * grad.dim()) == first
+        return (None, *(torch.where(mask, grad, torch.zeros_like(grad)) for mask in chosen))
+
+
+def combine_argmax(parts):
+    return ArgMaxCombine.apply(torch.stack([index for _, index in parts]), *[top for top, _ in parts])
