@@ -24,7 +24,7 @@ from torch import nn
 from tilec.errors import GridError
 from tilec.ops import rule
 from tilec.pipeline import build, plan_for
-from tilec.planner import output_sizes
+from tilec.planner import owned_sizes
 from tilec.regions import Interval
 from tilec.target import REFERENCE
 from tilec.trace import trace
@@ -265,7 +265,7 @@ def segmentations(draw, model: nn.Module, shape) -> list[tuple]:
     edges = [0, *cuts, count]
     segments = []
     for first, stop in zip(edges[:-1], edges[1:], strict=True):
-        sizes = output_sizes(graph, first, stop)
+        sizes = owned_sizes(graph, first, stop)
         if not graph.tileable(first, stop) or not draw(st.integers(0, 4)):
             segments.append((first, stop, (1, 1)))
             continue

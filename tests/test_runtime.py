@@ -46,7 +46,8 @@ from tilec.runtime.kernels import (
     relu_grad_,
     weight_grad,
 )
-from tilec.runtime.tiles import Rolled, Run, Tiled, TiledSegment, Whole, input_gradient, share
+from tilec.runtime.sweeps import Tiled
+from tilec.runtime.tiles import Rolled, Run, TiledSegment, Whole, input_gradient, share
 from tilec.target import GEMM_MIN_CHANNELS
 
 aten = torch.ops.aten
@@ -490,19 +491,19 @@ def test_costlier_tiles_are_spread_not_counted():
 # --- one tiled segment, by hand ------------------------------------------------------------------
 
 
-def _pointwise_tile(xs, bs, p, arena):
+def _pointwise_tile(xs, bs, p, arena, r, o):
     """A tile of ``relu(conv1x1(x) * s)``: no halo, so each tile reads what it owns."""
     x, = xs
     s, = bs
-    return (torch.relu(conv2d(x, p[0], p[1], [1, 1], [0, 0], [1, 1], 1, arena) * s),)
+    return (torch.relu(conv2d(x, p[0], p[1], [1, 1], [0, 0], [1, 1], 1, arena) * s),), ()
 
 
 def _hand_made_segment(rolled: bool) -> TiledSegment:
     """Rows [0, 4) and [4, 7), columns [0, 2), [2, 5) and [5, 6), one shape class: 6 tiles."""
-    rows = tuple((((a, b),), ((a, b),), 0) for a, b in ((0, 4), (4, 7)))
-    cols = tuple((((a, b),), ((a, b),), 0) for a, b in ((0, 2), (2, 5), (5, 6)))
+    rows = tuple((((a, b),), ((a, b),), 0, ()) for a, b in ((0, 4), (4, 7)))
+    cols = tuple((((a, b),), ((a, b),), 0, ()) for a, b in ((0, 2), (2, 5), (5, 6)))
     return TiledSegment("segment 0", {(0, 0): _pointwise_tile}, rows, cols, [(2, 3)], 1,
-                        [((2, 4, 7, 6), (2, 3), False)], ((1, 1), (1, 1, 1)), (), (rolled,))
+                        [("image", (2, 4, 7, 6), (2, 3), False)], ((1, 1), (1, 1, 1)), (), (rolled,))
 
 
 @pytest.mark.parametrize("kernels", ["auto", "generic"])
@@ -530,6 +531,6 @@ def test_tiled_runs_a_segment_tile_by_tile(kernels, rolled):
         torch.testing.assert_close(mine, reference, rtol=0, atol=1e-12)
     assert (got_grads[0].data_ptr() == leaves[0].data_ptr()) == rolled
     assert len(segment._capacity) == 2 and all(need > 0 for need in segment._capacity.values())
-    assert [(r, c) for _, r, c, _, _ in segment.tiles()] == [
+    assert [(row[0], col[0]) for _, row, col in segment.tiles()] == [
         (rows, cols) for rows in (((0, 4),), ((4, 7),)) for cols in (((0, 2),), ((2, 5),), ((5, 6),))]
     assert segment.count() == 6 and [len(segment.share(4, rank)) for rank in range(4)] == [2, 2, 1, 1]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -25,24 +25,53 @@ import jinja2
 
 from tilec import __version__
 from tilec.cost.balance import axis_weights
-from tilec.emit import Constants, Statement, TileView, free, index, local, var
+from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, local, var
 from tilec.graph import Graph
 from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.ops import rule
 from tilec.ops.in_place import activations_in_place
 from tilec.regions import Interval
 from tilec.runtime import SOURCES
+from tilec.sweeps import role
 
 
 @dataclass
 class TileFunction:
+    """A tile function ``(xs, bs, p, arena, r, o)`` of one shape class: the full one (returns the
+    owned outputs and the partials) or a level's prefix (returns that level's partials)."""
+
     name: str
     row: int
     col: int
     sliced: list[str]
     broadcast: list[str]
     statements: list[Statement]
-    returns: list[str]
+    result: str
+    doc: str
+
+
+@dataclass
+class CombineFunction:
+    """A level's combine ``(parts, r, xs, bs, p, train, update)``: its results into ``r``."""
+
+    name: str
+    level: int
+    statements: list[Statement]
+
+
+@dataclass
+class LevelView:
+    """A level as the generated ``LevelSpec`` has it."""
+
+    index: int
+    direct: bool
+    swept: bool
+    first: int
+    count: int
+    switches: tuple
+    results: tuple
+    combine: str
+    prefix: list[tuple[int, int, str]]
 
 
 @dataclass
@@ -51,7 +80,7 @@ class SegmentView:
     tensors: list[int]
     sliced: list[tuple[str, tuple[int, int]]]
     broadcast: list[str]
-    outputs: list[tuple[str, str, tuple[int, int], bool]]
+    outputs: list[str]
     rows: str
     cols: str
     costs: str
@@ -59,6 +88,11 @@ class SegmentView:
     rolled: str
     functions: list[TileFunction]
     statements: list[Statement]
+    prefixes: list[TileFunction] = field(default_factory=list)
+    combines: list[CombineFunction] = field(default_factory=list)
+    levels: list[LevelView] = field(default_factory=list)
+    direct: str | None = None
+    reduced: str = "()"
 
     @property
     def sliced_names(self) -> tuple[str, ...]:
@@ -82,7 +116,7 @@ class SegmentView:
 
     @property
     def output_vars(self) -> list[str]:
-        return [var(name) for name, *_ in self.outputs]
+        return [var(name) for name in self.segment.outputs]
 
 
 def is_batch_norm_module(node: NodeSpec) -> bool:
@@ -105,12 +139,14 @@ def _first_of_class(tiles: tuple[AxisTile, ...]) -> list[AxisTile]:
 
 
 def _table(tiles: tuple[AxisTile, ...]) -> str:
-    """Per axis tile: ((start, stop) per sliced input), ((start, stop) per output), class."""
+    """Per axis tile: ((start, stop) per sliced input), ((start, stop) per image output), class,
+    ((start, stop) per reduction's partial)."""
     rows = []
     for tile in tiles:
         inputs = tuple((i.start, i.stop) for i in tile.inputs)
         owned = tuple((o.start, o.stop) for o in tile.owned)
-        rows.append(repr((inputs, owned, tile.shape_class)))
+        partials = tuple((p.start, p.stop) for p in tile.partials)
+        rows.append(repr((inputs, owned, tile.shape_class, partials)))
     return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
 
 
@@ -122,8 +158,9 @@ def _overwriting(segment: Segment, graph: Graph, in_place: dict[str, str | None]
             if name in inside and graph.nodes[name].inputs[0] in inside}
 
 
-def _tile_function(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
-                   in_place: dict[str, bool], rows: AxisTile, cols: AxisTile) -> TileFunction:
+def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
+                    in_place: dict[str, bool], rows: AxisTile, cols: AxisTile) -> list[TileFunction]:
+    """The full tile function of one shape class and its levels' prefixes (``TileFunction``)."""
     sliced = [i.name for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     region = {name: (r, c) for name, r, c in zip(sliced, rows.inputs, cols.inputs, strict=True)}
@@ -131,21 +168,116 @@ def _tile_function(segment: Segment, graph: Graph, slots: dict[str, int], consta
         shape = graph.shape(name)
         spatial = graph.spatial(name) or (0, 0)
         region[name] = (Interval(0, shape[spatial[0]]), Interval(0, shape[spatial[1]]))
-    view = TileView(graph, slots, constants, region)
-    statements = []
+    reductions = segment.reductions
+    direct = {name for level in segment.levels if level.direct for name in level.reductions}
+    view = TileView(graph, slots, constants, region, _leaves(segment, graph), reductions,
+                    (rows.partials, cols.partials))
+    statements, computed = [], set()
     for row, col in zip(rows.steps, cols.steps, strict=True):
         node = graph.nodes[row.node]
-        statements.append(view.statement(node, row, col, in_place.get(node.name)))
+        kind = role(graph, node.name)
+        if kind == "reduction":
+            if rule(node).reduced(node, graph) and node.name not in direct:
+                statements.append(view.partial(node, row, col))
+                computed.add(node.name)
+            if graph.is_image(node.name):
+                statements.append(view.applied(node, row, col))
+        elif kind == "tile":
+            statements.append(view.statement(node, row, col, in_place.get(node.name)))
         region[node.name] = (row.out, col.out)
     returns, kept = [], {var(n) for n in sliced + broadcast}
-    for name, own_r, own_c in zip(segment.outputs, rows.owned, cols.owned, strict=True):
+    images = [name for name in segment.outputs if graph.is_image(name)]
+    for name, own_r, own_c in zip(images, rows.owned, cols.owned, strict=True):
         held_r, held_c = region[name]
         kept.add(var(name))
         returns.append(var(name) + index(len(graph.shape(name)), graph.spatial(name), local(own_r, held_r),
                                          local(own_c, held_c)))
+    partials = [f"q_{name}" if name in computed else "None" for name in reductions]
+    classes = f"{rows.shape_class}_{cols.shape_class}"
+    functions = [_function(f"_s{segment.index}_{classes}", rows, cols, sliced, broadcast, statements,
+                           kept | {f"q_{name}" for name in computed}, f"({_tuple(returns)}, {_tuple(partials)})",
+                           f"Segment {segment.index}, shape class ({rows.shape_class}, {cols.shape_class}).")]
+    for level in segment.levels:
+        if level.index == 0 or level.direct:
+            continue
+        wanted = [f"q_{name}" for name in level.reductions if name in computed]
+        functions.append(_function(
+            f"_s{segment.index}_l{level.index}_{classes}", rows, cols, sliced, broadcast,
+            _needed(statements, set(wanted)), kept | set(wanted), _tuple(wanted),
+            f"Segment {segment.index}, shape class ({rows.shape_class}, {cols.shape_class}): the partials of "
+            f"level {level.index}."))
+    return functions
+
+
+def _tuple(items: list[str]) -> str:
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _function(name: str, rows: AxisTile, cols: AxisTile, sliced: list[str], broadcast: list[str],
+              statements: list[Statement], kept: set[str], result: str, doc: str) -> TileFunction:
+    """A tile function of ``statements`` (copied, with their own ``del`` lists)."""
+    statements = [replace(statement, free=[]) for statement in statements]
     free(statements, kept)
-    return TileFunction(f"_s{segment.index}_{rows.shape_class}_{cols.shape_class}", rows.shape_class,
-                        cols.shape_class, [var(n) for n in sliced], [var(n) for n in broadcast], statements, returns)
+    return TileFunction(name, rows.shape_class, cols.shape_class, [var(n) for n in sliced], [var(n) for n in broadcast],
+                        statements, result, doc)
+
+
+def _needed(statements: list[Statement], wanted: set[str]) -> list[Statement]:
+    """The statements ``wanted`` variables depend on, in order."""
+    needed, kept = set(wanted), []
+    for statement in reversed(statements):
+        if statement.dst in needed:
+            kept.append(statement)
+            needed |= statement.uses
+    return kept[::-1]
+
+
+def _leaves(segment: Segment, graph: Graph) -> frozenset[str]:
+    """The results of a tiled segment's reductions with a small output and of its small ops: the
+    tiles read them from ``r``."""
+    names = {name for level in segment.levels for name in (*level.reductions, *level.small)}
+    return frozenset(name for name in names if not graph.is_image(name))
+
+
+def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
+                      level) -> CombineFunction:
+    """The combine of one level: each reduction's merged partials and result, each small op."""
+    broadcast = [i.name for i in segment.inputs if not i.sliced]
+    view = CombineView(graph, slots, constants, _leaves(segment, graph) | set(level.reductions), broadcast)
+    names = sorted((*level.reductions, *level.small), key=graph.position.__getitem__)
+    statements = []
+    for name in names:
+        node = graph.nodes[name]
+        view.focus(node, None, None, None)
+        if name in level.reductions:
+            combined = "None"
+            if rule(node).reduced(node, graph):
+                k = level.reductions.index(name)
+                statements.append(Statement(f"c_{name}", f"{rule(node).combine(node)}(parts[{k}]) if parts else None"))
+                combined = f"c_{name}"
+            view.focus(node, None, None, None)
+            expr = rule(node).finish(node, combined, view)
+        elif node.op == "getitem":
+            expr = f"{view.var(node.args[0].value)}[{node.args[1].value}]"
+        else:
+            expr = view.whole(node).expr
+        if rule(node).random:
+            expr = f"{expr} if update else r[{name!r}]"
+        statements.append(Statement(f"r[{name!r}]", expr))
+    if any(re.search(r"\blike\b", statement.expr) for statement in statements):
+        statements.insert(0, Statement("like", "xs[0]"))
+    return CombineFunction(f"_S{segment.index}_c{level.index}", level.index, statements)
+
+
+def _direct_function(segment: Segment, graph: Graph, level) -> str:
+    """The expression of a direct level's partials from ``owned`` slices and origins ``o``."""
+    first = segment.reductions.index(level.reductions[0])
+    view = DirectView(graph, level.reductions, first)
+    partials = []
+    for name in level.reductions:
+        view.focus(graph.nodes[name], None, None, None)
+        partials.append(rule(graph.nodes[name]).partial(graph.nodes[name], view))
+    return _tuple(partials)
 
 
 def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int]) -> list[Statement]:
@@ -196,21 +328,39 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
     slots = {all_tensors[index]: position for position, index in enumerate(tensors)}
     sliced = [(i.name, graph.spatial(i.name)) for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
-    outputs = [(name, repr(tuple(graph.shape(name))), graph.spatial(name) or (0, 0), name in channels_last)
-               for name in segment.outputs]
-    functions, costs = [], ""
+    outputs = [repr(("image", tuple(graph.shape(name)), graph.spatial(name) or (0, 0), name in channels_last))
+               if graph.is_image(name) else repr(("leaf", name)) for name in segment.outputs]
+    functions, prefixes, costs = [], [], ""
+    combines, levels, direct, reduced = [], [], None, "()"
     if segment.mode == "tiled":
         overwriting = _overwriting(segment, graph, in_place)
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
-                functions.append(_tile_function(segment, graph, slots, constants, overwriting, rows, cols))
+                full, *level_functions = _tile_functions(segment, graph, slots, constants, overwriting, rows, cols)
+                functions.append(full)
+                prefixes += level_functions
         members = graph.members(segment.first, segment.stop)
         costs = repr((tuple(axis_weights(graph, members, segment.rows, 0)),
                       tuple(axis_weights(graph, members, segment.cols, 1))))
+        sliced_names = [name for name, _ in sliced]
+        for level in segment.levels:
+            combines.append(_combine_function(segment, graph, slots, constants, level))
+            first = sum(len(other.reductions) for other in segment.levels if other.index < level.index)
+            switches = [rule(graph.nodes[name]).switch(graph.nodes[name]) for name in level.reductions]
+            levels.append(LevelView(
+                level.index, level.direct, level.swept, first, len(level.reductions),
+                tuple(dict.fromkeys(switches)) if switches and None not in switches else (),
+                (*level.reductions, *level.small), combines[-1].name,
+                [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")]))
+            if level.direct:
+                direct = _direct_function(segment, graph, level)
+                reduced = repr(tuple((first + k, tuple(sliced_names.index(i) for i in rule(graph.nodes[name]).reduced(
+                    graph.nodes[name], graph))) for k, name in enumerate(level.reductions)))
     stored = _stored_statements(segment, graph, slots) if segment.mode == "stored" else []
     rolled = tuple(name in segment.rolled for name, _ in sliced)
     return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
-                       costs, repr(segment.shares), repr(rolled), functions, stored)
+                       costs, repr(segment.shares), repr(rolled), functions, stored, prefixes, combines, levels,
+                       direct, reduced)
 
 
 def _tree(tree: OutputTree) -> str:
@@ -268,7 +418,8 @@ def render(plan: Plan) -> str:
     views = [_segment_view(segment, graph, all_tensors, constants, in_place, channels_last)
              for segment in plan.segments]
     tiled_nodes = [node for s in plan.segments if s.mode == "tiled" for node in graph.members(s.first, s.stop)]
-    eval_only = tuple(sorted({n.path for n in tiled_nodes if rule(n).training_flag is not None}))
+    eval_only = tuple(sorted({n.path for n in tiled_nodes if rule(n).training_flag is not None
+                              and role(graph, n.name) != "reduction"}))
     batch_norm_paths = tuple(sorted({n.path for n in plan.model.nodes if is_batch_norm_module(n)}))
     train_paths = tuple(sorted({n.path for n in plan.model.nodes
                                 if rule(n).training_flag is not None or updates_buffer(n)} - set(batch_norm_paths)))

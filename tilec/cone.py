@@ -26,19 +26,22 @@ from tilec.graph import Graph
 from tilec.ir import AxisStep, AxisTile, Read
 from tilec.ops import Need, rule
 from tilec.regions import Interval, split
+from tilec.sweeps import levels, role
 
 Bounds = tuple[np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
 class Step:
-    """One node of the cone: its output interval per tile, and per read ``(input, start, stop,
-    pad before, pad after)``, each an array over the tiles."""
+    """One node of the cone: its output interval per tile, per read ``(input, start, stop,
+    pad before, pad after)``, and for a reduction the interval of its reduced inputs the tile owns
+    (``owned``: ``(start, stop)``; ``None`` for other nodes), each an array over the tiles."""
 
     node: str
     start: np.ndarray
     stop: np.ndarray
     reads: tuple[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    owned: Bounds | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,14 @@ class Cone:
 
 
 def _needs(node, axis: int, start: np.ndarray, stop: np.ndarray, graph: Graph) -> list[Need]:
-    """The node's rule for every tile: on arrays at once where the rule allows it."""
+    """The node's rule for every tile: on arrays at once where the rule allows it. A small op reads
+    nothing in the tiles; a reduction reads its input where its image output is (a normalisation)."""
+    kind = role(graph, node.name)
+    if kind == "small":
+        return []
+    if kind == "reduction":
+        return [Need(name, Interval(start, stop), False) for name in graph.sliced_inputs(node)
+                if graph.is_image(node.name)]
     op = rule(node)
     if op.vectorised:
         return op.need(node, axis, Interval(start, stop), graph)
@@ -77,14 +87,18 @@ def _merged(known: Bounds | None, start: np.ndarray, stop: np.ndarray) -> Bounds
     return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
 
 
+def _split(size: int, grids: Sequence[int]) -> Bounds:
+    """``split(size, parts)`` for each number of parts in ``grids``, concatenated, as arrays."""
+    intervals = [interval for parts in grids for interval in split(size, parts)]
+    return (np.array([i.start for i in intervals], dtype=np.int64), np.array([i.stop for i in intervals],
+                                                                              dtype=np.int64))
+
+
 def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int]) -> Cone:
     """The cone of run ``[low, stop)`` on ``axis`` for each number of tiles in ``grids``."""
     tiles = sum(grids)
-    owned: dict[str, Bounds] = {}
-    for name in graph.outputs_of(low, stop):
-        intervals = [interval for parts in grids for interval in split(graph.size(name, axis), parts)]
-        owned[name] = (np.array([i.start for i in intervals], dtype=np.int64),
-                       np.array([i.stop for i in intervals], dtype=np.int64))
+    owned = {name: _split(graph.size(name, axis), grids) for name in graph.outputs_of(low, stop)
+             if graph.is_image(name)}
     region: dict[str, Bounds] = dict(owned)
     empty = np.zeros(tiles, dtype=np.int64)
     steps = []
@@ -104,7 +118,12 @@ def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int]) -> 
                 before = after = empty
             reads.append((need.input, read_start, read_stop, before, after))
             region[need.input] = _merged(region.get(need.input), read_start, read_stop)
-        steps.append(Step(node.name, start, stop_, tuple(reads)))
+        partial = None
+        if role(graph, node.name) == "reduction" and (reduced := rule(node).reduced(node, graph)):
+            partial = _split(graph.size(reduced[0], axis), grids)
+            for name in reduced:
+                region[name] = _merged(region.get(name), *partial)
+        steps.append(Step(node.name, start, stop_, tuple(reads), partial))
     return Cone(low, stop, tiles, owned, tuple(steps[::-1]), region)
 
 
@@ -116,7 +135,10 @@ def axis_tiles(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tu
     columns = {name: (bounds[0].tolist(), bounds[1].tolist()) for name, bounds in found.regions.items()}
     steps = [(step.node, step.start.tolist(), step.stop.tolist(),
               [(read[0], *(bound.tolist() for bound in read[1:])) for read in step.reads]) for step in found.steps]
-    owned = [(found.owned[name][0].tolist(), found.owned[name][1].tolist()) for name in outputs]
+    owned = [(found.owned[name][0].tolist(), found.owned[name][1].tolist()) for name in outputs if name in found.owned]
+    partials = {step.node: (step.owned[0].tolist(), step.owned[1].tolist()) for step in found.steps
+                if step.owned is not None}
+    order = [name for level in levels(graph, first, stop) for name in level.reductions]
     tiles = []
     for t in range(parts):
         tile_steps = []
@@ -128,8 +150,9 @@ def axis_tiles(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tu
             tile_steps.append(AxisStep.model_construct(node=name, out=out, grad_out=out, reads=tile_reads))
         slices = tuple(Interval(columns[name][0][t], columns[name][1][t]) if name in columns else Interval(0, 0)
                        for name in inputs)
-        tiles.append(AxisTile.model_construct(index=t, shape_class=0, inputs=slices,
-                                              owned=tuple(Interval(a[t], b[t]) for a, b in owned),
-                                              steps=tuple(tile_steps)))
+        tiles.append(AxisTile.model_construct(
+            index=t, shape_class=0, inputs=slices, owned=tuple(Interval(a[t], b[t]) for a, b in owned),
+            steps=tuple(tile_steps), partials=tuple(Interval(partials[name][0][t], partials[name][1][t])
+                                                    if name in partials else Interval(0, 0) for name in order)))
     return tuple(tiles)
 

@@ -82,8 +82,13 @@ class TileView:
     graph's ``shapes``. Every variable the expression names is recorded in ``uses``."""
 
     def __init__(self, shapes: Shapes, slots: dict[str, int], constants: Constants,
-                 region: dict[str, tuple[Interval, Interval]]):
+                 region: dict[str, tuple[Interval, Interval]], leaves: frozenset[str] = frozenset(),
+                 reductions: tuple[str, ...] = (), partials: tuple = ((), ())):
+        """``leaves``: names read from ``r`` (results of the segment's reductions and small ops);
+        ``reductions``: the segment's (``AxisTile.partials`` order); ``partials``: the row and column
+        tile's owned intervals of each."""
         self.shapes, self.slots, self.constants, self.region = shapes, slots, constants, region
+        self.leaves, self.reductions, self.partials = leaves, reductions, partials
         self.node: NodeSpec | None = None
         self.row = self.col = None
         self.pads: dict[str, tuple] = {}
@@ -95,8 +100,26 @@ class TileView:
         self.pads = {r.input: (r.pad, c.pad) for r, c in zip(row.reads, col.reads, strict=True)} if row else {}
 
     def var(self, name: str) -> str:
+        if name in self.leaves:
+            return self.leaf(name)
         self.uses.add(var(name))
         return var(name)
+
+    def leaf(self, name: str) -> str:
+        """A result of the segment's reductions or small ops, read from ``r``."""
+        return f"r[{name!r}]"
+
+    def owned(self, name: str) -> str:
+        """The part of input ``name`` the current reduction's partial covers in this tile."""
+        k = self.reductions.index(self.node.name)
+        held_r, held_c = self.region[name]
+        rows, cols = (local(owned[k], held) for owned, held in zip(self.partials, (held_r, held_c), strict=True))
+        self.uses.add(var(name))
+        return var(name) + index(len(self.shapes.shape(name)), self.shapes.spatial(name), rows, cols)
+
+    def origin(self, name: str) -> str:
+        """The first row and column of the current reduction's owned part (``o``, per tile)."""
+        return f"o[{self.reductions.index(name)}]"
 
     def local(self, name: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
         """The node's read of ``name`` in the coordinates of what the tile holds of it, per axis."""
@@ -150,6 +173,16 @@ class TileView:
             source = f"pad_border(arena, {source}, {tuple(explicit)!r}, {value})"
         return source, tuple(native)
 
+    def partial(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
+        """The statement computing a reduction's partial in one tile (``q_<node>``)."""
+        self.focus(node, row, col, None)
+        return Statement(f"q_{node.name}", rule(node).partial(node, self), self.uses)
+
+    def applied(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
+        """The statement computing a normalisation's image output in one tile from its result."""
+        self.focus(node, row, col, None)
+        return Statement(var(node.name), rule(node).apply(node, self), self.uses)
+
     def statement(self, node: NodeSpec, row: AxisStep, col: AxisStep, in_place: bool | None) -> Statement:
         """The statement computing ``node`` in one tile (an empty tensor where the tile computes none)."""
         self.focus(node, row, col, in_place)
@@ -166,6 +199,51 @@ class TileView:
         since ``focus(node, None, None, None)``)."""
         args = [self.arg(a) for a in node.args] if args is None else args
         return Statement(var(node.name), expr if expr is not None else self.call(node, args), self.uses)
+
+
+class CombineView(TileView):
+    """What ``Op.finish`` and a small op's statement may look up in a combine function
+    ``(parts, r, xs, bs, p, train, update)``: leaves in ``r``, broadcast inputs in ``bs`` (by their
+    position), model tensors in ``p``, the modules' modes in ``train``, ``like`` (``xs[0]``)."""
+
+    def __init__(self, shapes: Shapes, slots: dict[str, int], constants: Constants, leaves: frozenset[str],
+                 broadcast: list[str]):
+        super().__init__(shapes, slots, constants, {}, leaves)
+        self.broadcast = broadcast
+
+    def var(self, name: str) -> str:
+        if name in self.leaves:
+            return self.leaf(name)
+        return f"bs[{self.broadcast.index(name)}]"
+
+    def dtype(self, node: NodeSpec) -> str:
+        """The dtype ``node`` computes in: autocast's where it casts, else the model input's."""
+        return f"torch.{node.autocast_dtype}" if node.autocast_dtype else "like.dtype"
+
+    def mode(self, path: str) -> str:
+        """A BatchNorm module's ``(batch statistics?, momentum)`` in this step."""
+        return f"train[{path!r}]"
+
+    def train(self, path: str) -> str:
+        """A module's training flag in this step."""
+        return f"train[{path!r}]"
+
+
+class DirectView(TileView):
+    """What ``Op.partial`` may look up in a direct level's function ``(owned, o)``: per reduction of
+    the level, the owned slices of its reduced inputs (``owned``), and their origins (``o``)."""
+
+    def __init__(self, shapes: Shapes, reductions: tuple[str, ...], first: int):
+        """``reductions``: the level's; ``first``: the segment's index of the first of them."""
+        super().__init__(shapes, {}, Constants(), {}, frozenset(), reductions)
+        self.first = first
+
+    def owned(self, name: str) -> str:
+        k = self.reductions.index(self.node.name)
+        return f"owned[{k}][{rule(self.node).reduced(self.node, self.shapes).index(name)}]"
+
+    def origin(self, name: str) -> str:
+        return f"o[{self.first + self.reductions.index(name)}]"
 
 
 def free(statements: list[Statement], keep: set[str]) -> None:

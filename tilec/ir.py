@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 INPUT = "input"
 
 Shape = tuple[int, ...]
@@ -122,7 +122,9 @@ class AxisTile(Frozen):
     """Index ``index`` of a segment's grid along one axis.
 
     ``inputs``: per sliced segment input (``Segment.inputs`` order), the interval the tile reads;
-    ``owned``: per segment output, the interval the tile owns (a partition over the tiles).
+    ``owned``: per image output of the segment (``Segment.outputs`` order), the interval the tile
+    owns (a partition over the tiles); ``partials``: per reduction (``Segment.reductions``), the
+    interval of its reduced inputs the tile's partial covers (a partition over the tiles too).
     """
 
     index: int
@@ -130,6 +132,26 @@ class AxisTile(Frozen):
     inputs: tuple[Interval, ...]
     owned: tuple[Interval, ...]
     steps: tuple[AxisStep, ...]
+    partials: tuple[Interval, ...] = ()
+
+
+class Level(Frozen):
+    """One level of a tiled segment's reductions (``tilec.sweeps``).
+
+    A reduction's level is one more than the highest level of the results its reduced inputs
+    depend on in the segment (a reduction of nothing, level 0). Per level, a forward sweep runs the
+    tiles up to its reductions' partials; its combine merges them and computes ``small``, the ops
+    without image that depend on its results. ``direct``: every reduction reads a segment input, so
+    the partials are computed from the input's owned slices without running a tile, and the
+    backward sweep is the last one's. ``swept``: tiles read its results, so the backward has a sweep
+    for them (unless ``direct``).
+    """
+
+    index: int
+    reductions: tuple[str, ...]
+    small: tuple[str, ...]
+    direct: bool
+    swept: bool
 
 
 class SegmentInput(Frozen):
@@ -142,7 +164,8 @@ class SegmentInput(Frozen):
 class Segment(Frozen):
     """Nodes ``[first, stop)`` of the node order with one grid; its outputs are materialised.
 
-    ``tiled``: forward keeps nothing but its inputs, backward recomputes tile by tile.
+    ``tiled``: forward keeps nothing but its inputs, backward recomputes tile by tile; reductions
+    over the image run inside it by sweeps (``levels``), and its small outputs are their results.
     ``stored``: runs untiled through autograd, keeping activations (grid 1x1, no recompute).
     """
 
@@ -162,10 +185,17 @@ class Segment(Frozen):
         default=(), description="sliced inputs whose gradient the tiled backward rolls into the input's own storage, "
                                 "row of tiles by row of tiles, holding one band of rows instead of a full gradient "
                                 "(tilec.cost.Estimator.rollable)")
+    levels: tuple[Level, ...] = Field(
+        default=(), description="a tiled segment's reductions and small ops by level (tilec.sweeps)")
     shares: tuple[tuple[int, ...], ...] = Field(
         default=(), description="with Plan.ranks, per rank the tiles it runs (row-major indices); else empty")
     rank_seconds: float | None = Field(
         default=None, description="with Plan.ranks, estimated time of this segment on its busiest rank")
+
+    @property
+    def reductions(self) -> tuple[str, ...]:
+        """The segment's reductions, level by level (the order of ``AxisTile.partials``)."""
+        return tuple(name for level in self.levels for name in level.reductions)
 
 
 class Plan(Frozen):

@@ -20,6 +20,7 @@ from tilec.errors import GridError
 from tilec.graph import Graph
 from tilec.ir import AxisTile, Plan, Segment, SegmentInput
 from tilec.ops import rule
+from tilec.sweeps import levels, role
 from tilec.target import REFERENCE, Target
 
 
@@ -38,9 +39,10 @@ class SegmentChoice(NamedTuple):
 
 
 def class_key(tile: AxisTile, graph: Graph, inputs: Sequence[SegmentInput], outputs: Sequence[str],
-              axis: int) -> tuple:
+              axis: int, reductions: Sequence[str] = ()) -> tuple:
     """What generated code depends on: every length, pad and offset relative to the producer's
-    region, the owned parts' offsets, plus per-op extras (``Op.extras``)."""
+    region, the owned parts' and the partials' offsets (``reductions``: the segment's, in
+    ``AxisTile.partials`` order), plus per-op extras (``Op.extras``)."""
     base = {i.name: interval for i, interval in zip([i for i in inputs if i.sliced], tile.inputs, strict=True)}
     parts: list = [tuple(i.length for i in tile.inputs)]
     for step in tile.steps:
@@ -49,21 +51,32 @@ def class_key(tile: AxisTile, graph: Graph, inputs: Sequence[SegmentInput], outp
         extras = rule(node).extras(node, step, axis, graph) if step.out.length else None
         parts.append((step.out.length, reads, extras))
         base[step.node] = step.out
-    parts.append(tuple((o.start - base[name].start, o.length) for name, o in zip(outputs, tile.owned, strict=True)))
+    images = [name for name in outputs if graph.is_image(name)]
+    parts.append(tuple((o.start - base[name].start, o.length) for name, o in zip(images, tile.owned, strict=True)))
+    for name, owned in zip(reductions, tile.partials, strict=True):
+        node = graph.nodes[name]
+        parts.append(tuple((owned.start - base[i].start, owned.length) for i in rule(node).reduced(node, graph)))
     return tuple(parts)
 
 
 def classified(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tuple[AxisTile, ...]:
     """The axis tiles of segment ``[first, stop)``, numbered by shape class in order of first appearance."""
     inputs, outputs = graph.inputs_of(first, stop), graph.outputs_of(first, stop)
+    reductions = [name for level in levels(graph, first, stop) for name in level.reductions]
     classes: dict[tuple, int] = {}
     return tuple(tile.model_copy(update={"shape_class": classes.setdefault(
-        class_key(tile, graph, inputs, outputs, axis), len(classes))}) for tile in axis_tiles(graph, first, stop, axis,
-                                                                                              parts))
+        class_key(tile, graph, inputs, outputs, axis, reductions), len(classes))})
+        for tile in axis_tiles(graph, first, stop, axis, parts))
 
 
-def output_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:
-    return [(graph.size(name, 0), graph.size(name, 1)) for name in graph.outputs_of(first, stop)]
+def owned_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:
+    """The image sizes of what a tiled segment's tiles partition: its image outputs and the inputs
+    its reductions reduce."""
+    names = [name for name in graph.outputs_of(first, stop) if graph.is_image(name)]
+    for node in graph.members(first, stop):
+        if role(graph, node.name) == "reduction":
+            names += rule(node).reduced(node, graph)
+    return [(graph.size(name, 0), graph.size(name, 1)) for name in dict.fromkeys(names)]
 
 
 def check_grid(grid: Sequence[int], sizes: Sequence[tuple[int, int]], where: str) -> tuple[int, int]:
@@ -85,20 +98,33 @@ def check_segments(segments: Sequence[tuple], count: int) -> None:
         raise GridError(f"segments must cover nodes 0..{count - 1} in order; got {list(segments)}")
 
 
-def default_segments(graph: Graph, grid: tuple[int, int]) -> list[SegmentChoice]:
-    """One grid for the network: maximal runs of tileable nodes are tiled with ``grid`` (clipped
-    to their outputs' sizes), the rest (heads, global pooling, SE branches) run stored."""
+def _runs(graph: Graph) -> list[tuple[int, int]]:
+    """Maximal runs of tileable nodes and of the others, each tileable one cut further before any
+    reduction whose level in it would be 2 or more (its input is then kept, and the reduction reads
+    it directly: ``tilec.sweeps``)."""
     runs, start = [], 0
     for index in range(1, len(graph) + 1):
-        if index == len(graph) or graph.nodes[graph.order[index]].tileable != graph.nodes[graph.order[start]].tileable:
+        node = graph.nodes[graph.order[index]] if index < len(graph) else None
+        if node is None or node.tileable != graph.nodes[graph.order[start]].tileable:
             runs.append((start, index))
             start = index
+        elif node.tileable and role(graph, node.name) == "reduction" and any(
+                level.index >= 2 and node.name in level.reductions for level in levels(graph, start, index + 1)):
+            runs.append((start, index))
+            start = index
+    return runs
+
+
+def default_segments(graph: Graph, grid: tuple[int, int]) -> list[SegmentChoice]:
+    """One grid for the network: runs of tileable nodes (``_runs``) are tiled with ``grid`` (clipped
+    to what their tiles partition, ``owned_sizes``), the rest run stored, as do runs whose tiles
+    would partition nothing."""
     choices = []
-    for first, stop in runs:
-        if not graph.tileable(first, stop) or tuple(grid) == (1, 1):
+    for first, stop in _runs(graph):
+        sizes = owned_sizes(graph, first, stop)
+        if not graph.tileable(first, stop) or tuple(grid) == (1, 1) or not sizes:
             choices.append(SegmentChoice(first, stop, (1, 1), "stored"))
             continue
-        sizes = output_sizes(graph, first, stop)
         clipped = (min(grid[0], *(s[0] for s in sizes)), min(grid[1], *(s[1] for s in sizes)))
         choices.append(SegmentChoice(first, stop, clipped, "tiled"))
     return choices
@@ -111,9 +137,12 @@ def _checked(graph: Graph, choice: SegmentChoice) -> SegmentChoice:
         blocker = next((n for n in graph.members(first, stop) if not n.tileable), None)
         if blocker is not None:
             raise GridError(f"segment {where} cannot be tiled: node {blocker.name} (aten.{blocker.op}"
-                            f"{' in ' + blocker.path if blocker.path else ''}) reads the whole map or no image; "
+                            f"{' in ' + blocker.path if blocker.path else ''}) cannot run in a tiled segment; "
                             f"give that segment grid 1x1")
-        grid = check_grid(grid, output_sizes(graph, first, stop), f"segment {where}")
+        sizes = owned_sizes(graph, first, stop)
+        if not sizes:
+            raise GridError(f"segment {where} cannot be tiled: it makes no image and reduces none; give it grid 1x1")
+        grid = check_grid(grid, sizes, f"segment {where}")
     return SegmentChoice(first, stop, (1, 1) if mode == "stored" else grid, mode)
 
 
@@ -158,7 +187,7 @@ def plan(
         planned.append(Segment(
             index=index, first=first, stop=stop, grid=seg_grid, mode=mode, inputs=graph.inputs_of(first, stop),
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
-            rows=rows, cols=cols,
+            rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (),
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned]
     spans = [(s.first, s.stop, s.mode) for s in planned]

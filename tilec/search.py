@@ -53,7 +53,7 @@ from tilec.cost.estimator import Estimator, SegmentCost
 from tilec.errors import BudgetError
 from tilec.graph import Graph
 from tilec.ops import rule
-from tilec.planner import SegmentChoice, output_sizes
+from tilec.planner import SegmentChoice, owned_sizes
 from tilec.recompute import candidates, recompute
 from tilec.target import Target
 
@@ -195,7 +195,7 @@ class _Costs:
     def _grids(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Distinct grids for a tiled segment, coarse to fine, clipped to its outputs' sizes (none
         when the segment cannot be tiled)."""
-        sizes = output_sizes(self.graph, first, stop) if self.graph.tileable(first, stop) else []
+        sizes = owned_sizes(self.graph, first, stop) if self.graph.tileable(first, stop) else []
         if not sizes:
             return []
         height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)

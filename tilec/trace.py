@@ -66,13 +66,29 @@ def _described(error: Exception) -> str:
     return f"{type(error).__name__}: {message}"
 
 
+@contextmanager
+def _cumulative_momentum_as_float(model: nn.Module):
+    """BatchNorm modules training with ``momentum=None`` (a cumulative average) divide by their
+    batch count in Python, which a fake input cannot trace: they trace with a momentum of 0.0. The
+    generated module reads every BatchNorm module's momentum at run time."""
+    changed = [module for module in model.modules()
+               if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.momentum is None]
+    for module in changed:
+        module.momentum = 0.0
+    try:
+        yield
+    finally:
+        for module in changed:
+            module.momentum = None
+
+
 def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         example = torch.empty(shape, dtype=_model_dtype(model))
     try:
-        with _quiet_torch_logs():
+        with _quiet_torch_logs(), _cumulative_momentum_as_float(model):
             return torch.export.export(model, (example,), strict=False)
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
         raise ShapeError(f"the model does not run on input shape {shape}: {_described(error)}") from None

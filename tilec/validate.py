@@ -49,6 +49,7 @@ from tilec.ir import INPUT, SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, Output
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments
 from tilec.regions import Interval
+from tilec.sweeps import may_roll
 
 AXES = ("rows", "cols")
 
@@ -242,8 +243,8 @@ def _check_segment(segment: Segment, graph: Graph) -> None:
 
 def _check_rolled(plan: Plan, segment: Segment, graph: Graph) -> None:
     """A segment rolls only gradients that no other backward needs the input for: a tiled segment,
-    inputs a tiled segment produced, that ``Graph.may_roll`` allows."""
-    may = graph.may_roll(segment.first)
+    inputs a tiled segment produced, that ``tilec.sweeps.may_roll`` allows."""
+    may = may_roll(graph, segment.first)
     allowed = {i.name for i in segment.inputs if i.name in may} if segment.mode == "tiled" else set()
     for name in segment.rolled:
         producer = next((s for s in plan.segments if s.first <= graph.position.get(name, -1) < s.stop), None)
@@ -323,7 +324,7 @@ def _check_axis(segment: Segment, axis: int, graph: Graph) -> None:
         where = f"segment {segment.index} {AXES[axis]} tile {number}"
         _compare(tile, expected, segment, where)
         with _evaluating(f"the class key of {where}"):
-            key = class_key(tile, graph, segment.inputs, segment.outputs, axis)
+            key = class_key(tile, graph, segment.inputs, segment.outputs, axis, segment.reductions)
         first, first_key = first_of_class.setdefault(tile.shape_class, (number, key))
         if first_key != key:
             _fail(f"{where} shares shape_class {tile.shape_class} with tile {first}, but their generated code "

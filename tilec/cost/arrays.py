@@ -38,7 +38,7 @@ class AxisArrays:
             self.out[:, column] = stop - start
             self.reads[name] = [(source, read_start, read_stop) for source, read_start, read_stop, _, _ in reads]
             op = rule(graph.nodes[name])
-            if not op.window:
+            if not op.window or not reads:  # a small op in a tiled segment reads nothing in the tiles
                 continue
             _, read_start, read_stop, before, after = reads[0]
             self.padded[:, column] = read_stop - read_start + before + after

@@ -17,9 +17,12 @@ def axis_weights(graph: Graph, members: Sequence[NodeSpec], tiles: Sequence[Axis
 
     Tile ``(i, j)`` is weighted ``rows[i] * cols[j]`` (``tile_cost``): exact when every node's
     tile lengths are the same share of its size, a close estimate with halos. Integers: the
-    same on every machine, and the module stays per axis (no rows x columns table)."""
+    same on every machine, and the module stays per axis (no rows x columns table). Nodes without
+    an image output (small ops, reductions' results) weigh nothing."""
     weights = [0] * len(tiles)
     for position, node in enumerate(members):
+        if not graph.is_image(node.name):  # a small op or result: no tile computes it
+            continue
         area = graph.size(node.name, 0) * graph.size(node.name, 1)
         per_pixel = rule(node).flops(node, graph) * prod(node.shape) / area
         rate = max(1, round(per_pixel * (2 + rule(node).backward_factor))) * graph.size(node.name, 1 - axis)

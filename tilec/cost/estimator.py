@@ -40,6 +40,7 @@ from tilec.cost.facts import Facts
 from tilec.cost.liveness import COPY, KINDS, Forward, Program, program
 from tilec.graph import Graph
 from tilec.ir import AxisTile
+from tilec.sweeps import may_roll
 from tilec.target import Target
 
 
@@ -158,11 +159,11 @@ class Estimator:
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
         into the tensor's own storage, band by band (``tilec.runtime.tiles.Rolled``), if a tiled
-        segment made it (``made_tiled``): those ``Graph.may_roll`` names that need one; none where
-        ranks share the tiles (``Target.shared_tiles``)."""
+        segment made it (``made_tiled``): those ``tilec.sweeps.may_roll`` names that need one; none
+        where ranks share the tiles (``Target.shared_tiles``)."""
         if self.target.shared_tiles:
             return frozenset()
-        return frozenset(name for name in self.graph.may_roll(cut) if self.facts.needs_grad(self.graph.position[name]))
+        return frozenset(name for name in may_roll(self.graph, cut) if self.facts.needs_grad(self.graph.position[name]))
 
     def made_tiled(self, cut: int, spans: Iterable[tuple[int, int, str]]) -> frozenset[str]:
         """Of ``rollable(cut)``, the tensors made by a tiled segment of ``spans``, ``(first, stop,

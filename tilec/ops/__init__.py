@@ -6,8 +6,9 @@ the local constants and the expression a tile computes it with, its FLOPs, and w
 backward keeps. Adding an op is one entry here (or one class beside the family it joins).
 
 Families: window ops (``window``), transposed convolution (``transpose``), upsampling
-(``resample``), padding and slicing (``crop``), per-pixel ops (``pixel``), and ops that
-read the whole map (``Whole``: they and what is computed only from their results run untiled).
+(``resample``), padding and slicing (``crop``), per-pixel ops (``pixel``), reductions over the
+image (``reduce``, ``loss``: computed by sweeps inside tiled segments), and ops that read the whole
+map otherwise (``Whole``: they and what is computed only from their results run untiled).
 An op with no entry has no tiling rule (``UNKNOWN``): it runs in untiled segments only.
 """
 
@@ -17,8 +18,10 @@ from tilec.graph import Shapes
 from tilec.ir import NodeSpec
 from tilec.ops.base import Need, Op, Whole, const, fail
 from tilec.ops.crop import Pad, Slice
+from tilec.ops.loss import Loss
 from tilec.ops.pixel import (
     BatchNorm,
+    ChannelArgMax,
     ChannelReduction,
     Channels,
     Dropout,
@@ -31,6 +34,7 @@ from tilec.ops.pixel import (
     Softmax,
     Squeeze,
 )
+from tilec.ops.reduce import MaxPool, Normalise, Pool, Statistic
 from tilec.ops.resample import Upsample
 from tilec.ops.transpose import ConvTranspose2d
 from tilec.ops.window import AvgPool2d, Conv2d, MaxPool2d
@@ -78,13 +82,23 @@ OPS: tuple[Op, ...] = (
     ChannelReduction("mean", "sum", saves="nothing"),
     ChannelReduction("amax"),
     Squeeze("squeeze", "unsqueeze"),
-    # ops that read the whole map: untiled
-    Whole("adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d", "amin", "max", "std", "var",
-          "norm", "flatten", "instance_norm"),
-    Whole("group_norm", flop_count=5),
-    # views and random ops without a tiling rule (untiled segments only)
+    ChannelArgMax("argmax", saves="nothing"),
+    Pixel("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "where", saves="nothing"),
+    Pixel("broadcast_tensors", view=True, pass_through=True, saves="nothing"),
+    # reductions over the image axes: by sweeps inside tiled segments (``tilec.ops.reduce``)
+    Pool("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
+    MaxPool("adaptive_max_pool2d"),
+    Statistic("max", "std", "var", "var_mean"),
+    Normalise("group_norm", "instance_norm"),
+    Loss("cross_entropy_loss", "nll_loss_nd", reduction_arg=3, weighted=True),
+    Loss("binary_cross_entropy_with_logits", reduction_arg=4),
+    Loss("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", reduction_arg=2),
+    # ops that read the whole map otherwise: untiled
+    Whole("amin", "norm", "flatten"),
+    # views and random ops without a tiling rule (untiled segments, or once per step in tiled ones)
     Op("expand", "select", view=True, pass_through=True, saves="nothing"),
-    Op("native_dropout", "bernoulli", "rand", "randn", "rand_like", "randn_like", random=True),
+    Op("native_dropout", "bernoulli", "bernoulli_", "uniform_", "normal_", "exponential_", "random_", "rand",
+       "randn", "randint", "randperm", "rand_like", "randn_like", "normal", "poisson", "multinomial", random=True),
 )
 
 RULES: dict[str, Op] = {name: op for op in OPS for name in op.names}
@@ -97,11 +111,38 @@ def rule(node_or_op) -> Op:
     return RULES.get(node_or_op if isinstance(node_or_op, str) else node_or_op.op, UNKNOWN)
 
 
+def updates_buffer(node: NodeSpec) -> bool:
+    """An op that writes in place into a model tensor (a buffer), kept as the model runs it."""
+    return (node.target.count(".") == 2 and node.target.split(".")[1].endswith("_") and bool(node.args)
+            and node.args[0].kind == "tensor")
+
+
+def _after_reduction(name: str, shapes: Shapes, seen: dict[str, bool]) -> bool:
+    """Whether tensor ``name`` depends on a reduction (an op reading an image to a small result)."""
+    if name not in shapes.nodes:
+        return False
+    if name not in seen:
+        node = shapes.nodes[name]
+        seen[name] = (bool(shapes.sliced_inputs(node)) and not shapes.is_image(name)) or any(
+            _after_reduction(i, shapes, seen) for i in node.inputs)
+    return seen[name]
+
+
 def tileable(node: NodeSpec, shapes: Shapes) -> bool:
-    """Whether ``node`` runs tile by tile: it reads an image, its rule has no objection
-    (``Op.check``, which raises for what tilec cannot compute at all), and it outputs an image."""
-    return (bool(shapes.sliced_inputs(node)) and rule(node).check(node, shapes) is None
-            and node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1)
+    """Whether ``node`` may run in a tiled segment: tile by tile (it reads an image, its rule has
+    no objection, ``Op.check``, which raises for what tilec cannot compute at all, and it outputs
+    an image), as a reduction by sweeps (``Op.reduces``), or once per sweep as a *small* op (no
+    image in or out) that is deterministic and writes into no buffer; a random small op only where
+    no reduction precedes it, so that it is drawn once per step."""
+    op = rule(node)
+    image = node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
+    if not shapes.sliced_inputs(node):
+        if image or updates_buffer(node) or (node.op == "batch_norm" and const(node, 5, False)):
+            return False
+        return not op.random or not any(_after_reduction(i, shapes, {}) for i in node.inputs)
+    if op.reduces(node, shapes):
+        return True
+    return op.check(node, shapes) is None and image
 
 
-__all__ = ["OPS", "RULES", "UNKNOWN", "Need", "Op", "const", "fail", "rule", "tileable"]
+__all__ = ["OPS", "RULES", "UNKNOWN", "Need", "Op", "const", "fail", "rule", "tileable", "updates_buffer"]

@@ -16,6 +16,14 @@ A rule object answers, for a node of its op (a ``NodeSpec``) and the graph's sha
 * ``emit``: the expression a tile function computes it with (``tilec.codegen``'s view);
 * ``flops``, ``backward_factor`` and the memory attributes below: the cost model.
 
+A *reduction* (``reduces``: global pooling, means and maxima over the image, normalisation with
+batch statistics, losses) runs inside a tiled segment in three parts: a ``partial`` each tile
+computes over the part of the ``reduced`` inputs it owns (the owned parts partition them), a
+``combine`` of the tiles' partials into the node's small result, once per sweep (``finish``), and
+for normalisations an ``apply`` that each tile computes from its input and that result, read as
+a leaf (``tilec.runtime.tiles``). A reduction of nothing (a dropout mask over channels) has no
+reduced inputs: its result is drawn once per step.
+
 Intervals are half-open ``[start, stop)`` in the coordinates of the full (untiled) tensor.
 """
 
@@ -148,6 +156,38 @@ class Op:
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         """Forward FLOPs per output element."""
         return self.flop_count
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        """Whether ``node`` is a reduction a tiled segment computes by sweeps (module docstring)."""
+        return False
+
+    def reduced(self, node: NodeSpec, shapes: Shapes) -> tuple[str, ...]:
+        """The image inputs whose owned parts a reduction's partials cover (several: a loss's
+        prediction and target, of one extent)."""
+        return shapes.sliced_inputs(node)
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        """The expression of a tile's partial, a tuple of tensors, over ``tile.owned(input)``."""
+        raise NotImplementedError(f"{self!r} has no partial")
+
+    def combine(self, node: NodeSpec) -> str:
+        """The runtime function merging the tiles' partials (``tilec.runtime.reduce``)."""
+        return "combine_sum"
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        """The expression of the node's result (its value, or what ``apply`` reads) from
+        ``combined``, the merged partial, in a combine function (``view``: ``tilec.emit.TileView``)."""
+        raise NotImplementedError(f"{self!r} has no result")
+
+    def apply(self, node: NodeSpec, tile) -> str | None:
+        """A normalisation's image output from its input and its result (``tile.leaf(node.name)``);
+        ``None``: the reduction's result is its (small) output."""
+        return None
+
+    def switch(self, node: NodeSpec) -> str | None:
+        """The module whose training mode makes the reduction compute batch statistics, or ``None``:
+        always (``tilec.runtime.checks.batch_norm_mode``)."""
+        return None
 
 
 class Whole(Op):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
 from tilec.ops.base import Need, Op, const, dim, fail
+from tilec.ops.reduce import Normalise, Statistic, image_dims
 from tilec.regions import Interval
 
 
@@ -42,8 +43,18 @@ class Pixel(Op):
         return [Need(name, out, False) for name in shapes.sliced_inputs(node)]
 
 
+def is_batch_norm_module(node: NodeSpec) -> bool:
+    """``batch_norm`` run by an ``nn.BatchNorm*`` module: at run time its training flag and
+    momentum come from the module (``tilec.runtime.checks.batch_norm_mode``)."""
+    return node.op == "batch_norm" and "BatchNorm" in node.module_type
+
+
 class BatchNorm(Pixel):
-    """``batch_norm`` with running statistics (eval mode); ``_native_batch_norm_legit_no_training``."""
+    """``batch_norm`` with running statistics (eval mode) is per pixel, as is
+    ``_native_batch_norm_legit_no_training``; with batch statistics (training mode, or
+    ``track_running_stats=False``) it is a reduction over (N, H, W) per channel, whose running
+    statistics its combine updates as ``nn.BatchNorm`` does. A module's training flag and momentum
+    are read at run time: a plan compiled in training mode also runs in eval mode."""
 
     fresh_result = True
     channels_last_backward_copy = True
@@ -51,14 +62,37 @@ class BatchNorm(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.op == "batch_norm" and const(node, 5, False):
-            fail(node, "BatchNorm with batch statistics (training mode, or track_running_stats=False) needs "
-                       "statistics of the whole image; call .eval() on the BatchNorm modules (exact training-mode "
-                       "BatchNorm is not supported yet)")
+            return "nonlocal"
         return super().check(node, shapes)
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return node.op == "batch_norm" and bool(const(node, 5, False)) and image_dims(node, shapes) is not None
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        return f"partial_moments({tile.owned(node.inputs[0])}, (0, 2, 3))"
+
+    def combine(self, node: NodeSpec) -> str:
+        return "combine_moments"
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        mode = view.mode(node.path) if is_batch_norm_module(node) else f"(True, {const(node, 6)!r})"
+        return (f"batch_norm_stats({combined}, {view.arg(node.args[3])}, {view.arg(node.args[4])}, {mode}, "
+                f"{const(node, 7)!r}, update)")
+
+    def apply(self, node: NodeSpec, tile) -> str:
+        return (f"norm_apply({tile.read(node.inputs[0])}, {tile.leaf(node.name)}, None, {tile.arg(node.args[1])}, "
+                f"{tile.arg(node.args[2])})")
+
+    def switch(self, node: NodeSpec) -> str | None:
+        return node.path if is_batch_norm_module(node) else None
 
 
 class Dropout(Pixel):
-    """Dropout in eval mode is the identity; in training mode it draws a mask over the whole image."""
+    """Dropout in eval mode is the identity. In training mode, ``feature_dropout`` (``Dropout2d``)
+    draws one mask value per sample and channel: a reduction of nothing, drawn once per step in the
+    model's op order (so a seeded tiled step draws what a seeded untiled one does) and multiplied
+    into every tile; element-wise dropout draws a mask over the whole image, which no tile can
+    reproduce from PyTorch's random stream: refused."""
 
     view = True
     pass_through = True
@@ -67,9 +101,23 @@ class Dropout(Pixel):
     training_flag = 2
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        if const(node, 2, False) and const(node, 1, 0):
-            fail(node, "Dropout in training mode draws a mask over the whole image; call .eval() on it")
+        if const(node, 2, False) and const(node, 1, 0) and not self.reduces(node, shapes):
+            fail(node, "Dropout in training mode draws a mask over the whole image, which no tile can reproduce; "
+                       "call .eval() on it (Dropout2d, one value per channel, tiles exactly)")
         return super().check(node, shapes)
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return node.op == "feature_dropout" and bool(const(node, 2, False)) and image_dims(node, shapes) is not None
+
+    def reduced(self, node: NodeSpec, shapes: Shapes) -> tuple[str, ...]:
+        return ()
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        flag = view.train(node.path) if node.path else "True"
+        return f"channel_dropout(like, {tuple(node.shape[:2]) + (1, 1)!r}, {const(node, 1)!r}, {flag})"
+
+    def apply(self, node: NodeSpec, tile) -> str:
+        return f"{tile.read(node.inputs[0])} * {tile.leaf(node.name)}"
 
 
 def reduced_dims(node: NodeSpec, ndim: int) -> set[int]:
@@ -82,7 +130,22 @@ def reduced_dims(node: NodeSpec, ndim: int) -> set[int]:
 
 
 class ChannelReduction(Pixel):
-    """``mean`` / ``sum`` / ``amax`` over dims other than the image axes (channels)."""
+    """``mean`` / ``sum`` / ``amax`` over dims other than the image axes (channels); over both
+    image axes, a reduction (``tilec.ops.reduce.Statistic``)."""
+
+    statistic = Statistic()
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return self.statistic.reduces(node, shapes)
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        return self.statistic.partial(node, tile)
+
+    def combine(self, node: NodeSpec) -> str:
+        return self.statistic.combine(node)
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        return self.statistic.finish(node, combined, view)
 
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
         ndim = len(shapes.shape(source))
@@ -98,6 +161,13 @@ class ChannelReduction(Pixel):
         if len(node.args) < 2 or reduced_dims(node, len(shapes.shape(source))) & set(shapes.spatial(source)):
             return "nonlocal"
         return super().check(node, shapes)
+
+
+class ChannelArgMax(ChannelReduction):
+    """``argmax`` over channels (a segmentation's predicted class per pixel)."""
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return False
 
 
 class Softmax(Pixel):
@@ -164,9 +234,26 @@ class Move(Pixel):
 
 
 class LayerNorm(Pixel):
-    """``layer_norm`` over trailing dims that are not image axes (channels-last)."""
+    """``layer_norm`` over trailing dims that are not image axes (channels-last); over (C, H, W)
+    without a per-pixel weight, a reduction (``tilec.ops.reduce.Normalise``)."""
 
     flop_count = 5
+    normalise = Normalise()
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return self.normalise.reduces(node, shapes)
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        return self.normalise.partial(node, tile)
+
+    def combine(self, node: NodeSpec) -> str:
+        return self.normalise.combine(node)
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        return self.normalise.finish(node, combined, view)
+
+    def apply(self, node: NodeSpec, tile) -> str:
+        return self.normalise.apply(node, tile)
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]

@@ -1,6 +1,6 @@
 """``TiledModule``: the ``nn.Module`` a generated ``TiledModel`` is, run by its plan's steps."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,7 +16,8 @@ from tilec.runtime.checks import (
     model_tensors,
 )
 from tilec.runtime.memory import return_freed_memory
-from tilec.runtime.tiles import Run, Tiled, TiledSegment
+from tilec.runtime.sweeps import Tiled
+from tilec.runtime.tiles import Run, TiledSegment
 
 #: ``TiledModel(..., kernels=...)``: the device's own kernels, or the generic ones everywhere.
 KERNEL_CHOICES = ("auto", "generic")
@@ -90,6 +91,7 @@ class TiledModule(torch.nn.Module):
             check_same_input(group, x)
         train = {path: modules[path].training for path in plan.train_paths}
         train.update({path: batch_norm_mode(modules[path]) for path in plan.batch_norm_paths})
+        run = replace(run, train=train)
         values = {"input": x}
         for step in self.steps:
             xs, bs = [values[name] for name in step.sliced], [values[name] for name in step.broadcast]

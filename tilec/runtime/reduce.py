@@ -17,8 +17,14 @@ them. Partials and results keep the reduced dims (``keepdim``), so that they bro
 import torch
 
 
+def widened(x):
+    """``x`` in float32 where it is half or bfloat16: partials accumulate there, and the result is
+    rounded to the op's dtype once, as PyTorch's own reductions do."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def partial_sum(x, dims):
-    return (x.sum(dims, keepdim=True),)
+    return (widened(x).sum(dims, keepdim=True),)
 
 
 def combine_sum(parts):
@@ -31,6 +37,7 @@ def partial_moments(x, dims):
     count = 1
     for d in dims:
         count *= x.shape[d]
+    x = widened(x)
     mean = x.mean(dims, keepdim=True)
     m2 = (x - mean).square().sum(dims, keepdim=True)
     return torch.full_like(mean, count, requires_grad=False), mean, m2
@@ -81,12 +88,12 @@ def combine_max(parts):
     return (MaxCombine.apply(counts, *tops),)
 
 
-def partial_argmax(x, rows, cols, width):
-    """Max pooling of the tile's owned part ``x`` (rows ``rows[0]:``, columns ``cols[0]:`` of an
-    input ``width`` wide) to 1x1: the first maximum in row-major order, and its flat index in the
-    whole input."""
+def partial_argmax(x, origin, width):
+    """Max pooling of the tile's owned part ``x`` (from row ``origin[0]`` and column ``origin[1]``
+    of an input ``width`` wide) to 1x1: the first maximum in row-major order, and its flat index
+    in the whole input."""
     top, local = torch.nn.functional.adaptive_max_pool2d(x, 1, return_indices=True)
-    row, col = local // x.shape[-1] + rows[0], local % x.shape[-1] + cols[0]
+    row, col = local // x.shape[-1] + origin[0], local % x.shape[-1] + origin[1]
     return top, row * width + col
 
 
@@ -113,3 +120,84 @@ class ArgMaxCombine(torch.autograd.Function):
 
 def combine_argmax(parts):
     return ArgMaxCombine.apply(torch.stack([index for _, index in parts]), *[top for top, _ in parts])
+
+
+def variance(moments, correction, shape):
+    """The variance from merged ``(count, mean, M2)``, with ``correction`` (1: unbiased), shaped."""
+    count, _, m2 = moments
+    return (m2 / (count - correction)).reshape(shape)
+
+
+def grouped(x, groups):
+    """``(N, C, H, W)`` as ``(N, groups, C / groups, H, W)``."""
+    return x.reshape(x.shape[0], groups, -1, *x.shape[2:])
+
+
+def norm_stats(moments, eps):
+    """``(mean, 1 / sqrt(var + eps))`` from merged ``(count, mean, M2)`` (the biased variance)."""
+    count, mean, m2 = moments
+    return mean, torch.rsqrt(m2 / count + eps)
+
+
+def batch_norm_stats(moments, running_mean, running_var, mode, eps, update):
+    """``nn.BatchNorm``'s statistics for ``mode = (batch statistics?, momentum)``: of the batch from
+    merged ``(count, mean, M2)`` over (N, H, W), updating the running statistics with ``momentum``
+    where ``update`` (a forward pass; the unbiased variance, as PyTorch does), or the running ones."""
+    batch_stats, momentum = mode
+    if not batch_stats:
+        return running_mean.view(1, -1, 1, 1), torch.rsqrt(running_var.view(1, -1, 1, 1) + eps)
+    count, mean, m2 = moments
+    var = m2 / count
+    if update and running_mean is not None:
+        with torch.no_grad():
+            total = count.reshape(-1)[0]
+            running_mean.mul_(1 - momentum).add_(mean.reshape(-1).to(running_mean.dtype), alpha=momentum)
+            unbiased = (var * (total / (total - 1))).reshape(-1).to(running_var.dtype)
+            running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
+    return mean, torch.rsqrt(var + eps)
+
+
+def norm_apply(x, stats, groups, weight, bias):
+    """``x`` normalised with ``stats = (mean, 1 / std)`` (per channel where ``groups`` is ``None``,
+    else per sample and channel group), then scaled and shifted per channel; in ``x``'s layout."""
+    mean, scale = stats
+    if groups is None:
+        y = (x - mean) * scale
+    else:
+        y = ((grouped(x, groups) - mean) * scale).reshape(x.shape)
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+            y = y.contiguous(memory_format=torch.channels_last)
+    if weight is not None:
+        y = y * weight.view(1, -1, 1, 1)
+    if bias is not None:
+        y = y + bias.view(1, -1, 1, 1)
+    return y.to(x.dtype)
+
+
+def partial_class_loss(op, prediction, target, weight, ignore_index, *smoothing):
+    """A class-weighted loss (``cross_entropy_loss``, ``nll_loss_nd``) of the tile's owned part,
+    summed, and what its mean divides by: the class weights of the pixels not ignored."""
+    total = op(widened(prediction), target, weight, 2, ignore_index, *smoothing)
+    kept = target != ignore_index
+    if weight is None:
+        return total, kept.sum().to(total.dtype)
+    return total, (weight[torch.where(kept, target, 0)] * kept).sum().to(total.dtype)
+
+
+def partial_loss(op, prediction, target, reduction_arg, *rest):
+    """An element-wise loss of the tile's owned part, summed (its reduction argument, at
+    ``reduction_arg``, set to sum)."""
+    args = [widened(prediction), widened(target), *rest]
+    args.insert(reduction_arg, 2)
+    return (op(*args),)
+
+
+def channel_dropout(like, shape, p, training):
+    """``Dropout2d``'s mask: one value per sample and channel, drawn as PyTorch draws it (a
+    Bernoulli sample of ``1 - p`` divided by ``1 - p``, in ``like``'s dtype and device); ones
+    where the module is not training."""
+    if not training or p == 0:
+        return torch.ones(shape, dtype=like.dtype, device=like.device)
+    if p == 1:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return torch.empty(shape, dtype=like.dtype, device=like.device).bernoulli_(1 - p).div_(1 - p)

@@ -1,10 +1,9 @@
-"""Tiled segments: ``Tiled`` runs one as an autograd function, tile by tile.
+"""Tiled segments: what a generated module knows of one (``TiledSegment``), and how its tiles, input
+gradients and outputs are laid out; ``tilec.runtime.sweeps.Tiled`` runs it.
 
-Forward runs every tile under ``no_grad`` and keeps nothing but the segment's inputs; backward
-re-runs each tile under autograd and back-propagates its owned part of the output gradient,
-accumulating parameter gradients and summing input gradients where the tiles' reads overlap
-(``Whole``), or writing them over the input itself where nothing reads it afterwards
-(``Rolled``). The ranks of a process group may share the tiles (``share``).
+Input gradients are summed where the tiles' reads overlap (``Whole``), or written over the input
+itself where nothing reads it afterwards (``Rolled``). The ranks of a process group may share the
+tiles (``share``).
 Conventions: slice bounds are half-open ``[start, stop)`` in full-tensor coordinates; tile
 ``(i, j)`` of an ``R x C`` grid is number ``i * C + j`` (row-major).
 """
@@ -22,7 +21,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 from tilec.runtime.arena import Arena
 from tilec.runtime.device import kernels_for
-from tilec.runtime.kernels import copy_in, layout_of, narrow
+from tilec.runtime.kernels import layout_of, narrow
 
 
 def share(costs, ranks):
@@ -40,14 +39,16 @@ def share(costs, ranks):
 class Run:
     """How one step runs its tiled segments: ``plan`` (its name, for progress lines), ``progress``
     (report each tile on standard error), ``group`` (a process group sharing the tiles, or
-    ``None``), and ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
-    the plan's ``gemm_min_channels``."""
+    ``None``), ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
+    the plan's ``gemm_min_channels``, and ``train``: the modules' modes in this step (training
+    flags; BatchNorm's ``(batch statistics?, momentum)``)."""
 
     plan: str
     progress: bool
     group: object
     generic: bool
     gemm_min_channels: object
+    train: dict = None
 
     def kernels(self, device_type):
         return kernels_for(device_type, self.gemm_min_channels, self.generic)
@@ -58,16 +59,48 @@ class Run:
             print(f"\rtilec {self.plan} {label}: tile {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
-class TiledSegment:
-    """A tiled segment: its tile functions by (row class, column class), per-axis tables, per-axis
-    cost weights, the plan's shares per rank (if compiled with --ranks), which sliced inputs' gradients
-    its backward rolls (``Rolled``), and the arena capacity its forward and backward passes needed
-    so far, by device, dtype and autocast state."""
+@dataclass(frozen=True)
+class LevelSpec:
+    """One level of a tiled segment's reductions (the plan's ``Level``): its ``index``, ``direct``
+    and ``swept``; ``first`` and ``count``: where its reductions' partials are in a tile's and how
+    many; ``switches``: the BatchNorm modules whose training mode makes it compute batch statistics
+    (empty: always); ``results``: the names of the leaves it makes; ``combine``: its combine
+    function ``(parts, r, xs, bs, p, train, update)``; ``prefix``: per (row class, column class),
+    the tile function computing its partials (a level neither direct nor 0)."""
 
-    def __init__(self, label, functions, rows, cols, sliced, broadcast, outputs, costs, shares, rolled):
+    index: int
+    direct: bool
+    swept: bool
+    first: int
+    count: int
+    switches: tuple
+    results: tuple
+    combine: object
+    prefix: dict
+
+    def active(self, train):
+        """Whether the level computes batch statistics in this step (``train``: the modes)."""
+        return not self.switches or any(train[path][0] for path in self.switches)
+
+
+class TiledSegment:
+    """A tiled segment: its tile functions by (row class, column class), per-axis tables (per axis
+    tile: the reads of each sliced input, the owned part of each image output, the shape class, the
+    part of each reduction's input its partial covers), the sliced inputs' image dims, the number
+    of broadcast inputs, its outputs (``("image", shape, spatial dims, channels-last)`` or
+    ``("leaf", name)``: a result of its reductions), per-axis cost weights, the plan's shares per
+    rank (if compiled with --ranks), which sliced inputs' gradients its backward rolls
+    (``Rolled``), its reductions' levels (``LevelSpec``), and a direct level's function
+    ``direct(owned, o)`` computing its partials from ``owned``, per reduction the owned slices of
+    its reduced inputs (``reduced``: per reduction of the direct level, its index among the
+    segment's and the indices of those inputs among the sliced ones), ``o`` their origins; and the
+    arena capacity its passes needed so far, by device, dtype and autocast state."""
+
+    def __init__(self, label, functions, rows, cols, sliced, broadcast, outputs, costs, shares, rolled, levels=(),
+                 direct=None, reduced=()):
         self.label, self.functions, self.rows, self.cols = label, functions, rows, cols
         self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
-        self.rolled = rolled
+        self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
 
@@ -82,13 +115,14 @@ class TiledSegment:
         self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
     def tiles(self, group=None):
-        """The tiles this process runs: all of them, or its rank's share of ``group``'s."""
+        """The tiles this process runs, as ``(index, row entry, column entry)``: all of them, or
+        its rank's share of ``group``'s."""
         mine = None if group is None else self.share(dist.get_world_size(group), dist.get_rank(group))
         index = 0
-        for row_inputs, row_owned, row_class in self.rows:
-            for col_inputs, col_owned, col_class in self.cols:
+        for row in self.rows:
+            for col in self.cols:
                 if mine is None or index in mine:
-                    yield self.functions[row_class, col_class], row_inputs, col_inputs, row_owned, col_owned
+                    yield index, row, col
                 index += 1
 
     def share(self, ranks, rank):
@@ -102,6 +136,22 @@ class TiledSegment:
     def count(self, group=None):
         return len(self.rows) * len(self.cols) if group is None else len(self.share(
             dist.get_world_size(group), dist.get_rank(group)))
+
+    def owned(self, xs, row, col, needs=None):
+        """Per reduction of the direct level, the owned slices of its reduced inputs in one tile
+        (detached and requiring grad where ``needs`` says so for their input)."""
+        found = []
+        for k, inputs in self.reduced:
+            rows, cols = row[3][k], col[3][k]
+            found.append(tuple(narrow(xs[i], self.sliced[i], rows, cols) if needs is None
+                               else narrow(xs[i], self.sliced[i], rows, cols).detach().requires_grad_(needs[i])
+                               for i in inputs))
+        return found
+
+    @property
+    def images(self):
+        """The image outputs' specs ``(shape, spatial dims, channels-last)``, in order."""
+        return [spec[1:] for spec in self.outputs if spec[0] == "image"]
 
 
 def pass_kind(x, autocast, backward):
@@ -129,9 +179,9 @@ def autocast_state(device_type):
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
-def slices(segment, xs, row_in, col_in):
-    """One tile's slices of the segment's sliced inputs."""
-    return [narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row_in, col_in, strict=False)]
+def slices(segment, xs, row, col):
+    """One tile's slices of the segment's sliced inputs (``row``, ``col``: its table entries)."""
+    return [narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row[0], col[0], strict=True)]
 
 
 class GradChannelsLast(torch.autograd.Function):
@@ -156,11 +206,11 @@ grad_channels_last = GradChannelsLast.apply
 
 
 def outputs(segment, parts, zeros):
-    """The segment's full outputs, in the dtypes its tiles compute them in (autocast decides).
+    """The segment's full image outputs, in the dtypes its tiles compute them in (autocast decides).
     Channels-last where only tiled segments read them: tiles then copy their parts in and their
     slices out without transposing (5-15x faster on CPU), and so do the gradients."""
     outs = []
-    for part, (shape, _, channels_last) in zip(parts, segment.outputs, strict=False):
+    for part, (shape, _, channels_last) in zip(parts, segment.images, strict=True):
         layout = torch.channels_last if channels_last else torch.contiguous_format
         out = torch.empty(shape, dtype=part.dtype, device=part.device, memory_format=layout)
         outs.append(out.zero_() if zeros else out)
@@ -242,101 +292,3 @@ def input_gradient(segment, index, x, group):
         if reads and all(a[0] <= b[0] for a, b in zip(reads, reads[1:], strict=False)):
             return Rolled(x, spatial, reads)
     return Whole(x, spatial)
-
-
-class Tiled(torch.autograd.Function):
-    """Forward: every tile under no_grad. Backward: every tile again under autograd, with the
-    autocast state the forward ran under. Each pass carves its tiles' own tensors from one arena.
-    ``run``: how this step runs (``Run``)."""
-
-    @staticmethod
-    def forward(ctx, segment, run, *tensors):
-        group = run.group
-        count = len(segment.sliced)
-        xs, rest = tensors[:count], tensors[count:]
-        bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
-        autocast = (xs[0].device.type, *autocast_state(xs[0].device.type))
-        arena = segment.arena(xs[0], autocast, False, run.kernels(xs[0].device.type))
-        # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
-        # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
-        with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
-            outs = None
-            total = segment.count(group)
-            for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
-                arena.reset()
-                parts = kernel(copy_in(arena, slices(segment, xs, row_in, col_in)), bs, p, arena)
-                if outs is None:
-                    outs = outputs(segment, parts, zeros=group is not None)
-                for out, (_, spatial, _), part, r, c in zip(outs, segment.outputs, parts, row_own, col_own,
-                                                            strict=True):
-                    narrow(out, spatial, r, c).copy_(part)
-                del parts  # before the next tile allocates
-                run.report(f"{segment.label} forward", done + 1, total)
-            if outs is None:  # this rank has no tile here: one tile tells the output dtypes
-                kernel, row_in, col_in, _, _ = next(segment.tiles())
-                arena.reset()
-                parts = kernel(copy_in(arena, slices(segment, xs, row_in, col_in)), bs, p, arena)
-                outs = outputs(segment, parts, zeros=True)
-        segment.learn(xs[0], autocast, False, arena)
-        del arena
-        if group is not None:
-            sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
-        ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
-        ctx.save_for_backward(*tensors)
-        return tuple(outs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        segment, tensors, run = ctx.segment, ctx.saved_tensors, ctx.run
-        group = run.group
-        needs = ctx.needs_input_grad[2:]
-        count = len(segment.sliced)
-        xs = tensors[:count]
-        leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:], strict=False)]
-        bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
-        sums = [input_gradient(segment, k, x, group) if need else None
-                for k, (x, need) in enumerate(zip(xs, needs[:count], strict=False))]
-        arena = segment.arena(xs[0], ctx.autocast, True, run.kernels(xs[0].device.type))
-        total = segment.count(group)
-        for done, (kernel, row_in, col_in, row_own, col_own) in enumerate(segment.tiles(group)):
-            arena.reset()
-            for accumulated, (start, stop) in zip(sums, row_in, strict=False):
-                if accumulated is not None and stop > start:
-                    accumulated.move(start)
-            tile_backward(segment, kernel, xs, bs, p, leaves, grads, sums, needs[:count], ctx.autocast,
-                           (row_in, col_in, row_own, col_own), arena)
-            run.report(f"{segment.label} backward", done + 1, total)
-        segment.learn(xs[0], ctx.autocast, True, arena)
-        del arena
-        gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
-        del sums
-        gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
-        if group is not None:  # a rank without tiles here contributes zeros
-            gp = [torch.zeros_like(leaf) if leaf.requires_grad and g is None else g
-                  for leaf, g in zip(leaves, gp, strict=True)]
-            sum_over(group, [g for g in (*gx, *gp) if g is not None])
-        return (None, None, *gx, *gp)
-
-
-def tile_backward(segment, kernel, xs, bs, p, leaves, grads, sums, needs, autocast, bounds, arena):
-    """One tile's backward: its forward again under autograd (with the forward's ``autocast``
-    state), back-propagated from its owned part of each output gradient; its input gradients are
-    added into ``sums`` (``Whole`` or ``Rolled``), its parameter gradients accumulate into
-    ``leaves``. Everything else it made is freed on return (its arena tensors are dead), before
-    the next tile allocates."""
-    row_in, col_in, row_own, col_own = bounds
-    device_type, enabled, dtype = autocast
-    tile = [narrow(x, spatial, r, c).detach().requires_grad_(need)
-            for x, spatial, r, c, need in zip(xs, segment.sliced, row_in, col_in, needs, strict=False)]
-    with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-        parts = [grad_channels_last(part) if part.requires_grad else part
-                 for part in kernel(copy_in(arena, tile), bs, p, arena)]
-    pairs = [(part, narrow(g, spatial, r, c))
-             for part, g, (_, spatial, _), r, c in zip(parts, grads, segment.outputs, row_own, col_own, strict=False)
-             if part.requires_grad]
-    wanted = [t for t in (*tile, *leaves) if t.requires_grad]
-    if pairs and wanted:
-        torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
-    for accumulated, t, r, c in zip(sums, tile, row_in, col_in, strict=False):
-        if accumulated is not None and t.grad is not None:
-            accumulated.add(r, c, t.grad)

@@ -1,0 +1,196 @@
+"""Reductions over the image axes: global pooling, means, sums, maxima, variances, and the
+normalisations with batch statistics (``tilec.ops.base`` describes the parts of a reduction).
+
+A tile's partial covers the part of the input it owns; the combines are ``tilec.runtime.reduce``'s:
+sums, Chan's merge of ``(count, mean, M2)``, maxima with their ties, the first maximum.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from tilec.graph import Shapes
+from tilec.ir import NodeSpec
+from tilec.ops.base import Op, const, dim
+
+
+def image_dims(node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+    """The image dims of ``node``'s first input, if it is a 4-D image (NCHW)."""
+    images = shapes.sliced_inputs(node)
+    if not images or len(shapes.shape(images[0])) != 4 or shapes.spatial(images[0]) != (2, 3):
+        return None
+    return 2, 3
+
+
+def dims_of(node: NodeSpec, index: int, ndim: int) -> tuple[int, ...]:
+    """The dims argument ``index`` of ``node``, all dims where it is missing, ``None`` or empty."""
+    value = const(node, index, None)
+    if value in (None, ()):
+        return tuple(range(ndim))
+    value = (value,) if isinstance(value, int) else value
+    return tuple(sorted({dim(d, ndim) for d in value}))
+
+
+def covers_image(node: NodeSpec, shapes: Shapes, dims: tuple[int, ...]) -> bool:
+    """Whether ``dims`` reduce both image axes of a 4-D NCHW input."""
+    image = image_dims(node, shapes)
+    return image is not None and set(image) <= set(dims)
+
+
+def count(node: NodeSpec, shapes: Shapes, dims: tuple[int, ...]) -> int:
+    """Elements of the whole input each result element reduces."""
+    shape = shapes.shape(node.inputs[0])
+    return prod(shape[d] for d in dims)
+
+
+class Reduce(Op):
+    """A reduction with a small result: its value is the node's output (``apply`` is ``None``)."""
+
+    saves = "nothing"
+
+    def flops(self, node: NodeSpec, shapes: Shapes) -> float:
+        return prod(shapes.shape(node.inputs[0])) / max(1, prod(node.shape))
+
+
+class Pool(Reduce):
+    """``adaptive_avg_pool2d`` / ``_adaptive_avg_pool2d`` to 1x1: the mean over the image. To
+    another size it is a window op PyTorch's index maps would describe: untiled."""
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return "nonlocal"
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return image_dims(node, shapes) is not None and tuple(const(node, 1)) in ((1, 1), (1,))
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        return f"partial_sum({tile.owned(node.inputs[0])}, (2, 3))"
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        return f"({combined}[0] / {count(node, view.shapes, (2, 3))}).to({view.dtype(node)})"
+
+
+class MaxPool(Reduce):
+    """``adaptive_max_pool2d`` to 1x1: values and indices, the first maximum in row-major order."""
+
+    saves = "input"
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return "nonlocal"
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return image_dims(node, shapes) is not None and tuple(const(node, 1)) in ((1, 1), (1,))
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        source = node.inputs[0]
+        return f"partial_argmax({tile.owned(source)}, {tile.origin(node.name)}, {tile.shapes.size(source, 1)})"
+
+    def combine(self, node: NodeSpec) -> str:
+        return "combine_argmax"
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        return combined
+
+
+class Statistic(Reduce):
+    """``mean`` / ``sum`` / ``amax`` / ``max`` / ``var`` / ``std`` / ``var_mean`` over dims that
+    include both image axes (and any others); over others only, ``mean``, ``sum`` and ``amax`` are
+    per-pixel ops (``tilec.ops.pixel.ChannelReduction``)."""
+
+    #: Per op: the argument holding the dims (``None``: all), and the keepdim argument.
+    ARGUMENTS = {"mean": (1, 2), "sum": (1, 2), "amax": (1, 2), "max": (None, None), "var": (1, 3), "std": (1, 3),
+                 "var_mean": (1, 3)}
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return "nonlocal"
+
+    def dims(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        ndim = len(shapes.shape(node.inputs[0]))
+        where, _ = self.ARGUMENTS[node.op]
+        return tuple(range(ndim)) if where is None or where >= len(node.args) else dims_of(node, where, ndim)
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        if node.op in ("mean", "sum") and node.target.endswith((".dim", ".dim_IntList")) and const(node, 3) is not None:
+            return False  # a dtype argument
+        if node.op in ("mean", "sum") and node.target.endswith(".default") and const(node, 1) is not None:
+            return False
+        return covers_image(node, shapes, self.dims(node, shapes))
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        dims = self.dims(node, tile.shapes)
+        source = tile.owned(node.inputs[0])
+        if node.op in ("amax", "max"):
+            return f"partial_max({source}, {dims!r})"
+        if node.op in ("var", "std", "var_mean"):
+            return f"partial_moments({source}, {dims!r})"
+        return f"partial_sum({source}, {dims!r})"
+
+    def combine(self, node: NodeSpec) -> str:
+        return {"amax": "combine_max", "max": "combine_max", "var": "combine_moments", "std": "combine_moments",
+                "var_mean": "combine_moments"}.get(node.op, "combine_sum")
+
+    def correction(self, node: NodeSpec) -> float:
+        """The variance's correction: ``unbiased`` (``.dim``) or ``correction`` (``None``: 1)."""
+        value = const(node, 2, None)
+        if node.target.endswith(".dim"):
+            return 1 if value in (None, True) else 0
+        return 1 if value is None else value
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        shape, dtype = tuple(node.shape), view.dtype(node)
+        if node.op in ("var", "std", "var_mean"):
+            value = f"variance({combined}, {self.correction(node)!r}, {shape!r})"
+            if node.op == "std":
+                return f"{value}.sqrt().to({dtype})"
+            if node.op == "var_mean":
+                return f"({value}.to({dtype}), {combined}[1].reshape({shape!r}).to({dtype}))"
+            return f"{value}.to({dtype})"
+        if node.op == "mean":
+            size = count(node, view.shapes, self.dims(node, view.shapes))
+            return f"({combined}[0] / {size}).reshape({shape!r}).to({dtype})"
+        return f"{combined}[0].reshape({shape!r}).to({dtype})"
+
+
+class Normalise(Op):
+    """``group_norm``, ``instance_norm`` with input statistics, and ``layer_norm`` over (C, H, W)
+    without a per-pixel weight: each tile normalises its part with statistics of the whole input
+    per (sample, group); ``batch_norm`` with batch statistics is ``tilec.ops.pixel.BatchNorm``."""
+
+    fresh_result = True
+    flop_count = 5
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return "nonlocal"
+
+    def groups(self, node: NodeSpec, shapes: Shapes) -> int | None:
+        """Channel groups per sample whose statistics are shared: ``None`` where it does not reduce."""
+        if image_dims(node, shapes) is None:
+            return None
+        channels = shapes.shape(node.inputs[0])[1]
+        if node.op == "group_norm":
+            return const(node, 1)
+        if node.op == "instance_norm":
+            return channels if const(node, 5, False) and const(node, 3) is None else None
+        if node.op == "layer_norm":
+            covered = tuple(const(node, 1, ())) == tuple(shapes.shape(node.inputs[0])[1:])
+            return 1 if covered and const(node, 2) is None and const(node, 3) is None else None
+        return None
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return self.groups(node, shapes) is not None
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        return f"partial_moments(grouped({tile.owned(node.inputs[0])}, {self.groups(node, tile.shapes)}), (2, 3, 4))"
+
+    def combine(self, node: NodeSpec) -> str:
+        return "combine_moments"
+
+    def eps(self, node: NodeSpec) -> float:
+        return const(node, {"group_norm": 4, "instance_norm": 7, "layer_norm": 4}[node.op])
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        return f"norm_stats({combined}, {self.eps(node)!r})"
+
+    def apply(self, node: NodeSpec, tile) -> str:
+        weight, bias = {"group_norm": (2, 3), "instance_norm": (1, 2), "layer_norm": (2, 3)}[node.op]
+        return (f"norm_apply({tile.read(node.inputs[0])}, {tile.leaf(node.name)}, "
+                f"{self.groups(node, tile.shapes)}, {tile.arg(node.args[weight])}, {tile.arg(node.args[bias])})")

@@ -1,0 +1,361 @@
+"""``Tiled``: a tiled segment as an autograd function, its reductions computed by sweeps.
+
+A tile function ``fn(xs, bs, p, arena, r, o)`` computes a tile from its slices ``xs`` of the
+segment's sliced inputs, the broadcast inputs ``bs``, the model tensors ``p`` and the *leaves*
+``r`` (by name: the results of the segment's reductions and of its small ops), ``o`` giving the
+origin of each partial; it returns the owned parts of the image outputs and every reduction's
+partial (``None`` for a direct level's). A level's *prefix* function returns its partials only.
+
+Forward. Level 0 (reductions of nothing, small ops of the inputs) is computed once; then per level
+``l``, a sweep runs every tile up to level ``l``'s partials under ``no_grad`` (a direct level reads
+them off the inputs' owned slices), and its combine merges them into its results; the last sweep
+makes the image outputs. A level whose reductions are BatchNorms in eval mode runs no sweep: its
+combine reads the running statistics.
+
+Backward, with autograd doing the calculus (the leaves of level ``l`` are ``r_l``; ``g_t`` a tile's
+owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` partials):
+
+1. from the top level down, a level whose results tiles read (``swept``, not direct) gets a sweep:
+   each tile is recomputed with ``r_l`` requiring grad, and the gradient of its outputs (with
+   ``g_t``) and of its higher partials (with their ``H``) with respect to ``r_l`` is summed over the
+   tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
+   again, from its partials as leaves, and back-propagates ``G_l``: that gives ``H_l`` and the
+   gradients of the lower leaves the combine read (added to theirs) and of its parameters;
+2. the last sweep recomputes each tile and back-propagates ``g_t`` and every ``H`` into the
+   parameters and the segment's inputs; it also sums the gradients of the leaves of level 0 and of
+   a direct level 1, which need no sweep of their own (nothing in the tiles depends on their
+   partials);
+3. a direct level's combine back-propagates its ``G``, and its partials' gradients are added to the
+   input gradient over each tile's owned slices; last, level 0's combine back-propagates into the
+   broadcast inputs and the parameters.
+
+Each pass carves its tiles' tensors from one arena. Ranks of a process group share the tiles: they
+exchange the partials (every rank combines all of them the same way) and sum the leaves' gradients.
+"""
+
+import torch
+
+from tilec.runtime.kernels import copy_in, narrow
+from tilec.runtime.tiles import autocast_state, grad_channels_last, input_gradient, outputs, slices, sum_over
+
+
+def flat(value):
+    """The tensors of a leaf's value (a tensor, or a tuple of them)."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, torch.Tensor) else [t for t in value if isinstance(t, torch.Tensor)]
+
+
+def grad_leaf(value):
+    """``value`` with its floating tensors detached and requiring grad."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.is_floating_point())
+    return None if value is None else tuple(grad_leaf(t) for t in value)
+
+
+def add_grad(store, name, grads):
+    """Add ``grads`` (per tensor of leaf ``name``, ``None`` for none) into ``store[name]``."""
+    if all(g is None for g in grads):
+        return
+    known = store.get(name)
+    if known is None:
+        store[name] = list(grads)
+    else:
+        store[name] = [a if b is None else b if a is None else a + b for a, b in zip(known, grads, strict=True)]
+
+
+def origins(row, col):
+    """Per reduction, the first row and column of the tile's owned part (its partial's origin)."""
+    return [(r[0], c[0]) for r, c in zip(row[3], col[3], strict=True)]
+
+
+def run_tile(fn, segment, xs, bs, p, arena, r, row, col):
+    """``fn`` on one tile: its slices copied channels-last into the arena."""
+    return fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col))
+
+
+def exchange(group, segment, tiled):
+    """Every tile's partials on every rank of ``group`` (``tiled``: index -> partials of the tiles
+    this rank ran), in tile order: each rank fills its tiles' and zeros elsewhere; sums them."""
+    count = len(segment.rows) * len(segment.cols)
+    like = next(iter(tiled.values()))
+    stacks = []
+    for k, partial in enumerate(like):
+        stacks.append([torch.stack([tiled[t][k][j] if t in tiled else torch.zeros_like(partial[j])
+                                    for t in range(count)]) for j in range(len(partial))])
+    sum_over(group, [stack for stacks_k in stacks for stack in stacks_k])
+    return [tuple(tuple(stacks[k][j][t] for j in range(len(like[k]))) for k in range(len(like))) for t in range(count)]
+
+
+def by_reduction(tiles):
+    """Per reduction, its partials over the tiles (from per tile, its partials per reduction)."""
+    return [list(column) for column in zip(*tiles, strict=True)] if tiles else []
+
+
+class Tiled(torch.autograd.Function):
+    """The tiled segment ``segment`` run as ``run`` says (module docstring): its inputs ``tensors``
+    are its sliced inputs, its broadcast inputs and its model tensors; it returns its outputs."""
+
+    @staticmethod
+    def forward(ctx, segment, run, *tensors):
+        count = len(segment.sliced)
+        xs, rest = tensors[:count], tensors[count:]
+        bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
+        autocast = (xs[0].device.type, *autocast_state(xs[0].device.type))
+        arena = segment.arena(xs[0], autocast, False, run.kernels(xs[0].device.type))
+        r, parts, active = {}, {}, {}
+        # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
+        # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
+        with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
+            for level in segment.levels:
+                active[level.index] = level.index > 0 and level.active(run.train)
+                if active[level.index]:
+                    parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
+                level.combine(parts.get(level.index), r, xs, bs, p, run.train, True)
+            outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
+        segment.learn(xs[0], autocast, False, arena)
+        del arena
+        ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
+        ctx.r, ctx.parts, ctx.active = r, parts, active
+        ctx.save_for_backward(*tensors)
+        images = iter(outs)
+        return tuple(next(images) if spec[0] == "image" else _detached(r[spec[1]]) for spec in segment.outputs)
+
+    @staticmethod
+    def partials(segment, level, run, xs, bs, p, arena, r):
+        """One forward sweep: every tile's partials of ``level``, per reduction over all tiles."""
+        tiled, total = {}, segment.count(run.group)
+        for done, (index, row, col) in enumerate(segment.tiles(run.group)):
+            arena.reset()
+            if level.direct:
+                tiled[index] = segment.direct(segment.owned(xs, row, col), origins(row, col))
+            else:
+                tiled[index] = run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+            run.report(f"{segment.label} level {level.index}", done + 1, total)
+        if run.group is not None:
+            return by_reduction(exchange(run.group, segment, tiled))
+        return by_reduction([tiled[index] for index in sorted(tiled)])
+
+    @staticmethod
+    def images(segment, run, xs, bs, p, arena, r):
+        """The last forward sweep: the image outputs, every tile writing its owned parts."""
+        group, outs, total = run.group, None, segment.count(run.group)
+        for done, (_, row, col) in enumerate(segment.tiles(group)):
+            arena.reset()
+            parts, _ = run_tile(segment.functions[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+            if outs is None:
+                outs = outputs(segment, parts, zeros=group is not None)
+            for out, (_, spatial, _), part, rows, cols in zip(outs, segment.images, parts, row[1], col[1],
+                                                               strict=True):
+                narrow(out, spatial, rows, cols).copy_(part)
+            del parts  # before the next tile allocates
+            run.report(f"{segment.label} forward", done + 1, total)
+        if outs is None:  # this rank has no tile here: one tile tells the output dtypes
+            _, row, col = next(segment.tiles())
+            arena.reset()
+            parts, _ = run_tile(segment.functions[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+            outs = outputs(segment, parts, zeros=True)
+        if group is not None:
+            sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        segment, run, tensors = ctx.segment, ctx.run, ctx.saved_tensors
+        group, r, parts = run.group, ctx.r, ctx.parts
+        needs = ctx.needs_input_grad[2:]
+        count = len(segment.sliced)
+        xs = tensors[:count]
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:], strict=True)]
+        bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
+        image_grads = [g for spec, g in zip(segment.outputs, grads, strict=True) if spec[0] == "image"]
+        totals = {}  # per leaf, its gradient so far (a list over its tensors)
+        for spec, grad in zip(segment.outputs, grads, strict=True):
+            if spec[0] == "leaf" and grad is not None:
+                add_grad(totals, spec[1], [grad] if len(flat(r[spec[1]])) == 1 else list(grad))
+        sums = [input_gradient(segment, k, x, group) if need else None
+                for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
+        arena = segment.arena(xs[0], ctx.autocast, True, run.kernels(xs[0].device.type))
+        sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena)
+        shares = {}  # per level, its partials' gradients per reduction over the tiles
+        for level in reversed(segment.levels):
+            if level.index == 0 or not ctx.active[level.index] or level.direct:
+                continue
+            if level.swept:
+                for name, grads_of in sweep.leaf_grads(r, level.results, shares).items():
+                    add_grad(totals, name, grads_of)
+            shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
+        later = [level for level in segment.levels if level.index == 0 or (level.direct and ctx.active[level.index])]
+        collected = sweep.last(r, [name for level in later for name in level.results], shares, sums)
+        for name, grads_of in collected.items():
+            add_grad(totals, name, grads_of)
+        for level in reversed(later):
+            share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
+            if level.direct:
+                sweep.direct_inputs(share, sums)
+        segment.learn(xs[0], ctx.autocast, True, arena)
+        del arena, sweep
+        gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
+        del sums
+        gp = [leaf.grad if leaf.requires_grad else None for leaf in leaves]
+        if group is not None:  # a rank without tiles here contributes zeros
+            gp = [torch.zeros_like(leaf) if leaf.requires_grad and g is None else g
+                  for leaf, g in zip(leaves, gp, strict=True)]
+            sum_over(group, [g for g in (*gx, *gp) if g is not None])
+        return (None, None, *gx, *gp)
+
+    @staticmethod
+    def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals):
+        """Back-propagate the gradients ``totals`` of ``level``'s results through its combine, run
+        again from its partials as leaves (under the forward's ``autocast`` state): the partials'
+        gradients, per reduction over the tiles;
+        the lower leaves' gradients are added to ``totals``, and the parameters' and broadcast
+        inputs' to their ``grad`` (on one rank of a group: every rank combines alike)."""
+        wanted = [(name, k, t) for name in level.results for k, t in enumerate(flat(r[name]))
+                  if name in totals and totals[name][k] is not None and t.is_floating_point()]
+        level_parts = parts.get(level.index)
+        if not wanted:
+            return [[tuple(None for _ in part) for part in reduction] for reduction in level_parts or []]
+        with torch.enable_grad(), torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1]):
+            sources = [[grad_leaf(part) for part in reduction] for reduction in level_parts or []]
+            lower = {name: grad_leaf(value) for name, value in r.items() if name not in level.results}
+            again = {**r, **lower}  # the level's random results are read back, the others made again
+            level.combine(sources, again, xs, bs, p, run.train, False)
+            wanted = [(name, k, t) for name, k, t in wanted if flat(again[name])[k].requires_grad]  # not random ones
+            results = [flat(again[name])[k] for name, k, _ in wanted]
+            ins = [t for reduction in sources for part in reduction for t in part if t.requires_grad]
+            ins += [t for value in lower.values() for t in flat(value) if t.requires_grad]
+            params = [t for t in (*bs, *p) if t.requires_grad]
+            found = torch.autograd.grad(results, ins + params, [totals[name][k] for name, k, _ in wanted],
+                                        allow_unused=True) if results else [None] * len(ins + params)
+        got = dict(zip(map(id, ins + params), found, strict=True))
+        for name, value in lower.items():
+            add_grad(totals, name, [got.get(id(t)) for t in flat(value)])
+        if run.group is None or torch.distributed.get_rank(run.group) == 0:
+            for t in params:
+                grad = got[id(t)]
+                if grad is not None:
+                    t.grad = grad if t.grad is None else t.grad + grad
+        return [[tuple(got.get(id(t)) for t in part) for part in reduction] for reduction in sources]
+
+
+def _detached(value):
+    return value.detach() if isinstance(value, torch.Tensor) else tuple(t.detach() for t in value)
+
+
+class Sweep:
+    """The backward's sweeps over the tiles of one segment (``Tiled.backward``)."""
+
+    def __init__(self, segment, run, autocast, xs, bs, p, leaves, image_grads, arena):
+        self.segment, self.run, self.autocast = segment, run, autocast
+        self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
+
+    def recompute(self, row, col, r, needs):
+        """One tile's function again under autograd (the forward's autocast state): its slices
+        (requiring grad per ``needs``), its owned outputs and its partials."""
+        device_type, enabled, dtype = self.autocast
+        tile = [narrow(x, spatial, rows, cols).detach().requires_grad_(need)
+                for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
+                                                        strict=True)]
+        self.arena.reset()
+        with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            outs, partials = self.segment.functions[row[2], col[2]](copy_in(self.arena, tile), self.bs, self.p,
+                                                                   self.arena, r, origins(row, col))
+            outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
+        return tile, outs, partials
+
+    def pairs(self, row, col, index, outs, partials, shares):
+        """(tensor, gradient) to back-propagate from one tile: its owned outputs and the partials
+        of the levels in ``shares``."""
+        pairs = [(part, narrow(g, spatial, rows, cols))
+                 for part, g, (_, spatial, _), rows, cols in zip(outs, self.image_grads, self.segment.images, row[1],
+                                                                  col[1], strict=True)
+                 if part.requires_grad and g is not None]
+        for level in self.segment.levels:
+            for k, grads in enumerate(shares.get(level.index, ())):
+                for t, g in zip(partials[level.first + k], grads[index], strict=True):
+                    if g is not None and t.requires_grad:
+                        pairs.append((t, g))
+        return pairs
+
+    def leaf_grads(self, r, names, shares):
+        """A backward sweep: the gradient of the leaves ``names``, summed over the tiles, of the
+        tiles' outputs and of the partials of the levels in ``shares``."""
+        run = self.run
+        chosen = {name: grad_leaf(r[name]) for name in names}
+        with_leaves = {**r, **chosen}
+        wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
+        totals, done = [None] * len(wanted), 0
+        for index, row, col in self.segment.tiles(run.group):
+            _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs))
+            pairs = self.pairs(row, col, index, outs, partials, shares)
+            if pairs and wanted:
+                found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
+                totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
+            done += 1
+            run.report(f"{self.segment.label} backward sweep", done, self.segment.count(run.group))
+        totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
+        if run.group is not None:
+            sum_over(run.group, totals)
+        found, position = {}, 0
+        for name in names:
+            grads_of = []
+            for t in flat(chosen[name]):
+                grads_of.append(totals[position] if t.requires_grad else None)
+                position += t.requires_grad
+            found[name] = grads_of
+        return found
+
+    def last(self, r, collect, shares, sums):
+        """The last backward sweep (module docstring, step 2): the gradients of the leaves
+        ``collect``, summed over the tiles."""
+        run, needs = self.run, [s is not None for s in sums]
+        chosen = {name: grad_leaf(r[name]) for name in collect}
+        with_leaves = {**r, **chosen}
+        collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
+        total = self.segment.count(run.group)
+        for done, (index, row, col) in enumerate(self.segment.tiles(run.group)):
+            for accumulated, (start, stop) in zip(sums, row[0], strict=True):
+                if accumulated is not None and stop > start:
+                    accumulated.move(start)
+            tile, outs, partials = self.recompute(row, col, with_leaves, needs)
+            pairs = self.pairs(row, col, index, outs, partials, shares)
+            wanted = [t for t in (*tile, *self.leaves, *collected) if t.requires_grad]
+            if pairs and wanted:
+                torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
+            for accumulated, t, rows, cols in zip(sums, tile, row[0], col[0], strict=True):
+                if accumulated is not None and t.grad is not None:
+                    accumulated.add(rows, cols, t.grad)
+            run.report(f"{self.segment.label} backward", done + 1, total)
+        grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
+        if run.group is not None and grads:
+            sum_over(run.group, grads)
+        found, position = {}, 0
+        for name in collect:
+            grads_of = []
+            for t in flat(chosen[name]):
+                grads_of.append(grads[position] if t.requires_grad else None)
+                position += t.requires_grad
+            found[name] = grads_of
+        return found
+
+    def direct_inputs(self, share, sums):
+        """A direct level's partials back-propagated into the input gradients, tile by tile over
+        the owned slices (module docstring, step 3)."""
+        needs = [s is not None for s in sums]
+        if not any(needs):
+            return
+        segment = self.segment
+        for index, row, col in segment.tiles(self.run.group):
+            owned = segment.owned(self.xs, row, col, needs)
+            with torch.enable_grad():
+                partials = segment.direct(owned, origins(row, col))
+            pairs = [(t, g) for partial, grads in zip(partials, share, strict=True)
+                     for t, g in zip(partial, grads[index], strict=True) if g is not None and t.requires_grad]
+            leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
+            if pairs and leaves:
+                torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=leaves)
+            for (k, inputs), slices_k in zip(segment.reduced, owned, strict=True):
+                for i, t in zip(inputs, slices_k, strict=True):
+                    if sums[i] is not None and t.grad is not None:
+                        sums[i].add(row[3][k], col[3][k], t.grad)

@@ -1,0 +1,83 @@
+"""Sweeps: the levels of the reductions in a run of nodes that a tiled segment computes.
+
+Inside a tiled segment, every node is one of:
+
+* a *tile* op: it computes an image tile by tile (``Op.check``);
+* a *reduction* (``Op.reduces``): a partial per tile over the part of its reduced inputs the tile
+  owns, combined across tiles into a small result; a normalisation then computes its image
+  output in the tiles from its input and that result;
+* a *small* op: no image in or out, computed once per sweep from the results it depends on
+  (a squeeze-and-excitation branch, a classifier head, a mask drawn once per step).
+
+A reduction's *level* is one more than the highest level of the results its reduced inputs
+depend on in the segment, through tile ops (segment inputs are level 0); a reduction of nothing
+is level 0. A small op's level is the highest of its inputs'. Level ``l``'s partials need the
+results of the levels below it: the forward runs one sweep per level, then the last one, which
+makes the segment's image outputs. See ``tilec.runtime.tiles`` for the backward.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from tilec.graph import Graph
+from tilec.ir import Level
+from tilec.ops import rule
+
+
+def role(graph: Graph, name: str) -> str:
+    """``"tile"``, ``"reduction"`` or ``"small"`` (module docstring)."""
+    node = graph.nodes[name]
+    if not graph.sliced_inputs(node):
+        return "small"
+    return "reduction" if rule(node).reduces(node, graph) else "tile"
+
+
+def _levels(graph: Graph, first: int, stop: int) -> tuple[Level, ...]:
+    depth: dict[str, int] = {}
+    reductions: dict[int, list[str]] = {}
+    small: dict[int, list[str]] = {}
+    direct: dict[int, bool] = {}
+    swept: set[int] = set()
+    inside = set(graph.order[first:stop])
+    for node in graph.members(first, stop):
+        kind = role(graph, node.name)
+        if kind == "small":
+            depth[node.name] = max((depth.get(name, 0) for name in node.inputs), default=0)
+            small.setdefault(depth[node.name], []).append(node.name)
+            continue
+        # tiles compute this node (or its partial, or its image output): they read its small inputs
+        swept.update(depth[name] for name in node.inputs if name in inside and not graph.is_image(name))
+        if kind == "tile":
+            depth[node.name] = max((depth.get(name, 0) for name in node.inputs), default=0)
+            continue
+        reduced = rule(node).reduced(node, graph)
+        level = 1 + max((depth.get(name, 0) for name in reduced), default=-1)
+        reductions.setdefault(level, []).append(node.name)
+        direct[level] = direct.get(level, True) and bool(reduced) and not set(reduced) & inside
+        depth[node.name] = level
+        if graph.is_image(node.name):  # a normalisation: its tiles read its result
+            swept.add(level)
+    return tuple(Level(index=level, reductions=tuple(reductions.get(level, ())), small=tuple(small.get(level, ())),
+                       direct=level == 1 and direct.get(1, False), swept=level > 0 and level in swept)
+                 for level in sorted({*reductions, *small}))
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def levels(graph: Graph, first: int, stop: int) -> tuple[Level, ...]:
+    """The levels of segment ``[first, stop)`` that have a reduction or a small op (module
+    docstring), computed once per graph and segment."""
+    found = _CACHE.setdefault(graph, {})
+    if (first, stop) not in found:
+        found[first, stop] = _levels(graph, first, stop)
+    return found[first, stop]
+
+
+def may_roll(graph: Graph, cut: int) -> frozenset[str]:
+    """``Graph.may_roll(cut)`` less the tensors a reduction at or after ``cut`` reduces: a direct
+    one (``Level.direct``) reads its input after the tiles' backward has run."""
+    reduced = {name for node in graph.members(cut, len(graph)) if role(graph, node.name) == "reduction"
+               for name in rule(node).reduced(node, graph)}
+    return graph.may_roll(cut) - reduced
