@@ -28,6 +28,7 @@ from dataclasses import astuple, replace
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tilec.calibrate import cached, machine_key
 from tilec.codegen import load_source, render
@@ -35,7 +36,7 @@ from tilec.cost.estimator import Estimator
 from tilec.planner import plan
 from tilec.runtime.arena import Arena
 from tilec.runtime.device import kernels_for
-from tilec.runtime.kernels import weight_grad
+from tilec.runtime.kernels import conv2d, max_pool, weight_grad
 from tilec.runtime.memory import pin_allocator
 from tilec.target import GEMM_MIN_CHANNELS, Speed, Target
 from tilec.trace import trace
@@ -62,8 +63,75 @@ def clock(target: Target, dtype: str, autocast: str | None) -> Target:
     device = target.device
     key = machine_key(device, dtype)
     gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels)
-    speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))), _speed)
-    return replace(target, gemm_min_channels=gemm, speed=speed)
+    speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed)
+    rates = cached(f"rates | {key}", lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates)
+    return replace(target, gemm_min_channels=gemm, speed=replace(speed, rates=rates))
+
+
+def _rates(entry) -> tuple[tuple[str, float], ...]:
+    rates = tuple((str(key), float(rate)) for key, rate in entry)
+    if not all("@" in key and 0 < rate < math.inf for key, rate in rates):
+        raise ValueError(f"not rates: {entry!r}")
+    return rates
+
+
+#: The kinds of kernel timed for their FLOP rates (``tilec.ops.base.Op.time_class``), each at these
+#: channel counts, on an input of about ``KIND_ELEMENTS`` elements (a tile's size), as a tile runs
+#: it: forward without autograd, forward with it, backward.
+KINDS = {"conv": (16, 64, 256, 512), "conv1x1": (64, 256, 1024), "depthwise": (32, 128, 512), "pixel": (64,),
+         "norm": (64,), "pool": (64,)}
+KIND_ELEMENTS = 1 << 20
+
+
+def kind_rates(device: str, dtype: str, autocast: str | None, gemm: int | None) -> list[tuple[str, float]]:
+    """FLOP/s of each kind of kernel at each channel count of ``KINDS``, counting FLOPs as the cost
+    model does (a tile's three passes: the forward's FLOPs times 2 plus the backward's), with the
+    device's tile kernels and the weight gradient the race chose."""
+    kernels = kernels_for(device, gemm)
+    torch_dtype = getattr(torch, "float32" if autocast else dtype)
+    generator = torch.Generator().manual_seed(0)
+    found = []
+    for kind, counts in KINDS.items():
+        for channels in counts:
+            side = max(4, round(math.sqrt(KIND_ELEMENTS / channels)))
+            x = torch.randn(1, channels, side, side, generator=generator).to(device=device, dtype=torch_dtype)
+            x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+            arena = Arena(x.device, kernels)
+            op, flops = _kind_op(kind, x, arena, generator)
+            seconds = _best(lambda: _three_passes(op, arena, autocast), device)  # noqa: B023 - called here
+            found.append((f"{kind}@{channels}", flops / seconds))
+    return found
+
+
+def _kind_op(kind: str, x: torch.Tensor, arena: Arena, generator: torch.Generator):
+    """A kernel of ``kind`` on ``x`` as a tile runs it, and its FLOPs over a tile's three passes."""
+    channels, options = x.shape[1], {"device": x.device, "dtype": x.dtype}
+    if kind in ("conv", "conv1x1", "depthwise"):
+        taps, groups = (1, 1) if kind == "conv1x1" else (3, channels if kind == "depthwise" else 1)
+        w = torch.randn(channels, channels // groups, taps, taps, generator=generator).to(**options).requires_grad_()
+        b = torch.zeros(channels, **options).requires_grad_()
+        padding = [taps // 2] * 2
+        return (lambda: conv2d(x, w, b, [1, 1], padding, [1, 1], groups, arena),
+                2 * (channels // groups) * taps * taps * x.numel() * (2 + 2))
+    if kind == "pool":
+        return lambda: max_pool(arena, x, (3, 3), (2, 2), (1, 1), (1, 1)), 9 * (x.numel() // 4) * 3
+    if kind == "norm":
+        weight = torch.ones(channels, **options).requires_grad_()
+        stats = torch.zeros(channels, **options)
+        return lambda: F.batch_norm(x, stats, stats + 1, weight, weight, False), 5 * x.numel() * 3
+    return lambda: torch.relu(x), x.numel() * 3
+
+
+def _three_passes(op, arena, autocast: str | None) -> None:
+    """What a tile does with one op: forward without autograd, forward with it, backward."""
+    device, dtype = autocast.split(":") if autocast else ("cpu", None)
+    with torch.autocast(device, dtype=getattr(torch, dtype)) if autocast else nullcontext():
+        arena.reset()
+        with torch.no_grad():
+            op()
+        arena.reset()
+        y = op()
+    y.backward(torch.ones_like(y))
 
 
 def _channels(entry) -> int | None:
@@ -93,7 +161,7 @@ def gemm_min_channels(device: str, dtype: str) -> int | None:
 
 
 def _speed(entry) -> Speed:
-    flop_rate, call_seconds, copy_rate = (float(value) for value in entry)
+    flop_rate, call_seconds, copy_rate = (float(value) for value in entry[:3])
     if not (0 < flop_rate < math.inf and 0 <= call_seconds < math.inf and 0 < copy_rate < math.inf):
         raise ValueError(f"not a speed: {entry!r}")
     return Speed(flop_rate, call_seconds, copy_rate)
@@ -163,7 +231,7 @@ def measure(device: str, dtype: str, autocast: str | None = None,
         tiled = module.TiledModel(chain)
         x = x.to(device=device, dtype=getattr(torch, planned))
         seconds = _best(lambda: _step(tiled, x, autocast), device)  # noqa: B023 - called within the iteration
-        known = sum(copies_only.seconds(0, 0, c.copied) for c in costs)
+        known = sum(copies_only.seconds(0.0, 0, c.copied) for c in costs)
         rows.append((sum(c.flops for c in costs), sum(c.calls for c in costs), max(seconds - known, 0.0)))
     (large_flops, large_calls, large), (small_flops, small_calls, small) = rows
     determinant = large_flops * small_calls - small_flops * large_calls

@@ -217,6 +217,10 @@ class Plan(Frozen):
         None, description="with a memory budget: the rates of the time estimate the search ranked plans by, as "
                           "measured on the device it planned for (tilec.clock): FLOP/s, seconds per op call per tile, "
                           "bytes/s of copies; without one, estimated_seconds assume tilec.cost.REFERENCE_SPEED")
+    rates: tuple[tuple[str, float], ...] = Field(
+        default=(), description="with a memory budget: FLOP/s per kind of kernel and channel count ('conv@64'), "
+                                "as measured on the device it planned for (tilec.clock.kind_rates); kinds not "
+                                "listed take speed's FLOP rate")
     gemm_min_channels: int | None = Field(
         ge=1, description="from how many input channels a tile convolution (stride 1, no groups, a kernel larger "
                           "than 1x1, float32 or float64 on CPU) computes its weight gradient as the generated "

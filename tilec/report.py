@@ -68,7 +68,7 @@ def describe_plan(plan: Plan) -> Table:
         f"{plan.dtype}{autocast}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}{ranks}"
     )
     columns = ["segment", "nodes", "mode", "grid", "shape classes", "largest input slice", "outputs",
-               "predicted peak", "FLOP overhead", "est. seconds"]
+               "sweeps", "predicted peak", "FLOP overhead", "est. seconds"]
     if plan.ranks is not None:
         columns += ["tiles per rank", "busiest rank s"]
     for column in columns:
@@ -83,6 +83,8 @@ def describe_plan(plan: Plan) -> Table:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
             f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))
     captions += clipped_grids(plan)
+    captions += [f"segment {s.index} reduces by sweeps: " + "; ".join(_level(level) for level in s.levels)
+                 for s in plan.segments if s.levels]
     table.caption = "\n".join(captions) or None
     for segment in plan.segments:
         tiled = segment.mode == "tiled"
@@ -95,12 +97,30 @@ def describe_plan(plan: Plan) -> Table:
             str(classes) if tiled else "-",
             _largest_slice(segment) if tiled else "-",
             _outputs(plan, segment),
+            sweeps(segment),
             _mib(segment.predicted_peak_bytes),
             f"{segment.flop_overhead:+.1%}",
             f"{segment.estimated_seconds:.3f}",
             *_rank_cells(plan, segment),
         )
     return table
+
+
+def sweeps(segment: Segment) -> str:
+    """A tiled segment's sweeps over its tiles in one step, forward + backward (``tilec.sweeps``)."""
+    if segment.mode != "tiled":
+        return "-"
+    images = any(step.out.length for tile in segment.rows[:1] for step in tile.steps
+                 if step.node in segment.outputs)
+    forward = sum(1 for level in segment.levels if level.index > 0 and not level.direct) + images
+    backward = 1 + sum(1 for level in segment.levels if level.swept and not level.direct)
+    return f"{forward}+{backward}"
+
+
+def _level(level) -> str:
+    names = ", ".join([*level.reductions, *(f"{name} (small)" for name in level.small)])
+    how = "direct" if level.direct else "swept" if level.swept else "combined"
+    return f"level {level.index} ({how}): {names}"
 
 
 def clipped_grids(plan: Plan) -> list[str]:

@@ -59,7 +59,7 @@ from tilec.target import Target
 
 #: Tiles per side tried for a tiled segment: every count to 16 (one step from 8 to 12 tiles per
 #: side cost VGG16's 5% plan at 2048² a tenth of its step), coarser steps beyond.
-GRIDS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
+GRIDS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 #: Shares of the budget a tiled segment may leave to spare for later ones (their kernel state,
 #: their working set): the search offers the coarsest grid that fits with each.
 MARGINS = (0, 1 / 256, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8)

@@ -81,3 +81,25 @@ def may_roll(graph: Graph, cut: int) -> frozenset[str]:
     reduced = {name for node in graph.members(cut, len(graph)) if role(graph, node.name) == "reduction"
                for name in rule(node).reduced(node, graph)}
     return graph.may_roll(cut) - reduced
+
+
+def prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
+    """The positions of the tile ops a forward sweep of ``level`` runs: what its reductions'
+    reduced inputs depend on in segment ``[first, stop)``, and the reductions."""
+    inside = set(graph.order[first:stop])
+    needed = {name for name in level.reductions}
+    for name in level.reductions:
+        needed |= graph.ancestors(name) & inside
+    return [graph.position[name] for name in graph.order[first:stop] if name in needed]
+
+
+def dependents(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
+    """The positions of the nodes of segment ``[first, stop)`` that depend on ``level``'s results:
+    what a backward sweep of it back-propagates through."""
+    results = {*level.reductions, *level.small}
+    found = []
+    for name in graph.order[first:stop]:
+        if name in results or results & set(graph.nodes[name].inputs) or any(
+                graph.position[i] in found for i in graph.nodes[name].inputs):
+            found.append(graph.position[name])
+    return found

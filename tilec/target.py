@@ -9,6 +9,7 @@ without measurements the references below stand in (a 2-core x86 CPU in float32)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 #: Fixed cost of a segment (autograd node, Python), so that equal plans prefer fewer segments.
@@ -19,15 +20,26 @@ SEGMENT_SECONDS = 1e-3
 class Speed:
     """The time estimate's rates: FLOP/s of the step's kernels, seconds per op call per tile
     (Python, autograd, kernel launch), and bytes/s of copies (a tiled segment assembling its
-    outputs and input gradients, a tile's weight copies). A segment takes ``SEGMENT_SECONDS`` +
-    FLOPs / ``flop_rate`` + calls * ``call_seconds`` + bytes copied / ``copy_rate``."""
+    outputs and input gradients, a tile's weight copies); ``rates``: FLOP/s per kind of op and
+    channel count, ``("conv@64", 2.1e11)``, measured as tiles run them (``tilec.clock``), which
+    ``rate`` looks up (``flop_rate`` for kinds not measured). A segment takes ``SEGMENT_SECONDS``
+    + each node's FLOPs over its rate + calls * ``call_seconds`` + bytes copied / ``copy_rate``."""
 
     flop_rate: float
     call_seconds: float
     copy_rate: float
+    rates: tuple[tuple[str, float], ...] = ()
 
-    def seconds(self, flops: float, calls: int, copied: float) -> float:
-        return SEGMENT_SECONDS + flops / self.flop_rate + calls * self.call_seconds + copied / self.copy_rate
+    def rate(self, kind: str, channels: int) -> float:
+        """FLOP/s of an op of ``kind`` with ``channels``: the measurement of that kind at the
+        nearest channel count (on a log scale), else ``flop_rate``."""
+        measured = [(int(key.split("@")[1]), rate) for key, rate in self.rates if key.split("@")[0] == kind]
+        if not measured:
+            return self.flop_rate
+        return min(measured, key=lambda m: (abs(math.log2(max(channels, 1) / m[0])), m[0]))[1]
+
+    def seconds(self, flop_seconds: float, calls: int, copied: float) -> float:
+        return SEGMENT_SECONDS + flop_seconds + calls * self.call_seconds + copied / self.copy_rate
 
 
 #: The rates of a device not timed (``tilec.clock``): a 2-core x86 CPU in float32.

@@ -29,6 +29,8 @@ difference is reported, naming the segment, axis, tile and node):
 * shape classes are numbered in order of first appearance, one per distinct ``class_key``
   (tiles of one class share generated code);
 * a plan compiled for one grid (``Plan.grid``) has the segments it makes;
+* a tiled segment's levels are those its nodes make (``tilec.sweeps.levels``) and each
+  reduction's partials partition its input, the grid's split;
 * a segment rolls (``Segment.rolled``) only the gradients of inputs no other backward reads
   (``_check_rolled``): the generated module overwrites them.
 
@@ -49,7 +51,7 @@ from tilec.ir import INPUT, SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, Output
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments
 from tilec.regions import Interval
-from tilec.sweeps import may_roll
+from tilec.sweeps import levels, may_roll
 
 AXES = ("rows", "cols")
 
@@ -108,6 +110,8 @@ def _check_predictions(plan: Plan) -> None:
     if plan.kernel_state < 0 or not 0 <= plan.kernel_state_bytes <= plan.predicted_peak_bytes:
         _fail(f"kernel_state {plan.kernel_state} or kernel_state_bytes {plan.kernel_state_bytes} is out of range "
               f"(at most predicted_peak_bytes {plan.predicted_peak_bytes})")
+    if any(not 0 < rate < math.inf for _, rate in plan.rates):
+        _fail(f"rates {list(plan.rates)} are not all positive and finite")
     for segment in plan.segments:
         seconds, overhead = segment.estimated_seconds, segment.flop_overhead
         if segment.predicted_peak_bytes < 0 or not (0 <= seconds < math.inf and -1 <= overhead < math.inf):
@@ -254,24 +258,46 @@ def _check_rolled(plan: Plan, segment: Segment, graph: Graph) -> None:
                   f"node reads, not the model input or an output)")
 
 
+def _partition(tiles, where: str, what: str, size: int, parts) -> None:
+    """``parts`` (per tile, one interval) partition ``[0, size)`` in order without empty parts."""
+    position = 0
+    for number, part in enumerate(parts):
+        if part.start != position or not part.start < part.stop <= size:
+            _fail(f"{where} tile {number} owns {_interval(part)} of {what}: the owned parts must partition "
+                  f"[0, {size}) in order without empty parts (next part starts at {position})")
+        position = part.stop
+    if position != size:
+        _fail(f"{where}: the owned parts of {what} cover [0, {position}), not [0, {size})")
+
+
 def _check_owned(segment: Segment, axis: int, graph: Graph) -> None:
+    """Each image output's owned intervals, and each reduction's partials' intervals, partition it."""
     tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
     where = f"segment {segment.index} {AXES[axis]}"
+    images = [name for name in segment.outputs if graph.is_image(name)]
     for number, tile in enumerate(tiles):
         if tile.index != number:
             _fail(f"{where} tile {number} has index {tile.index}, expected {number}")
-        if len(tile.owned) != len(segment.outputs):
-            _fail(f"{where} tile {number} owns {len(tile.owned)} intervals for {len(segment.outputs)} outputs")
-    for k, name in enumerate(segment.outputs):
-        size, position = graph.size(name, axis), 0
-        for number, tile in enumerate(tiles):
-            owned = tile.owned[k]
-            if owned.start != position or not owned.start < owned.stop <= size:
-                _fail(f"{where} tile {number} owns {_interval(owned)} of output {name}: the owned parts must "
-                      f"partition [0, {size}) in order without empty parts (next part starts at {position})")
-            position = owned.stop
-        if position != size:
-            _fail(f"{where}: the owned parts of output {name} cover [0, {position}), not [0, {size})")
+        if len(tile.owned) != len(images):
+            _fail(f"{where} tile {number} owns {len(tile.owned)} intervals for {len(images)} image outputs")
+        if len(tile.partials) != len(segment.reductions):
+            _fail(f"{where} tile {number} has {len(tile.partials)} partials for {len(segment.reductions)} reductions")
+    for k, name in enumerate(images):
+        _partition(tiles, where, f"output {name}", graph.size(name, axis), [tile.owned[k] for tile in tiles])
+    for k, name in enumerate(segment.reductions):
+        node = graph.nodes[name]
+        reduced = rule(node).reduced(node, graph)
+        if reduced:
+            _partition(tiles, where, f"the input of reduction {name}", graph.size(reduced[0], axis),
+                       [tile.partials[k] for tile in tiles])
+
+
+def _check_levels(segment: Segment, graph: Graph) -> None:
+    """A tiled segment's levels are those of its nodes (``tilec.sweeps.levels``); a stored one has none."""
+    expected = levels(graph, segment.first, segment.stop) if segment.mode == "tiled" else ()
+    if tuple(segment.levels) != tuple(expected):
+        _fail(f"segment {segment.index} has levels {[level.model_dump() for level in segment.levels]}, but its nodes "
+              f"make {[level.model_dump() for level in expected]}")
 
 
 def _compare_step(step: AxisStep, expected: AxisStep, where: str) -> None:
@@ -295,11 +321,15 @@ def _compare_step(step: AxisStep, expected: AxisStep, where: str) -> None:
             _fail(f"{here}: grad {_interval(read.grad)} of {read.input} differs from read {_interval(read.read)}")
 
 
-def _compare(tile: AxisTile, expected: AxisTile, segment: Segment, where: str) -> None:
+def _compare(tile: AxisTile, expected: AxisTile, segment: Segment, graph: Graph, where: str) -> None:
     """The first field where ``tile`` differs from the planner's, consumers before producers."""
-    for name, owned, want in zip(segment.outputs, tile.owned, expected.owned, strict=True):
+    images = [name for name in segment.outputs if graph.is_image(name)]
+    for name, owned, want in zip(images, tile.owned, expected.owned, strict=True):
         if owned != want:
             _fail(f"{where} owns {_interval(owned)} of output {name}, not the grid's split {_interval(want)}")
+    for name, part, want in zip(segment.reductions, tile.partials, expected.partials, strict=True):
+        if part != want:
+            _fail(f"{where}'s partial of {name} covers {_interval(part)}, not the grid's split {_interval(want)}")
     if len(tile.steps) != len(expected.steps):
         _fail(f"{where} has {len(tile.steps)} steps for the segment's {len(expected.steps)} nodes")
     for step, want in reversed(list(zip(tile.steps, expected.steps, strict=True))):
@@ -322,7 +352,7 @@ def _check_axis(segment: Segment, axis: int, graph: Graph) -> None:
     numbering: dict[tuple, int] = {}
     for number, (tile, expected) in enumerate(zip(tiles, rebuilt, strict=True)):
         where = f"segment {segment.index} {AXES[axis]} tile {number}"
-        _compare(tile, expected, segment, where)
+        _compare(tile, expected, segment, graph, where)
         with _evaluating(f"the class key of {where}"):
             key = class_key(tile, graph, segment.inputs, segment.outputs, axis, segment.reductions)
         first, first_key = first_of_class.setdefault(tile.shape_class, (number, key))
@@ -380,6 +410,7 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         _check_shares(plan)
         for segment in plan.segments:
             _check_segment(segment, graph)
+            _check_levels(segment, graph)
             _check_rolled(plan, segment, graph)
             if segment.mode == "tiled":
                 for axis in range(2):

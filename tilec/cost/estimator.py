@@ -40,7 +40,7 @@ from tilec.cost.facts import Facts
 from tilec.cost.liveness import COPY, KINDS, Forward, Program, program
 from tilec.graph import Graph
 from tilec.ir import AxisTile
-from tilec.sweeps import may_roll
+from tilec.sweeps import dependents, levels, may_roll, prefix
 from tilec.target import Target
 
 
@@ -99,6 +99,8 @@ class Estimator:
         casts = self.cast_bytes(first, stop)
         flops = float(facts.flops[first:stop].sum() + facts.backward_flops[first:stop].sum())
         calls = 2 * (stop - first)
+        flop_seconds = float(((facts.flops[first:stop] + facts.backward_flops[first:stop])
+                              * facts.seconds_per_flop[first:stop]).sum())
         return SegmentCost(
             forward_local=forward[stop - first - 1] + casts,
             backward_local=self.gradients(first, stop) + facts.later_weights[first] + backward + casts,
@@ -107,7 +109,7 @@ class Estimator:
             flop_overhead=0.0,
             calls=calls,
             copied=0,
-            seconds=self.speed.seconds(flops, calls, 0),
+            seconds=self.speed.seconds(flop_seconds, calls, 0),
             kernels=self.kernel_bytes((p, facts.stored_passes[p], None) for p in facts.convolutions
                                       if first <= p < stop),
         )
@@ -126,12 +128,7 @@ class Estimator:
         simulated = self.program(first, stop, True)
         sizes = self._pair_bytes(simulated, rows, cols)
         outputs, in_grad, fixed = self.boundary(first, stop)
-        tiled = float((facts.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
-                       * cols.sums[first - cols.offset:stop - cols.offset]).sum())
-        untiled = float(facts.flops[first:stop].sum())
-        halo = tiled / untiled if untiled else 1.0
-        flops = 2 * tiled + float(facts.backward_flops[first:stop].sum()) * halo
-        calls = rows.parts * cols.parts * (stop - first) * 3
+        flops, flop_seconds, calls, halo = self.sweep_work(first, stop, rows, cols)
         # every tile copies its convolutions' weights: forward (once where packed), autograd re-run, backward
         packed = self.packed_bytes(first, stop)
         copied_weights = packed + rows.parts * cols.parts * sum(
@@ -150,11 +147,42 @@ class Estimator:
             flop_overhead=halo - 1,
             calls=calls,
             copied=copied,
-            seconds=self.speed.seconds(flops, calls, copied),
+            seconds=self.speed.seconds(flop_seconds, calls, copied),
             kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col)) for p in facts.convolutions
                                       if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)),
             rolls=rolls,
         )
+
+    def sweep_work(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> tuple[float, float, int, float]:
+        """FLOPs, their seconds at each node's rate, op calls per tile and the halo's FLOP ratio of
+        one step of a tiled segment: every forward sweep (``tilec.sweeps``: per level, what its
+        partials need; then the image outputs, if any), and in backward every recompute sweep (per
+        swept level that is not direct, and the last) and the back-propagation of what depends on
+        what it differentiates."""
+        facts, graph = self.facts, self.graph
+        per_second = facts.seconds_per_flop[first:stop]
+        tiled_per_node = (facts.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
+                          * cols.sums[first - cols.offset:stop - cols.offset])
+        images = np.array([graph.is_image(name) for name in graph.order[first:stop]])
+        tiled = float(tiled_per_node[images].sum())
+        untiled = float(facts.flops[first:stop][images].sum())
+        halo = tiled / untiled if untiled else 1.0
+        backward = facts.backward_flops[first:stop] * images * halo
+        has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
+        work = backward + tiled_per_node * (1 + has_images)  # FLOPs per node over the step
+        calls = (stop - first) * (2 + has_images)
+        for level in levels(graph, first, stop):
+            if level.index == 0 or level.direct:
+                continue
+            needed = [p - first for p in prefix(graph, first, stop, level)]
+            work[needed] += tiled_per_node[needed]
+            calls += len(needed)
+            if level.swept:
+                after = [p - first for p in dependents(graph, first, stop, level)]
+                work += tiled_per_node
+                work[after] += backward[after]
+                calls += (stop - first) + len(after)
+        return float(work.sum()), float((work * per_second).sum()), rows.parts * cols.parts * calls, halo
 
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll

@@ -152,6 +152,9 @@ class Facts:
                      **{node.name: prod(node.shape) * facts.computes for node, facts in zip(order, self.nodes,
                                                                                           strict=True)}}
         self.flops = np.array([rule(n).flops(n, graph) * prod(n.shape) for n in order])
+        #: Per node, seconds per FLOP at the rate of its kind of kernel (``tilec.target.Speed.rate``).
+        speed = target.rates
+        self.seconds_per_flop = np.array([1 / speed.rate(*rule(n).time_class(n, graph)) for n in order])
         self.backward_flops = np.array([rule(n).backward_factor for n in order]) * self.flops
         areas = [self.area(name) for name in graph.order]
         #: Forward FLOPs per output pixel (row x column) of each node.

@@ -157,6 +157,11 @@ class Op:
         """Forward FLOPs per output element."""
         return self.flop_count
 
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        """The kind of kernel ``node`` runs and its channel count, by which the time estimate looks
+        up its FLOP rate (``tilec.target.Speed.rate``): per-pixel ops by default."""
+        return "pixel", node.shape[1] if len(node.shape) > 1 else 1
+
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         """Whether ``node`` is a reduction a tiled segment computes by sweeps (module docstring)."""
         return False

@@ -60,6 +60,9 @@ class BatchNorm(Pixel):
     channels_last_backward_copy = True
     flop_count = 5
 
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        return "norm", node.shape[1]
+
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.op == "batch_norm" and const(node, 5, False):
             return "nonlocal"
@@ -277,6 +280,9 @@ class Linear(Pixel):
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         return 2 * shapes.tensor_shapes[node.args[1].value][1]
+
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        return "conv1x1", shapes.tensor_shapes[node.args[1].value][1]
 
 
 class Channels(Pixel):

@@ -10,8 +10,9 @@ from __future__ import annotations
 from math import prod
 
 from tilec.graph import Shapes
-from tilec.ir import NodeSpec
-from tilec.ops.base import Op, const, dim
+from tilec.ir import AxisStep, NodeSpec
+from tilec.ops.base import Need, Op, const, dim
+from tilec.regions import Interval
 
 
 def image_dims(node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
@@ -52,15 +53,53 @@ class Reduce(Op):
         return prod(shapes.shape(node.inputs[0])) / max(1, prod(node.shape))
 
 
+def bins(output: Interval, size: int, out_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """PyTorch's adaptive pooling bins of outputs ``output`` on an axis of ``size`` pooled to
+    ``out_size``: output ``o`` averages inputs ``[floor(o * size / out), ceil((o + 1) * size / out))``."""
+    starts = tuple(o * size // out_size for o in range(output.start, output.stop))
+    stops = tuple(-(-(o + 1) * size // out_size) for o in range(output.start, output.stop))
+    return starts, stops
+
+
 class Pool(Reduce):
-    """``adaptive_avg_pool2d`` / ``_adaptive_avg_pool2d`` to 1x1: the mean over the image. To
-    another size it is a window op PyTorch's index maps would describe: untiled."""
+    """``adaptive_avg_pool2d`` / ``_adaptive_avg_pool2d``: to 1x1 the mean over the image, a
+    reduction; to another size a window op whose bins are PyTorch's (``bins``), tile by tile."""
+
+    vectorised = False
+
+    def sizes(self, node: NodeSpec) -> tuple[int, int]:
+        value = tuple(const(node, 1))
+        return (value[0], value[0]) if len(value) == 1 else value
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        return "nonlocal" if image_dims(node, shapes) is None or self.sizes(node) == (1, 1) else None
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
-        return image_dims(node, shapes) is not None and tuple(const(node, 1)) in ((1, 1), (1,))
+        return image_dims(node, shapes) is not None and self.sizes(node) == (1, 1)
+
+    def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+        return (2, 3) if len(node.shape) == 4 else None
+
+    def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
+        source = node.inputs[0]
+        starts, stops = bins(out, shapes.size(source, axis), self.sizes(node)[axis])
+        interval = Interval(min(starts), max(stops)) if starts else Interval(0, 0)
+        return [Need(source, interval, False)]
+
+    def output_size(self, node: NodeSpec, axis: int, shapes: Shapes) -> int | None:
+        return self.sizes(node)[axis]
+
+    def extras(self, node: NodeSpec, step: AxisStep, axis: int, shapes: Shapes):
+        """The tile's bins, local to its read."""
+        if step.out.length == 0:
+            return None
+        starts, stops = bins(step.out, shapes.size(node.inputs[0], axis), self.sizes(node)[axis])
+        base = step.reads[0].read.start
+        return tuple(a - base for a in starts), tuple(b - base for b in stops)
+
+    def emit(self, node: NodeSpec, tile) -> str:
+        rows, cols = (self.extras(node, step, axis, tile.shapes) for axis, step in enumerate((tile.row, tile.col)))
+        return f"adaptive_average({tile.read(node.inputs[0])}, {tile.constant(rows)}, {tile.constant(cols)})"
 
     def partial(self, node: NodeSpec, tile) -> str:
         return f"partial_sum({tile.owned(node.inputs[0])}, (2, 3))"
@@ -160,6 +199,9 @@ class Normalise(Op):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         return "nonlocal"
+
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        return "norm", node.shape[1] if len(node.shape) > 1 else 1
 
     def groups(self, node: NodeSpec, shapes: Shapes) -> int | None:
         """Channel groups per sample whose statistics are shared: ``None`` where it does not reduce."""

@@ -87,6 +87,10 @@ class ConvTranspose2d(Op):
         return call + tile.index(4, (2, 3), (crop_r, crop_r + tile.row.out.length),
                                  (crop_c, crop_c + tile.col.out.length))
 
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        weight = shapes.tensor_shapes[node.args[1].value]
+        return "conv", min(weight[0], weight[1])
+
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         """Every input element meets ``Cout/groups * kh * kw`` weights."""
         weight = shapes.tensor_shapes[node.args[1].value]

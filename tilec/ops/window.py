@@ -92,6 +92,9 @@ class _WindowOp(Op):
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         return prod(window_args(node).kernel)
 
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        return "pool", node.shape[1]
+
 
 class Conv2d(_WindowOp):
     convolution = True
@@ -114,6 +117,14 @@ class Conv2d(_WindowOp):
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         weight = shapes.tensor_shapes[node.args[1].value]
         return 2 * weight[1] * weight[2] * weight[3]
+
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        """``depthwise`` (a group per input channel), ``conv1x1`` or ``conv``, with the smaller of
+        the input channels per group and the output channels."""
+        weight = shapes.tensor_shapes[node.args[1].value]
+        if const(node, 6, 1) > 1 and weight[1] == 1:
+            return "depthwise", weight[0]
+        return ("conv1x1" if weight[2] * weight[3] == 1 else "conv"), min(weight[0], weight[1])
 
 
 class MaxPool2d(_WindowOp):

@@ -289,3 +289,10 @@ def leaky_relu_grad_(g, y, slope=0.01):
 
 def hardtanh_grad_(g, y, low=-1.0, high=1.0):
     return aten.hardtanh_backward.grad_input(g, y, low, high, grad_input=g)
+
+
+def adaptive_average(x, rows, cols):
+    """Adaptive average pooling of a tile with the bins ``rows`` and ``cols`` (``(starts, stops)``,
+    local to the tile, PyTorch's): a mean over each bin's rows, then over its columns."""
+    x = torch.stack([x[:, :, a:b].mean(2) for a, b in zip(*rows, strict=True)], 2)
+    return torch.stack([x[..., a:b].mean(3) for a, b in zip(*cols, strict=True)], 3)
