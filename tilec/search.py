@@ -25,7 +25,8 @@ spanning several tiles makes more tile shapes, each with its own kernels), so an
 budget is refused at once with about the smallest one that would do.
 
 Cut candidates (``cut_points``): never right before a per-pixel op reading only the node
-before it (recomputing it is cheaper than storing its input); always where tileability changes;
+before it (recomputing it is cheaper than storing its input), unless it is a reduction (which
+then reads a kept input: a direct level, ``tilec.sweeps``); always where tileability changes;
 besides those, at most ``MAX_CUTS``: the order is split into that many equal stretches and each
 contributes the cut the fewest bytes cross.
 
@@ -55,6 +56,7 @@ from tilec.graph import Graph
 from tilec.ops import rule
 from tilec.planner import SegmentChoice, owned_sizes
 from tilec.recompute import candidates, recompute
+from tilec.sweeps import role
 from tilec.target import Target
 
 #: Tiles per side tried for a tiled segment: every count to 16 (one step from 8 to 12 tiles per
@@ -101,7 +103,7 @@ def cut_points(graph: Graph, full: dict[str, int]) -> list[int]:
         crossing[min(graph.last_use[name], count) + 1] -= full[name]
     crossing = np.cumsum(crossing)
     changes = {cut for cut in range(1, count) if nodes[order[cut - 1]].tileable != nodes[order[cut]].tileable}
-    allowed = [cut for cut in range(1, count) if cut in changes
+    allowed = [cut for cut in range(1, count) if cut in changes or role(graph, order[cut]) == "reduction"
                or not (rule(nodes[order[cut]]).pixel and nodes[order[cut]].inputs == (order[cut - 1],))]
     stretches = max(MIN_CUTS, MAX_CUTS - len(changes))
     chosen = set(changes)

@@ -12,6 +12,7 @@ from tilec.cone import Cone
 from tilec.graph import Graph
 from tilec.ir import AxisTile
 from tilec.ops import rule
+from tilec.sweeps import levels
 
 
 class AxisArrays:
@@ -50,7 +51,9 @@ class AxisArrays:
 
     @classmethod
     def of_cone(cls, graph: Graph, found: Cone) -> AxisArrays:
-        steps = [(step.node, step.start, step.stop, step.reads) for step in found.steps]
+        empty = np.zeros(found.tiles, dtype=np.int64)
+        steps = [(step.node, step.start, step.stop, step.reads + _owned(graph, step.node, step.owned, empty))
+                 for step in found.steps]
         return cls(graph, found.low, found.stop - found.low, found.tiles, steps)
 
     @classmethod
@@ -59,12 +62,18 @@ class AxisArrays:
         def column(values) -> np.ndarray:
             return np.array(list(values), dtype=np.int64)
 
-        steps = []
+        steps, empty = [], np.zeros(len(tiles), dtype=np.int64)
+        reductions = [name for level in levels(graph, first, stop) for name in level.reductions]
         for index, name in enumerate(graph.order[first:stop]):
             at = [tile.steps[index] for tile in tiles]
             reads = [(read.input, column(s.reads[k].read.start for s in at), column(s.reads[k].read.stop for s in at),
                       column(s.reads[k].pad[0] for s in at), column(s.reads[k].pad[1] for s in at))
                      for k, read in enumerate(at[0].reads)]
+            owned = None
+            if name in reductions:
+                k = reductions.index(name)
+                owned = column(t.partials[k].start for t in tiles), column(t.partials[k].stop for t in tiles)
+            reads = tuple(reads) + _owned(graph, name, owned, empty)
             steps.append((name, column(s.out.start for s in at), column(s.out.stop for s in at), reads))
         return cls(graph, first, stop - first, len(tiles), steps)
 
@@ -76,3 +85,12 @@ class AxisArrays:
             a[start:stop] for a in (self.out, self.padded, self.copied, self.copies))
         part.sums = part.out.sum(axis=0)
         return part
+
+
+def _owned(graph: Graph, name: str, owned, empty: np.ndarray) -> tuple:
+    """A reduction's partial read, as reads of its reduced inputs (their owned parts), after its
+    other reads: what its tiles hold of them."""
+    if owned is None:
+        return ()
+    node = graph.nodes[name]
+    return tuple((source, owned[0], owned[1], empty, empty) for source in rule(node).reduced(node, graph))
