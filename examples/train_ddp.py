@@ -75,7 +75,7 @@ def main() -> None:
         failed = torch.zeros(1, device=device)
         if rank == 0:
             try:
-                compile_model(CompileConfig(model_path=args.model_file, input_shape=args.input_shape,
+                compile_model(CompileConfig(model_path=args.model_file, inputs=((args.input_shape, None),),
                                             grid=args.grid, memory_budget=args.memory_budget, name=name,
                                             out_dir=args.out_dir, plan_dir=args.out_dir))
             except TilecError as error:

@@ -35,7 +35,7 @@ def main(generated: str, model_file: str) -> int:
     model, _ = load_model(model_file)
     torch.manual_seed(0)
     tiled = tiled_module.TiledModel(model)
-    shape = tiled_module.INPUT_SHAPE
+    (_, shape, _), = tiled_module.INPUTS  # one float input
     optimizer = torch.optim.SGD(tiled.parameters(), lr=1e-3)
 
     start = time.perf_counter()

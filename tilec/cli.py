@@ -17,12 +17,12 @@ from tilec.config import (
     parse_name,
     parse_names,
     parse_segments,
-    parse_shape,
+    parse_inputs,
 )
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
-from tilec.report import describe_plan, node_table, tile_table
+from tilec.report import describe_input, describe_plan, node_table, tile_table
 
 
 class Refusal(click.ClickException):
@@ -67,7 +67,9 @@ def main() -> None:
 @main.command("compile")
 @click.argument("model_file", type=click.Path(path_type=Path))
 @click.option("--attr", default="model", show_default=True, help="Model attribute (or function) in MODEL_FILE.")
-@click.option("--input-shape", help="Input shape N,C,H,W (default: the file's INPUT_SHAPE).")
+@click.option("--input", "inputs", multiple=True, help="One input SHAPE[:DTYPE], e.g. 1,3,8192,8192:uint8; once "
+              "per tensor argument of forward, in order (default: the file's INPUTS or INPUT_SHAPE).")
+@click.option("--input-shape", help="Shorthand for one input N,C,H,W in the model's dtype.")
 @click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4 (1x1: untiled).")
 @click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS,... over half-open node ranges "
               "(positions as `tilec inspect PLAN --nodes` lists them; 1x1 = stored, untiled).")
@@ -86,14 +88,14 @@ def main() -> None:
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, input_shape, grid, segments, memory_budget, recompute, ranks, dtype, autocast,
+def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, recompute, ranks, dtype, autocast,
                     name, out_dir, plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
             model_path=model_file,
             attr=attr,
-            input_shape=parse_shape(input_shape) if input_shape is not None else None,
+            inputs=parse_inputs(inputs, input_shape),
             grid=parse_grid(grid) if grid is not None else None,
             segments=parse_segments(segments) if segments is not None else None,
             memory_budget=parse_bytes(memory_budget) if memory_budget is not None else None,
@@ -137,12 +139,14 @@ def inspect_command(plan_file, tile, node, segment, list_nodes) -> None:
 @main.command("verify")
 @click.argument("model_file", type=click.Path(path_type=Path))
 @click.option("--attr", default="model", show_default=True, help="Model attribute (or function) in MODEL_FILE.")
-@click.option("--input-shape", help="Input shape N,C,H,W (default: the file's INPUT_SHAPE; smaller is faster).")
+@click.option("--input", "inputs", multiple=True, help="One input SHAPE[:DTYPE], once per tensor argument of "
+              "forward (default: the file's INPUTS or INPUT_SHAPE; smaller is faster).")
+@click.option("--input-shape", help="Shorthand for one input N,C,H,W in the model's dtype.")
 @click.option("--grid", help="Tile grid ROWSxCOLS (default: 2x2, clipped to the output size).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and gradient.")
 @click.option("--tolerance", type=float, default=1e-10, show_default=True, help="Largest error still called exact.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device to run both steps on.")
-def verify_command(model_file, attr, input_shape, grid, seed, tolerance, device) -> None:
+def verify_command(model_file, attr, inputs, input_shape, grid, seed, tolerance, device) -> None:
     """Check that tiled training of MODEL_FILE equals untiled training, in float64.
 
     Compiles into a temporary folder, runs one tiled and one untiled forward and backward
@@ -155,15 +159,15 @@ def verify_command(model_file, attr, input_shape, grid, seed, tolerance, device)
         verdict = verify(
             model_file,
             attr=attr,
-            input_shape=parse_shape(input_shape) if input_shape is not None else None,
+            inputs=parse_inputs(inputs, input_shape),
             grid=parse_grid(grid) if grid is not None else None,
             seed=seed,
             tolerance=tolerance,
             device=device,
         )
     console = _console()
-    shape = "x".join(map(str, verdict.plan.input_shape))
-    console.print(f"verify {model_file}: input {shape}, grid {verdict.grid[0]}x{verdict.grid[1]}, float64, "
+    shape = ", ".join(describe_input(spec) for spec in verdict.plan.inputs)
+    console.print(f"verify {model_file}: inputs {shape}, grid {verdict.grid[0]}x{verdict.grid[1]}, float64, "
                   f"seed {seed}")
     table = Table()
     for column in ("tensor", "shape", "max abs error", "status"):

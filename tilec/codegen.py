@@ -52,7 +52,7 @@ class TileFunction:
 
 @dataclass
 class CombineFunction:
-    """A level's combine ``(parts, r, xs, bs, p, train, update)``: its results into ``r``."""
+    """A level's combine ``(parts, r, like, bs, p, train, update)``: its results into ``r``."""
 
     name: str
     level: int
@@ -264,8 +264,6 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
         if rule(node).random:
             expr = f"{expr} if update else r[{name!r}]"
         statements.append(Statement(f"r[{name!r}]", expr))
-    if any(re.search(r"\blike\b", statement.expr) for statement in statements):
-        statements.insert(0, Statement("like", "xs[0]"))
     return CombineFunction(f"_S{segment.index}_c{level.index}", level.index, statements)
 
 
@@ -426,6 +424,8 @@ def render(plan: Plan) -> str:
     imports, runtime = runtime_source()
     return _environment().get_template("module.py.j2").render(
         plan=plan,
+        inputs=tuple((spec.name, tuple(spec.shape), spec.dtype) for spec in plan.inputs),
+        inputs_line=", ".join(f"{spec.name} {tuple(spec.shape)} {spec.dtype}" for spec in plan.inputs),
         version=__version__,
         imports=imports,
         runtime=runtime,

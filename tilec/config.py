@@ -7,15 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilec.errors import BudgetError, GridError, ShapeError, TilecError
+from tilec.ir import INPUT_DTYPES
 
 
 @dataclass(frozen=True)
 class CompileConfig:
-    """Everything ``compile_model`` needs. ``None`` shape: the model file's INPUT_SHAPE."""
+    """Everything ``compile_model`` needs. ``inputs``: per tensor argument of the model's forward,
+    ``(shape, dtype)`` (``None`` dtype: the model's); ``None``: the model file's INPUTS or
+    INPUT_SHAPE."""
 
     model_path: Path
     attr: str = "model"
-    input_shape: tuple[int, ...] | None = None
+    inputs: tuple[tuple[tuple[int, ...], str | None], ...] | None = None
     grid: tuple[int, int] | None = None
     segments: tuple[tuple, ...] | None = None
     memory_budget: int | None = None
@@ -34,6 +37,32 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not all(re.fullmatch(r"\d+", part) for part in parts):
         raise ShapeError(f"--input-shape must be comma-separated integers N,C,H,W, got {text!r}")
     return tuple(int(part) for part in parts)
+
+
+def parse_input(text: str, flag: str = "--input") -> tuple[tuple[int, ...], str | None]:
+    """``"1,3,512,512:uint8"`` -> ``((1, 3, 512, 512), "uint8")``; without ``:DTYPE`` the dtype
+    is ``None`` (the model's)."""
+    match = re.fullmatch(r"\s*([\d,\s]+?)\s*(?::\s*([a-z0-9]+)\s*)?", text)
+    if not match:
+        raise ShapeError(f"{flag} must be SHAPE[:DTYPE], comma-separated sizes and a dtype (e.g. "
+                         f"1,3,512,512:uint8), got {text!r}")
+    dtype = match[2]
+    if dtype is not None and dtype not in INPUT_DTYPES:
+        raise ShapeError(f"{flag} {text!r}: dtype {dtype!r} is not one of {', '.join(INPUT_DTYPES)}")
+    parts = [part.strip() for part in match[1].split(",")]
+    if not all(re.fullmatch(r"\d+", part) for part in parts):
+        raise ShapeError(f"{flag} must be SHAPE[:DTYPE] with comma-separated integer sizes, got {text!r}")
+    return tuple(int(part) for part in parts), dtype
+
+
+def parse_inputs(inputs: tuple[str, ...], input_shape: str | None) -> tuple | None:
+    """The ``inputs`` of a ``CompileConfig`` from ``--input`` (repeated) or ``--input-shape``
+    (one input in the model's dtype); ``None`` when neither is given."""
+    if inputs and input_shape is not None:
+        raise ShapeError("give either --input (once per input) or --input-shape, not both")
+    if input_shape is not None:
+        return ((parse_shape(input_shape), None),)
+    return tuple(parse_input(text) for text in inputs) or None
 
 
 def parse_grid(text: str) -> tuple[int, int]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilec.graph import Shapes
-from tilec.ir import INPUT, Arg, AxisStep, NodeSpec
+from tilec.ir import Arg, AxisStep, NodeSpec
 from tilec.ops import rule
 from tilec.regions import Interval
 
 
 def var(name: str) -> str:
-    return "x_in" if name == INPUT else f"v_{name}"
+    """The variable holding tensor ``name`` (a node or a model input: their names are distinct)."""
+    return f"v_{name}"
 
 
 @dataclass
@@ -184,12 +185,16 @@ class TileView:
         return Statement(var(node.name), rule(node).apply(node, self), self.uses)
 
     def statement(self, node: NodeSpec, row: AxisStep, col: AxisStep, in_place: bool | None) -> Statement:
-        """The statement computing ``node`` in one tile (an empty tensor where the tile computes none)."""
+        """The statement computing ``node`` in one tile. Where the tile computes none of it, a
+        per-pixel op runs on its empty inputs (giving its dtype) and any other op is an empty tensor
+        of its first input's dtype (autocast's, where it casts)."""
         self.focus(node, row, col, in_place)
-        if row.out.length == 0 or col.out.length == 0:
+        if (row.out.length == 0 or col.out.length == 0) and not rule(node).pixel:
             shape = list(node.shape)
             shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
-            return Statement(var(node.name), f"xs[0].new_empty({tuple(shape)!r})")
+            dtype = f", dtype=torch.{node.autocast_dtype}" if node.autocast_dtype else ""
+            return Statement(var(node.name), f"{self.var(node.inputs[0])}.new_empty({tuple(shape)!r}{dtype})",
+                             self.uses)
         expr = rule(node).emit(node, self)
         return Statement(var(node.name), expr, self.uses)
 
@@ -203,8 +208,9 @@ class TileView:
 
 class CombineView(TileView):
     """What ``Op.finish`` and a small op's statement may look up in a combine function
-    ``(parts, r, xs, bs, p, train, update)``: leaves in ``r``, broadcast inputs in ``bs`` (by their
-    position), model tensors in ``p``, the modules' modes in ``train``, ``like`` (``xs[0]``)."""
+    ``(parts, r, like, bs, p, train, update)``: leaves in ``r``, broadcast inputs in ``bs`` (by
+    their position), model tensors in ``p``, the modules' modes in ``train``, and ``like``, an
+    empty tensor of the model's floating dtype on its device."""
 
     def __init__(self, shapes: Shapes, slots: dict[str, int], constants: Constants, leaves: frozenset[str],
                  broadcast: list[str]):
@@ -217,7 +223,7 @@ class CombineView(TileView):
         return f"bs[{self.broadcast.index(name)}]"
 
     def dtype(self, node: NodeSpec) -> str:
-        """The dtype ``node`` computes in: autocast's where it casts, else the model input's."""
+        """The dtype ``node`` computes in: autocast's where it casts, else the model's."""
         return f"torch.{node.autocast_dtype}" if node.autocast_dtype else "like.dtype"
 
     def mode(self, path: str) -> str:

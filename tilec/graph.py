@@ -5,7 +5,8 @@ One class serves compiling (``tilec.trace`` builds it) and a loaded plan (``Grap
 Conventions:
 
 * Nodes are ``NodeSpec`` s in one topological (execution) order; a node names its tensor inputs:
-  other nodes, or ``"input"``, the model input.
+  other nodes, or the model's inputs (``InputSpec``: the ``forward``'s tensor arguments), which
+  sit before every node: input ``k`` at position ``-1 - k``.
 * A tensor's spatial axes are ``spatial = (row_dim, col_dim)``; ``None`` for a tensor without image
   axes. An *image* is a tensor with image axes of more than one pixel.
 * A *run* ``[first, stop)`` is a contiguous stretch of the execution order (a segment). The
@@ -23,7 +24,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from tilec.ir import INPUT, ModelFingerprint, NodeSpec, OutputTree, Plan, SegmentInput, Shape, TensorSpec
+from tilec.ir import InputSpec, ModelFingerprint, NodeSpec, OutputTree, Plan, SegmentInput, Shape, TensorSpec
 
 
 def output_leaves(tree: OutputTree) -> list[str]:
@@ -38,19 +39,25 @@ def output_leaves(tree: OutputTree) -> list[str]:
 
 
 class Shapes:
-    """Look-ups of tensor shapes and layouts by name: nodes, the model input and model tensors."""
+    """Look-ups of tensor shapes and layouts by name: nodes, the model inputs and model tensors."""
 
-    def __init__(self, nodes: dict[str, NodeSpec], tensors: Iterable[TensorSpec], input_shape: Shape):
+    def __init__(self, nodes: dict[str, NodeSpec], tensors: Iterable[TensorSpec], inputs: Iterable[InputSpec]):
         self.nodes = nodes
         self.tensors = tuple(tensors)
         self.tensor_shapes = {t.name: tuple(t.shape) for t in self.tensors}
-        self.input_shape = tuple(input_shape)
+        self.inputs = tuple(inputs)
+        self.input_specs = {spec.name: spec for spec in self.inputs}
 
     def shape(self, name: str) -> Shape:
-        return self.input_shape if name == INPUT else self.nodes[name].shape
+        spec = self.input_specs.get(name)
+        return spec.shape if spec is not None else self.nodes[name].shape
 
     def spatial(self, name: str) -> tuple[int, int] | None:
-        return (2, 3) if name == INPUT else self.nodes[name].spatial
+        spec = self.input_specs.get(name)
+        return spec.spatial if spec is not None else self.nodes[name].spatial
+
+    def is_input(self, name: str) -> bool:
+        return name in self.input_specs
 
     def size(self, name: str, axis: int) -> int:
         return self.shape(name)[self.spatial(name)[axis]]
@@ -72,24 +79,28 @@ class Graph(Shapes):
     model's tensors; the runs, cuts and boundaries of its execution order."""
 
     def __init__(self, nodes: Iterable[NodeSpec], *, tensors: Iterable[TensorSpec], output: OutputTree,
-                 input_shape: Shape, autocast: str | None = None):
-        super().__init__({node.name: node for node in nodes}, tensors, input_shape)
+                 inputs: Iterable[InputSpec], autocast: str | None = None):
+        super().__init__({node.name: node for node in nodes}, tensors, inputs)
         self.order = tuple(self.nodes)
         self.output = output
         self.autocast = autocast
         self.position = {name: index for index, name in enumerate(self.order)}
-        self.position[INPUT] = -1
+        self.position.update({spec.name: -1 - k for k, spec in enumerate(self.inputs)})
+        self.input_names = tuple(spec.name for spec in self.inputs)
 
     @classmethod
     def of_plan(cls, plan: Plan) -> Graph:
         """The graph a plan's model fingerprint describes."""
-        return cls(plan.model.nodes, tensors=plan.model.tensors, output=plan.model.output,
-                   input_shape=plan.input_shape, autocast=plan.autocast)
+        return cls(plan.model.nodes, tensors=plan.model.tensors, output=plan.model.output, inputs=plan.inputs,
+                   autocast=plan.autocast)
 
     def with_nodes(self, nodes: Iterable[NodeSpec]) -> Graph:
         """The same model with other nodes (a rewritten graph, ``tilec.recompute``)."""
-        return Graph(nodes, tensors=self.tensors, output=self.output, input_shape=self.input_shape,
-                     autocast=self.autocast)
+        return Graph(nodes, tensors=self.tensors, output=self.output, inputs=self.inputs, autocast=self.autocast)
+
+    def name_at(self, position: int) -> str:
+        """The tensor at ``position``: a node, or (negative) a model input."""
+        return self.order[position] if position >= 0 else self.inputs[-1 - position].name
 
     def __iter__(self):
         return iter(self.nodes.values())
@@ -99,8 +110,8 @@ class Graph(Shapes):
 
     @cached_property
     def users(self) -> dict[str, tuple[str, ...]]:
-        """Per tensor (the model input and every node), the nodes reading it, in execution order."""
-        found: dict[str, list[str]] = {INPUT: [], **{name: [] for name in self.order}}
+        """Per tensor (the model inputs and every node), the nodes reading it, in execution order."""
+        found: dict[str, list[str]] = {**{name: [] for name in self.input_names}, **{name: [] for name in self.order}}
         for node in self.nodes.values():
             for name in node.inputs:
                 found[name].append(node.name)
@@ -115,20 +126,20 @@ class Graph(Shapes):
     def dag(self) -> nx.DiGraph:
         """The graph as a ``networkx`` DAG, edges from producer to reader."""
         dag = nx.DiGraph()
-        dag.add_nodes_from([INPUT, *self.order])
+        dag.add_nodes_from([*self.input_names, *self.order])
         dag.add_edges_from((name, reader) for name, readers in self.users.items() for reader in readers)
         return dag
 
     def ancestors(self, name: str) -> set[str]:
-        """Every node ``name`` depends on (the model input excluded)."""
-        return nx.ancestors(self.dag, name) - {INPUT}
+        """Every node ``name`` depends on (the model inputs excluded)."""
+        return nx.ancestors(self.dag, name) - set(self.input_names)
 
     @cached_property
     def last_use(self) -> dict[str, int]:
         """Per tensor, the position of its last reader (the node count for a model output; -1: none)."""
         ends = {name: max((self.position[r] for r in readers), default=-1) for name, readers in self.users.items()}
         for name in self.outputs:
-            if name != INPUT:  # the caller holds a returned input: it adds no reader
+            if not self.is_input(name):  # the caller holds a returned input: it adds no reader
                 ends[name] = len(self.order)
         return ends
 
@@ -159,15 +170,15 @@ class Graph(Shapes):
 
     def crossing(self, cut: int) -> list[str]:
         """Tensors alive across cut ``cut``: produced before it, read at or after it."""
-        return [name for name in [INPUT, *self.order[:cut]] if self.last_use[name] >= cut]
+        return [name for name in [*self.input_names, *self.order[:cut]] if self.last_use[name] >= cut]
 
     def may_roll(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may write
         over the tensor itself, if a tiled segment (which keeps no activations) produced it: image
         tensors crossing ``cut`` that no node before it reads (whose backward runs after this one
-        and may read them), neither the model input nor a model output (which the caller holds)."""
+        and may read them), neither a model input nor a model output (which the caller holds)."""
         outputs = set(self.outputs)
-        return frozenset(name for name in self.crossing(cut) if name != INPUT and name not in outputs
+        return frozenset(name for name in self.crossing(cut) if not self.is_input(name) and name not in outputs
                          and self.first_use[name] >= cut and self.is_image(name))
 
     def fingerprint(self) -> ModelFingerprint:

@@ -3,8 +3,11 @@
 Conventions:
 
 * The model is a DAG of ``NodeSpec`` s in one fixed topological (execution) order; a node
-  names its tensor inputs (other nodes, or ``"input"``) and the parameters and buffers it
-  computes with, by their ``state_dict`` names.
+  names its tensor inputs (other nodes, or the model's inputs, ``Plan.inputs``) and the
+  parameters and buffers it computes with, by their ``state_dict`` names.
+* The model's inputs are the tensor arguments of its ``forward``, in order, named as its
+  parameters are. A 4-D input is (N, C, H, W) and a 3-D one (N, H, W): their last two dims are
+  the image's rows and columns; other inputs (per-sample labels) have no image axes.
 * A tensor's spatial axes are ``spatial = (row_dim, col_dim)``: ``(2, 3)`` for NCHW, ``(1, 2)``
   after a channels-last permute; ``None`` for a tensor with no image axes (after flatten).
 * Every ``Interval`` is half-open ``[start, stop)`` in the coordinates of the full (untiled)
@@ -22,16 +25,18 @@ Conventions:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 8
-INPUT = "input"
+SCHEMA_VERSION = 9
 
 Shape = tuple[int, ...]
+#: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
+InputDtype = Literal["float32", "float64", "bfloat16", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"]
+INPUT_DTYPES = get_args(InputDtype)
 Scalar = bool | int | float | str | None
 AttrValue = Scalar | tuple[Scalar | tuple[Scalar, ...], ...]
 
@@ -48,10 +53,23 @@ class TensorSpec(Frozen):
     buffer: bool = Field(description="a buffer (no gradient) rather than a parameter")
 
 
+class InputSpec(Frozen):
+    """One tensor argument of the model's ``forward``: its name there, shape and dtype."""
+
+    name: str
+    shape: Shape
+    dtype: InputDtype
+
+    @property
+    def spatial(self) -> tuple[int, int] | None:
+        """The dims of its image rows and columns: (2, 3) of (N, C, H, W), (1, 2) of (N, H, W)."""
+        return {4: (2, 3), 3: (1, 2)}.get(len(self.shape))
+
+
 class Arg(Frozen):
     """One positional argument of a node's op: a tensor value, a model tensor, or a constant.
 
-    ``kind`` is ``"node"`` (``value`` names a node or ``"input"``), ``"tensor"`` (``value`` is a
+    ``kind`` is ``"node"`` (``value`` names a node or a model input), ``"tensor"`` (``value`` is a
     ``state_dict`` name), ``"nodes"`` (a list of node names, as ``cat`` takes) or ``"const"``.
     """
 
@@ -69,7 +87,7 @@ class NodeSpec(Frozen):
     path: str = Field(description="dotted path of the module the op came from ('' for the model itself)")
     module_type: str = Field(description="class name of that module")
     args: tuple[Arg, ...]
-    inputs: tuple[str, ...] = Field(description="tensor inputs (nodes or 'input') in argument order")
+    inputs: tuple[str, ...] = Field(description="tensor inputs (nodes or model inputs) in argument order")
     shape: Shape = Field(description="output shape (for ops returning a list: each element's shape)")
     spatial: tuple[int, int] | None = Field(description="dims of the output's image rows and columns")
     tileable: bool = Field(description="may run tile by tile; else only in a stored (untiled) segment")
@@ -199,11 +217,11 @@ class Segment(Frozen):
 
 
 class Plan(Frozen):
-    """A tiling plan for one model, one input shape and one segmentation."""
+    """A tiling plan for one model, its inputs' shapes and dtypes, and one segmentation."""
 
     schema_version: int = SCHEMA_VERSION
     name: str
-    input_shape: Shape
+    inputs: tuple[InputSpec, ...] = Field(description="the tensor arguments of the model's forward, in order")
     dtype: Literal["float32", "float64", "bfloat16", "float16"]
     autocast: str | None = Field(
         None, pattern=r"^(cpu|cuda):(bfloat16|float16)$",
@@ -236,10 +254,15 @@ class Plan(Frozen):
         default=None, description="the grid compile --grid asked for, if any: each tiled segment's grid is it "
                                   "clipped to the segment's outputs' sizes")
     predicted_peak_bytes: int = Field(
-        description="peak bytes the first training step of a process allocates above the input, the parameters "
-        "and the output gradient: boundary activations, outputs, gradients, one tile's working set, and "
-        "kernel_state_bytes"
+        description="peak bytes the first training step of a process allocates above the inputs, the parameters "
+        "and the output gradient: boundary activations, outputs, gradients, one tile's working set, the "
+        "staging_bytes of inputs read by region, and kernel_state_bytes"
     )
+    staging_bytes: int = Field(
+        default=0, description="of predicted_peak_bytes, what inputs read by region (arrays on disk, host tensors "
+                               "of a device model) hold: per tiled segment, twice its largest tile's slices of "
+                               "them (one read ahead while a tile computes), in their own dtypes; the most of any "
+                               "segment")
     kernel_state_bytes: int = Field(
         description="of predicted_peak_bytes, the kernel state the first step creates and later steps find: "
                     "kernel_state times the distinct convolution call shapes of the plan; a later step's "

@@ -1,4 +1,6 @@
-"""Loading the user's model file: ``model`` (or another attribute) and optional ``INPUT_SHAPE``."""
+"""Loading the user's model file: ``model`` (or another attribute) and its optional inputs:
+``INPUTS`` (per tensor argument of ``forward``, "SHAPE:DTYPE" as ``--input`` takes it) or
+``INPUT_SHAPE`` (N, C, H, W of one input in the model's dtype)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
+from tilec.config import parse_input
 from tilec.errors import ModelFileError, ShapeError
 
 
@@ -16,8 +19,9 @@ def _where(path: Path, error: BaseException) -> str:
     return f"{path}:{frames[-1].lineno}" if frames else str(path)
 
 
-def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, ...] | None]:
-    """Execute ``path`` and return its model (calling it if it is a function) and INPUT_SHAPE."""
+def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple | None]:
+    """Execute ``path`` and return its model (calling it if it is a function) and its inputs as
+    ``CompileConfig.inputs`` takes them (``None`` if it names none)."""
     path = Path(path)
     if not path.exists():
         raise ModelFileError(f"model file {path} does not exist")
@@ -47,6 +51,11 @@ def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, .
                                  f"{type(error).__name__}: {error}") from None
     if not isinstance(model, nn.Module):
         raise ModelFileError(f"{path}: {attr} is a {type(model).__name__}, not a torch.nn.Module")
+    inputs = namespace.get("INPUTS")
+    if inputs is not None:
+        if not isinstance(inputs, list | tuple) or not all(isinstance(text, str) for text in inputs):
+            raise ShapeError(f"{path}: INPUTS must be a list of 'SHAPE:DTYPE' strings, got {inputs!r}")
+        return model, tuple(parse_input(text, f"{path}: INPUTS entry") for text in inputs)
     shape = namespace.get("INPUT_SHAPE")
     if shape is None:
         return model, None
@@ -54,4 +63,4 @@ def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple[int, .
         isinstance(n, int) and not isinstance(n, bool) for n in shape
     ):
         raise ShapeError(f"{path}: INPUT_SHAPE must be a tuple of integers N,C,H,W, got {shape!r}")
-    return model, tuple(shape)
+    return model, ((tuple(shape), None),)

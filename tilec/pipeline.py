@@ -37,12 +37,13 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
 
     ``progress(done, total)``, if given, is called as the planner finishes each axis of a segment.
     """
-    model, default_shape = load_model(config.model_path, config.attr)
-    shape = config.input_shape or default_shape
-    if shape is None:
-        raise ShapeError(f"give --input-shape N,C,H,W: {config.model_path} defines no INPUT_SHAPE")
+    model, default_inputs = load_model(config.model_path, config.attr)
+    inputs = config.inputs or default_inputs
+    if inputs is None:
+        raise ShapeError(f"give --input-shape N,C,H,W or --input SHAPE:DTYPE per input: {config.model_path} "
+                         f"defines neither INPUTS nor INPUT_SHAPE")
     name = config.name or config.model_path.stem
-    graph = recompute(trace(model, shape, config.autocast), config.recompute)
+    graph = recompute(trace(model, inputs, config.autocast), config.recompute)
     target = target_for(graph, config.dtype, shared=bool(config.ranks))
     the_plan = plan_for(graph, target, name, grid=config.grid, segments=config.segments,
                         memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
@@ -84,11 +85,13 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
                 progress=progress)
 
 
-def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_budget=None, recomputed=(),
+def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, recomputed=(),
           dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None,
           kernels="auto"):
     """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
+    ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
+    argument of its forward ``(shape, dtype)`` (``tilec.trace``).
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
@@ -97,7 +100,7 @@ def build(model: nn.Module, input_shape, grid=None, *, segments=None, memory_bud
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
-    graph = recompute(trace(model, input_shape, autocast), recomputed)
+    graph = recompute(trace(model, inputs, autocast), recomputed)
     target = target_for(graph, dtype, shared=bool(ranks) or process_group is not None)
     the_plan = plan_for(graph, target, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
     the_plan = distribute(the_plan, ranks)

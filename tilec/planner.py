@@ -201,7 +201,7 @@ def plan(
     ]
     return Plan(
         name=name,
-        input_shape=graph.input_shape,
+        inputs=graph.inputs,
         dtype=dtype,
         autocast=graph.autocast,
         conv_workspace=target.conv_workspace,
@@ -213,6 +213,7 @@ def plan(
         grid=tuple(grid) if grid is not None and segments_given is None else None,
         predicted_peak_bytes=max(peaks),
         kernel_state_bytes=sum(cost.kernels for cost in costs),
+        staging_bytes=max(cost.staging for cost in costs),
         model=graph.fingerprint(),
         segments=tuple(planned),
     )

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from tilec.errors import GridError
 from tilec.graph import Graph
-from tilec.ir import INPUT, Arg, NodeSpec
+from tilec.ir import Arg, NodeSpec
 from tilec.ops import rule
 
 #: Fewest nodes between a tensor's early and late readers for it to be worth recomputing.
@@ -47,7 +47,7 @@ def cone(graph: Graph, name: str) -> list[str]:
 
 def why_not(graph: Graph, name: str) -> str | None:
     """Why node ``name`` cannot be recomputed, or ``None`` when it can."""
-    if name == INPUT or name not in graph.nodes:
+    if graph.is_input(name) or name not in graph.nodes:
         return "there is no such node (see tilec inspect --nodes)"
     if name in graph.outputs:
         return "it is a model output"

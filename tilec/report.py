@@ -11,7 +11,7 @@ import math
 from rich.table import Table
 
 from tilec.errors import TilecError
-from tilec.ir import AxisStep, NodeSpec, Plan, Read, Segment
+from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment
 from tilec.regions import Interval
 
 
@@ -33,6 +33,34 @@ def _mib(count: int) -> str:
 
 def _where(node: NodeSpec) -> str:
     return f"{node.name} ({node.path or '-'})"
+
+
+def describe_input(spec: InputSpec) -> str:
+    """``x 1x3x8192x8192 uint8``."""
+    return f"{spec.name} {_shape(spec.shape)} {spec.dtype}"
+
+
+def input_reads(plan: Plan) -> list[str]:
+    """Per model input, how the plan reads it: by tiles of tiled segments (streamed, when given as
+    an array or a host tensor: ``TiledModel`` reads only those regions) or whole by stored ones."""
+    lines = []
+    for spec in plan.inputs:
+        tiled, whole = [], []
+        for segment in plan.segments:
+            names = [i.name for i in segment.inputs if i.sliced]
+            if spec.name in names:
+                k = names.index(spec.name)
+                rows = max(t.inputs[k].length for t in segment.rows)
+                cols = max(t.inputs[k].length for t in segment.cols)
+                tiled.append(f"{segment.index} ({rows}x{cols} at most)")
+            elif any(i.name == spec.name for i in segment.inputs):
+                whole.append(str(segment.index))
+        how = ([f"read by region by the tiles of segment(s) {', '.join(tiled)}"] if tiled else []) + (
+            [f"read whole by segment(s) {', '.join(whole)}"] if whole else [])
+        lines.append(f"input {describe_input(spec)}: {'; '.join(how) or 'not read'}")
+    if plan.staging_bytes:
+        lines.append(f"staging of inputs read by region: {_mib(plan.staging_bytes)} (in the predicted peak)")
+    return lines
 
 
 def _largest_slice(segment: Segment) -> str:
@@ -64,7 +92,8 @@ def describe_plan(plan: Plan) -> Table:
         ranks = (f"; {plan.ranks} ranks share the tiles: predicted peak per rank {_mib(plan.predicted_peak_bytes)}, "
                  f"est. {seconds:.3f} s per rank (without communication)")
     table = Table(
-        title=f"plan {plan.name}: input {_shape(plan.input_shape)}, {len(plan.model.nodes)} nodes, "
+        title=f"plan {plan.name}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
+        f"{len(plan.model.nodes)} nodes, "
         f"{plan.dtype}{autocast}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}{ranks}"
     )
     columns = ["segment", "nodes", "mode", "grid", "shape classes", "largest input slice", "outputs",
@@ -78,7 +107,7 @@ def describe_plan(plan: Plan) -> Table:
     for node in nodes:
         if node.recomputes is not None:  # copies are named <node>_recomputed<k>, k per recomputed tensor
             groups.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
-    captions = []
+    captions = input_reads(plan)
     if groups:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
             f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))

@@ -1,7 +1,9 @@
-"""Frontend: ``trace`` turns any ``nn.Module`` and an input shape into the op ``Graph``.
+"""Frontend: ``trace`` turns any ``nn.Module`` and its inputs' shapes and dtypes into the op ``Graph``.
 
-The model is captured with ``torch.export`` (non-strict) on a fake input, so shape-dependent
-Python runs as usual and a 100,000-pixel input costs no memory. Nodes are named as export names
+The model is captured with ``torch.export`` (non-strict) on fake inputs, so shape-dependent
+Python runs as usual and a 100,000-pixel input costs no memory. The inputs are the tensor
+arguments of ``forward``, in order, named as there; each is given as ``(shape, dtype)``, a dtype
+of ``None`` meaning the model's own (its first floating parameter's). Nodes are named as export names
 them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
 (``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
 op's result instead).
@@ -14,6 +16,7 @@ not a copy of its op lists.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
 from collections.abc import Sequence
@@ -25,7 +28,7 @@ from torch import nn
 from tilec.errors import ShapeError, UnsupportedLayerError
 from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
-from tilec.ir import INPUT, Arg, NodeSpec, OutputTree, Shape, TensorSpec
+from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec
 from tilec.ops import rule, tileable
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
@@ -35,12 +38,32 @@ METADATA_CHECKS = frozenset({"_assert_tensor_metadata", "_assert_async", "_asser
                              "sym_constrain_range_for_size", "_functional_sym_constrain_range"})
 
 
-def check_input_shape(shape: Sequence[int]) -> Shape:
+def check_input_shape(shape: Sequence[int], label: str = "input shape") -> Shape:
+    """An image input's shape: four positive sizes N, C, H, W."""
     if len(shape) != 4:
-        raise ShapeError(f"input shape {tuple(shape)} has {len(shape)} dimension(s); tilec needs 4: N,C,H,W")
+        raise ShapeError(f"{label} {tuple(shape)} has {len(shape)} dimension(s); tilec needs 4: N,C,H,W")
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
-        raise ShapeError(f"input shape {tuple(shape)} must be four positive integers N,C,H,W")
+        raise ShapeError(f"{label} {tuple(shape)} must be four positive integers N,C,H,W")
     return tuple(shape)
+
+
+def check_inputs(inputs) -> list[tuple[Shape, str | None]]:
+    """``inputs`` as ``(shape, dtype)`` pairs of positive sizes and known dtypes (``None``: the
+    model's); one line naming the input otherwise. A bare shape (N, C, H, W) is the one-input
+    shorthand: one input in the model's dtype."""
+    if len(inputs) and all(isinstance(n, int) for n in inputs):
+        return [(check_input_shape(inputs), None)]
+    checked = []
+    for k, (shape, dtype) in enumerate(inputs):
+        label = f"input {k + 1}"
+        if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+            raise ShapeError(f"{label} has shape {tuple(shape)}; give positive integer sizes, e.g. 1,3,512,512")
+        if dtype is not None and dtype not in INPUT_DTYPES:
+            raise ShapeError(f"{label} has dtype {dtype!r}; tilec takes one of {', '.join(INPUT_DTYPES)}")
+        checked.append((tuple(shape), dtype))
+    if not checked:
+        raise ShapeError("give the model's inputs: at least one shape")
+    return checked
 
 
 @contextmanager
@@ -82,21 +105,49 @@ def _cumulative_momentum_as_float(model: nn.Module):
             module.momentum = None
 
 
-def _export(model: nn.Module, shape: Shape) -> torch.export.ExportedProgram:
+def _examples(model: nn.Module, inputs: list[tuple[Shape, str | None]], device: str = "cpu") -> tuple:
+    """Fake tensors of the inputs' shapes and dtypes (made under a ``FakeTensorMode``)."""
+    default = _model_dtype(model)
+    return tuple(torch.zeros(shape, dtype=getattr(torch, dtype) if dtype else default, device=device)
+                 for shape, dtype in inputs)
+
+
+def _described_inputs(inputs: list[tuple[Shape, str | None]]) -> str:
+    return ", ".join(",".join(map(str, shape)) + (f":{dtype}" if dtype else "") for shape, dtype in inputs)
+
+
+def _check_arity(model: nn.Module, count: int) -> None:
+    """Refuse ``count`` inputs where ``model.forward`` cannot take that many positional tensors."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if not len(required) <= count <= len(positional):
+        names = ", ".join(p.name for p in positional)
+        raise ShapeError(f"the model's forward takes {len(required)} tensor input(s) ({names}); give one shape per "
+                         f"input, {count} given")
+
+
+def _export(model: nn.Module, inputs: list[tuple[Shape, str | None]]) -> torch.export.ExportedProgram:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        example = torch.empty(shape, dtype=_model_dtype(model))
+        examples = _examples(model, inputs)
     try:
         with _quiet_torch_logs(), _cumulative_momentum_as_float(model):
-            return torch.export.export(model, (example,), strict=False)
+            return torch.export.export(model, examples, strict=False)
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
-        raise ShapeError(f"the model does not run on input shape {shape}: {_described(error)}") from None
+        raise ShapeError(f"the model does not run on inputs {_described_inputs(inputs)}: {_described(error)}") from None
     except Exception as error:  # noqa: BLE001 - any other capture failure is the user's model too
         raise UnsupportedLayerError(f"torch.export could not capture the model: {_described(error)}") from None
 
 
-def _autocast_dtypes(program: torch.export.ExportedProgram, shape: Shape, autocast: str) -> dict[str, str]:
+def _autocast_dtypes(program: torch.export.ExportedProgram, inputs: list[tuple[Shape, str | None]],
+                     autocast: str) -> dict[str, str]:
     """Per call node of ``program``, the dtype of its result under ``autocast`` ("DEVICE:DTYPE")."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -116,7 +167,7 @@ def _autocast_dtypes(program: torch.export.ExportedProgram, shape: Shape, autoca
 
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast(device, dtype=getattr(torch, dtype)):
-            _Recorder(module).run(torch.empty(shape, dtype=_model_dtype(module), device=device))
+            _Recorder(module).run(*_examples(module, inputs, device))
     except Exception as error:  # noqa: BLE001 - the user's model under autocast
         raise UnsupportedLayerError(f"--autocast {autocast}: the model does not run under torch.autocast: "
                                     f"{_described(error)}") from None
@@ -215,16 +266,19 @@ def _output_tree(spec, leaves: list[str]) -> OutputTree:
     return OutputTree(kind=kind, keys=keys, items=items)
 
 
-def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = None) -> Graph:
-    """Build the op graph of ``model`` for inputs of ``input_shape`` (N, C, H, W), trained under
-    ``autocast`` ("DEVICE:DTYPE", e.g. "cuda:float16") or without."""
+def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
+    """Build the op graph of ``model`` for ``inputs`` (per tensor argument of its ``forward``, in
+    order: ``(shape, dtype)``, ``None`` for the model's dtype; or one shape (N, C, H, W) for a
+    model of one input in its dtype), trained under ``autocast``
+    ("DEVICE:DTYPE", e.g. "cuda:float16") or without."""
     if not isinstance(model, nn.Module):
         raise UnsupportedLayerError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
-    shape = check_input_shape(input_shape)
-    program = _export(model, shape)
+    inputs = check_inputs(inputs)
+    _check_arity(model, len(inputs))
+    program = _export(model, inputs)
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
-    autocast_dtypes = _autocast_dtypes(program, shape, autocast) if autocast else {}
+    autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature
     state = dict(model.state_dict(keep_vars=True))
     tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
@@ -236,10 +290,14 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         for name in sorted(set(tensors.values())) if name in state
     )
     user_inputs = list(signature.user_inputs)
-    if len(user_inputs) != 1:
-        raise UnsupportedLayerError(f"the model takes {len(user_inputs)} tensor inputs; tilec needs exactly one")
-    names = {user_inputs[0]: INPUT}
-    shapes = Shapes({}, tensor_specs, shape)
+    if len(user_inputs) != len(inputs):
+        raise ShapeError(f"the model's forward takes {len(user_inputs)} tensor input(s) ({', '.join(user_inputs)}); "
+                         f"give one shape per input, {len(inputs)} given")
+    default = str(_model_dtype(model)).removeprefix("torch.")
+    input_specs = tuple(InputSpec(name=name, shape=shape, dtype=dtype or default)
+                        for name, (shape, dtype) in zip(user_inputs, inputs, strict=True))
+    names = {name: name for name in user_inputs}
+    shapes = Shapes({}, tensor_specs, input_specs)
     for fx_node in program.graph.nodes:
         if fx_node.op != "call_function":
             continue
@@ -276,10 +334,10 @@ def trace(model: nn.Module, input_shape: Sequence[int], autocast: str | None = N
         raise UnsupportedLayerError("the model has no ops")
     outputs = [names[n.name] if isinstance(n, torch.fx.Node) else n
                for n in program.graph.output_node().args[0]]
-    if any(not isinstance(name, str) or name not in shapes.nodes and name != INPUT for name in outputs):
-        raise UnsupportedLayerError("the model returns something other than tensors computed from its input")
+    if any(not isinstance(name, str) or name not in shapes.nodes and not shapes.is_input(name) for name in outputs):
+        raise UnsupportedLayerError("the model returns something other than tensors computed from its inputs")
     return Graph(_live(list(shapes.nodes.values()), outputs), tensors=tensor_specs,
-                 output=_output_tree(program.call_spec.out_spec, list(outputs)), input_shape=shape, autocast=autocast)
+                 output=_output_tree(program.call_spec.out_spec, list(outputs)), inputs=input_specs, autocast=autocast)
 
 
 def _live(nodes: list[NodeSpec], outputs: list) -> list[NodeSpec]:

@@ -6,17 +6,17 @@ difference is reported, naming the segment, axis, tile and node):
 
 * ``schema_version`` is this tilec's (``check_version`` refuses older and newer plans on the raw
   JSON object, before the schema sees fields it does not know);
-* ``input_shape`` is N, C, H, W with positive sizes (tiles depend on H and W only, so N and C
+* the inputs have unique names and positive sizes (tiles depend on H and W only, so the others
   are left to the generated module's own input check); predictions (peaks, FLOP overhead,
   seconds) and the budget are in range;
-* the nodes are in a topological order: unique names (none called ``"input"``), every ``node``
-  or ``nodes`` argument names an earlier node or ``"input"``, every ``tensor`` argument names a
+* the nodes are in a topological order: unique names (none an input's), every ``node`` or
+  ``nodes`` argument names an earlier node or an input, every ``tensor`` argument names a
   model tensor, ``inputs`` lists exactly the node arguments in order without repeats, shapes are
   not negative and ``spatial`` names two distinct dims of the shape; the output tree names nodes;
 * ``model.digest`` is the digest of the nodes, tensors and output (``Graph.fingerprint``);
 * every node's ``tileable`` flag is what tracing gives it (``tilec.ops.tileable``), and the
   image sizes of tileable nodes follow their rule from their input's sizes (``Op.output_size``,
-  so ``input_shape`` agrees with the nodes);
+  so the inputs' shapes agree with the nodes);
 * segments cover the node positions ``0..n-1`` contiguously; each segment's inputs and outputs
   are what ``Graph.inputs_of`` / ``outputs_of`` compute; a stored segment has grid 1x1 and no tiles; a
   tiled one holds only tileable nodes and one axis tile per grid row and column;
@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from tilec.cone import axis_tiles
 from tilec.errors import PlanError, TilecError
 from tilec.graph import Graph
-from tilec.ir import INPUT, SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
+from tilec.ir import SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments
 from tilec.regions import Interval
@@ -120,9 +120,12 @@ def _check_predictions(plan: Plan) -> None:
 
 
 def _check_input(plan: Plan) -> None:
-    shape = tuple(plan.input_shape)
-    if len(shape) != 4 or any(n < 1 for n in shape):
-        _fail(f"input_shape {shape} is not four positive sizes N, C, H, W")
+    names = [spec.name for spec in plan.inputs]
+    if not names or len(set(names)) != len(names):
+        _fail(f"inputs {names} are not one or more distinct names")
+    for spec in plan.inputs:
+        if not spec.shape or any(n < 1 for n in spec.shape):
+            _fail(f"input {spec.name} has shape {tuple(spec.shape)}, not positive sizes")
 
 
 def _check_args(node: NodeSpec, known: set[str], tensors: set[str]) -> None:
@@ -133,7 +136,7 @@ def _check_args(node: NodeSpec, known: set[str], tensors: set[str]) -> None:
             _fail(f"node {node.name} has a 'nodes' argument that is not a list of names: {arg.value!r}")
         for name in names:
             if not isinstance(name, str) or name not in known:
-                _fail(f"node {node.name} reads {name!r}, which is neither 'input' nor an earlier node "
+                _fail(f"node {node.name} reads {name!r}, which is neither an input nor an earlier node "
                       f"(the nodes must be in execution order)")
             expected.setdefault(name)
         if arg.kind == "tensor" and arg.value not in tensors:
@@ -174,10 +177,10 @@ def _check_nodes(plan: Plan) -> None:
         _fail("model.tensors names a tensor twice")
     if any(n < 0 for t in plan.model.tensors for n in t.shape):
         _fail("a model tensor has a negative size")
-    known, names = {INPUT}, set(tensors)
+    known, names = {spec.name for spec in plan.inputs}, set(tensors)
     for node in nodes:
         if node.name in known:
-            _fail(f"node name {node.name!r} is used twice (or is 'input')")
+            _fail(f"node name {node.name!r} is used twice (or names an input)")
         _check_args(node, known, names)
         _check_shape(node)
         known.add(node.name)

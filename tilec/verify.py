@@ -2,8 +2,10 @@
 
 The generated module is imported from the file the compiler wrote, so the check covers the
 whole pipeline (plan file, validated reload, the module's own ``check_plan``). Tiled and
-untiled steps run in float64 on the same random input and output gradient; the result is
-the max absolute error per tensor: output, input gradient, each parameter gradient.
+untiled steps run in float64 on the same random inputs and output gradient; the result is
+the max absolute error per tensor: output, each floating input's gradient, each parameter
+gradient. Floating inputs are drawn from a normal distribution, ``uint8`` images (4-D) over
+0..255 and other integer or boolean inputs (masks, labels) over 0..1.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.pipeline import compile_model
 from tilec.planio import load
-from tilec.trace import check_input_shape
+from tilec.trace import check_inputs
 
 TOLERANCE = 1e-10
 
@@ -49,8 +51,21 @@ class Verdict:
 
 
 def default_grid(in_shape: Sequence[int], wanted: tuple[int, int] = (2, 2)) -> tuple[int, int]:
-    """``wanted``, clipped to the input size (each tiled segment clips it to its own outputs)."""
-    return min(wanted[0], in_shape[2]), min(wanted[1], in_shape[3])
+    """``wanted``, clipped to an image input's size (each tiled segment clips it to its outputs)."""
+    return min(wanted[0], in_shape[-2]), min(wanted[1], in_shape[-1])
+
+
+def random_inputs(inputs, generator: torch.Generator) -> list[torch.Tensor]:
+    """Per ``(shape, dtype)`` of ``inputs`` (``None``: float64), random values (module docstring)."""
+    found = []
+    for shape, dtype in inputs:
+        kind = getattr(torch, dtype) if dtype else torch.float64
+        if kind.is_floating_point:
+            found.append(torch.randn(shape, dtype=torch.float64, generator=generator))
+        else:
+            high = 256 if kind == torch.uint8 and len(shape) == 4 else 2
+            found.append(torch.randint(0, high, shape, generator=generator).to(kind))
+    return found
 
 
 def _import(path: Path):
@@ -73,25 +88,30 @@ def _flat(value) -> list[torch.Tensor]:
     return [leaf for leaf in torch.utils._pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
-def compare(tiled_class, model: nn.Module, shape, *, seed: int = 0, device: str = "cpu") -> list[TensorCheck]:
+def compare(tiled_class, model: nn.Module, inputs, *, seed: int = 0, device: str = "cpu") -> list[TensorCheck]:
     """Max abs error per tensor between ``tiled_class(model)`` and ``model`` in float64: every
-    output, the input gradient and every parameter gradient, for random output gradients."""
+    output, every floating input's gradient and every parameter gradient, for random inputs
+    (``inputs``: ``(shape, dtype)`` each, or one shape) and output gradients."""
     target = _device(device)
     model = copy.deepcopy(model).to(device=target, dtype=torch.float64)
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(tuple(shape), dtype=torch.float64, generator=generator).to(target)
+    xs = [x.to(target) for x in random_inputs(check_inputs(inputs), generator)]
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
+    grads_of = [k for k, x in enumerate(xs) if x.is_floating_point()]
 
-    x_ref = x.clone().requires_grad_()
-    y_ref = _flat(model(x_ref))
+    def leaves(values):
+        return [x.clone().requires_grad_(x.is_floating_point()) for x in values]
+
+    x_ref = leaves(xs)
+    y_ref = _flat(model(*x_ref))
     grad_out = [torch.randn(tuple(y.shape), dtype=torch.float64, generator=generator).to(target) for y in y_ref]
-    expected = torch.autograd.grad(y_ref, [x_ref, *params], grad_out, allow_unused=True)
+    expected = torch.autograd.grad(y_ref, [*(x_ref[k] for k in grads_of), *params], grad_out, allow_unused=True)
 
     tiled = tiled_class(model)
-    x_tiled = x.clone().requires_grad_()
-    y_tiled = _flat(tiled(x_tiled))
-    got = torch.autograd.grad(y_tiled, [x_tiled, *params], grad_out, allow_unused=True)
+    x_tiled = leaves(xs)
+    y_tiled = _flat(tiled(*x_tiled))
+    got = torch.autograd.grad(y_tiled, [*(x_tiled[k] for k in grads_of), *params], grad_out, allow_unused=True)
 
     def error(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
         if a is None or b is None:
@@ -100,7 +120,8 @@ def compare(tiled_class, model: nn.Module, shape, *, seed: int = 0, device: str 
 
     checks = [TensorCheck(f"output {index}" if len(y_ref) > 1 else "output", tuple(a.shape), error(b, a))
               for index, (a, b) in enumerate(zip(y_ref, y_tiled, strict=True))]
-    names = ["input gradient"] + [f"gradient of {name}" for name, _ in named]
+    names = [f"gradient of input {k + 1}" if len(xs) > 1 else "input gradient" for k in grads_of]
+    names += [f"gradient of {name}" for name, _ in named]
     for name, a, b in zip(names, expected, got, strict=True):
         checks.append(TensorCheck(name, tuple(a.shape) if a is not None else (), error(a, b)))
     return checks
@@ -110,7 +131,7 @@ def verify(
     model_path: Path,
     *,
     attr: str = "model",
-    input_shape: Sequence[int] | None = None,
+    inputs=None,
     grid: tuple[int, int] | None = None,
     seed: int = 0,
     tolerance: float = TOLERANCE,
@@ -118,22 +139,24 @@ def verify(
 ) -> Verdict:
     """Compile ``model_path`` into a temporary folder and compare tiled with untiled training."""
     model_path = Path(model_path)
-    model, default_shape = load_model(model_path, attr)
-    shape = input_shape or default_shape
-    if shape is None:
-        raise ShapeError(f"give --input-shape N,C,H,W: {model_path} defines no INPUT_SHAPE")
-    shape = check_input_shape(shape)
+    model, default_inputs = load_model(model_path, attr)
+    inputs = inputs or default_inputs
+    if inputs is None:
+        raise ShapeError(f"give --input-shape N,C,H,W or --input SHAPE:DTYPE per input: {model_path} defines "
+                         f"neither INPUTS nor INPUT_SHAPE")
+    inputs = tuple(check_inputs(inputs))
     if grid is None:
-        grid = default_grid(tuple(shape))
+        images = [shape for shape, _ in inputs if len(shape) in (3, 4)]
+        grid = default_grid(images[0]) if images else (1, 1)
     if not tolerance >= 0:
         raise TilecError(f"--tolerance must be a non-negative number, got {tolerance}")
     with tempfile.TemporaryDirectory(prefix="tilec-verify-") as folder:
-        config = CompileConfig(model_path=model_path, attr=attr, input_shape=tuple(shape), grid=grid,
+        config = CompileConfig(model_path=model_path, attr=attr, inputs=inputs, grid=grid,
                                name="verify", out_dir=Path(folder), plan_dir=Path(folder))
         result = compile_model(config)
         plan = load(result.plan_path)
         module = _import(result.module_path)
         module.check_plan(str(result.plan_path))
-        checks = compare(module.TiledModel, model, shape, seed=seed, device=device)
+        checks = compare(module.TiledModel, model, inputs, seed=seed, device=device)
     tiled = [segment.grid for segment in plan.segments if segment.mode == "tiled"]
     return Verdict(plan=plan, grid=tiled[0] if tiled else (1, 1), checks=tuple(checks), tolerance=tolerance)

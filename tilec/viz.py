@@ -272,7 +272,8 @@ def draw(plan: Plan, node: str | None = None, tile: tuple[int, int] | None = Non
     cols_axes = figure.add_subplot(grid[1, 1], sharey=rows_axes)
     _cone_panel(cols_axes, col_lines, j, 1, chosen)
     cols_axes.tick_params(labelleft=False)
-    figure.suptitle(f"tilec plan {plan.name}: input {'x'.join(map(str, plan.input_shape))}, tile {i},{j} of "
+    inputs = ", ".join(f"{spec.name} {'x'.join(map(str, spec.shape))}" for spec in plan.inputs)
+    figure.suptitle(f"tilec plan {plan.name}: {inputs}, tile {i},{j} of "
                     f"segment {segment.index} at node {chosen}", fontsize=11)
     return figure
 

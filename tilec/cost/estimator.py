@@ -59,6 +59,9 @@ class SegmentCost:
     seconds: float
     #: Bytes of kernel state its convolutions create and the process keeps (``Target.kernel_state``).
     kernels: int = 0
+    #: Of both locals, bytes of the staging of model inputs read by region: twice the most any
+    #: tile reads of them (one tile's slices read ahead while another computes).
+    staging: int = 0
     #: Per sliced input whose gradient the tiles may roll (``Estimator.rollable``), its name and
     #: the bytes ``backward_local`` holds less if they do: its full gradient less the band.
     rolls: tuple[tuple[str, int], ...] = ()
@@ -139,9 +142,10 @@ class Estimator:
         bands = [(name, _band(rows, name, readers)) for name, readers in simulated.slices if name in rollable]
         rolls = tuple((name, self.full[name] - self.full[name] * band // self.graph.size(name, 0))
                       for name, band in bands if band is not None)
+        staging = self.staging(simulated, sizes)
         return SegmentCost(
-            forward_local=outputs + packed + simulated.forward.peak(sizes),
-            backward_local=fixed + simulated.backward.peak(sizes),
+            forward_local=outputs + packed + staging + simulated.forward.peak(sizes),
+            backward_local=fixed + staging + simulated.backward.peak(sizes),
             kept=outputs,
             flops=round(flops),
             flop_overhead=halo - 1,
@@ -151,7 +155,14 @@ class Estimator:
             kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col)) for p in facts.convolutions
                                       if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)),
             rolls=rolls,
+            staging=staging,
         )
+
+    def staging(self, program: Program, sizes: np.ndarray) -> int:
+        """Twice the most bytes any tile of ``program`` reads of the model inputs (``sizes``: per
+        pair of tiles, the bytes of each quantity, the sliced inputs' first)."""
+        columns = [k for k, (name, _) in enumerate(program.slices) if self.graph.is_input(name)]
+        return 2 * round(float(sizes[:, columns].sum(axis=1).max())) if columns and len(sizes) else 0
 
     def sweep_work(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> tuple[float, float, int, float]:
         """FLOPs, their seconds at each node's rate, op calls per tile and the halo's FLOP ratio of

@@ -26,7 +26,7 @@ from tilec.cost.constants import (
     WEIGHT_BACKWARD_EXTRA_COPIES,
 )
 from tilec.graph import Graph
-from tilec.ir import INPUT, NodeSpec
+from tilec.ir import NodeSpec
 from tilec.ops import Op, const, rule
 from tilec.ops.in_place import activations_in_place
 from tilec.ops.window import window_args
@@ -103,7 +103,7 @@ class Facts:
         shapes = graph.tensor_shapes
         parameters = {t.name for t in graph.tensors if not t.buffer}
         order = list(graph)
-        self.outputs = [name for name in graph.outputs if name != INPUT]
+        self.outputs = [name for name in graph.outputs if not graph.is_input(name)]
         in_place = activations_in_place(order, self.outputs)
         dies_at: list[list[int]] = [[] for _ in order]
         for p, name in enumerate(graph.order):
@@ -148,7 +148,7 @@ class Facts:
         self.packed_after = suffix_sums([n.packed for n in self.nodes])
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = suffix_sums([n.weights for n in self.nodes])
-        self.full = {INPUT: prod(graph.shape(INPUT)) * self.element,
+        self.full = {**{spec.name: prod(spec.shape) * ELEMENT_BYTES[spec.dtype] for spec in graph.inputs},
                      **{node.name: prod(node.shape) * facts.computes for node, facts in zip(order, self.nodes,
                                                                                           strict=True)}}
         self.flops = np.array([rule(n).flops(n, graph) * prod(n.shape) for n in order])
@@ -176,7 +176,7 @@ class Facts:
         self.stored_passes = {p: 2 + input_grad[p] for p in self.convolutions}
 
     def needs_grad(self, position: int) -> bool:
-        """Whether the tensor at ``position`` needs a gradient (the model input, -1, does not)."""
+        """Whether the tensor at ``position`` needs a gradient (the model inputs, negative, do not)."""
         return position >= 0 and self.nodes[position].grad
 
     def area(self, name: str) -> int:

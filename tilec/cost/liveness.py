@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilec.cost.facts import Facts
-from tilec.ir import INPUT
 from tilec.ops import Op
 
 
@@ -280,8 +279,7 @@ def program(facts: Facts, forward, first: int, stop: int, tiled: bool) -> Progra
             run.drop(grads[p])
         for storage in ahead.saved.get(p, ()):
             run.drop(storage)
-    names = [*graph.order, INPUT]  # position -1: the model input
-    slices = tuple((names[p], tuple(names[r] for r in range(first, stop) if p in nodes[r].inputs))
+    slices = tuple((graph.name_at(p), tuple(graph.order[r] for r in range(first, stop) if p in nodes[r].inputs))
                    for p in ahead.slices)
     plain = forward(first, True, False) if tiled else None
     trace = plain.run.trace(plain.marks[stop - first - 1]) if plain else None

@@ -1,5 +1,5 @@
 """``PlanSpec``, what a generated module knows of its plan, and the checks a ``TiledModel`` makes
-of what it is given: the model, its modes, the input, autocast, a process group and a plan file.
+of what it is given: the model, its modes, the inputs, autocast, a process group and a plan file.
 Each raises one ``ValueError`` line naming what differs (or warns, for autocast)."""
 
 import hashlib
@@ -10,12 +10,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tilec.runtime.sources import DTYPES, dtype_name
+
 
 @dataclass(frozen=True)
 class PlanSpec:
     """The plan a generated module runs.
 
-    ``name``, ``digest`` (of the model), ``schema_version``, ``input_shape``; ``ranks``: the process
+    ``name``, ``digest`` (of the model), ``schema_version``, ``inputs``: per tensor argument of the
+    model's forward ``(name, shape, dtype name)``; ``ranks``: the process
     group size it shares its tiles among (``None``: any); ``autocast``: ``"DEVICE:DTYPE"`` of the
     ``torch.autocast`` it budgets the step under, or ``None``; ``gemm_min_channels``: the weight
     gradient race's choice (``tilec.runtime.device``); ``tensors``: every parameter and buffer
@@ -29,7 +32,7 @@ class PlanSpec:
     name: str
     digest: str
     schema_version: int
-    input_shape: tuple
+    inputs: tuple
     ranks: object
     autocast: object
     gemm_min_channels: object
@@ -96,29 +99,47 @@ def batch_norm_mode(module):
     return batch_stats, momentum
 
 
-def check_input(plan, x, tensors):
-    """Raise ValueError if ``x`` is not an input this plan can serve with these tensors."""
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"input must be a torch.Tensor, got {type(x).__name__}")
-    if tuple(x.shape) != plan.input_shape:
-        raise ValueError(f"input has shape {tuple(x.shape)}, plan {plan.name!r} needs {plan.input_shape}")
-    if not x.is_floating_point():
-        raise ValueError(f"input dtype {x.dtype} is not a floating-point type")
-    for tensor in tensors:
-        if tensor.is_floating_point() and (tensor.dtype != x.dtype or tensor.device != x.device):
-            raise ValueError(
-                f"input is {x.dtype} on {x.device} but the model's tensors are {tensor.dtype} on "
-                f"{tensor.device}; move one to match the other"
-            )
+def check_inputs(plan, inputs, tensors):
+    """Raise ValueError naming the first of ``inputs`` this plan cannot serve with these tensors:
+    a tensor or an array-like (``shape``, ``dtype``, slicing) of the plan's shape and dtype; a
+    floating input in the model's floating dtype (the plan's, or the one it was moved to)."""
+    if len(inputs) != len(plan.inputs):
+        names = ", ".join(name for name, _, _ in plan.inputs)
+        raise ValueError(f"plan {plan.name!r} takes {len(plan.inputs)} input(s) ({names}), got {len(inputs)}")
+    model = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    for (name, shape, dtype), x in zip(plan.inputs, inputs, strict=True):
+        if not isinstance(x, torch.Tensor) and not all(hasattr(x, a) for a in ("shape", "dtype", "__getitem__")):
+            raise ValueError(f"input {name} must be a torch.Tensor or an array with shape, dtype and slicing, "
+                             f"got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"input {name} has shape {tuple(x.shape)}, plan {plan.name!r} needs {shape}")
+        found = dtype_name(x)
+        if DTYPES[dtype].is_floating_point:
+            wanted = "a floating dtype" if model is None else str(model).removeprefix("torch.")
+            fits = found in DTYPES and DTYPES[found].is_floating_point and (model is None or found == wanted)
+        else:
+            wanted, fits = dtype, found == dtype
+        if not fits:
+            raise ValueError(f"input {name} is {found}, plan {plan.name!r} needs {wanted} (the model's own "
+                             f"first ops convert it)")
 
 
-def check_autocast(plan, x):
-    """Warn when a plan budgeted for autocast trains without it: its activations then take up to
-    twice the bytes the plan counts."""
+def check_devices(inputs, tensors, device):
+    """Raise ValueError if a tensor input is on another device than ``device`` (the model's),
+    other than the host: host inputs of a device model are read by region."""
+    for name, x in inputs:
+        if isinstance(x, torch.Tensor) and x.device != device and x.device.type != "cpu":
+            raise ValueError(f"input {name} is on {x.device} but the model's tensors are on {device}; move one "
+                             f"to match the other")
+
+
+def check_autocast(plan, place):
+    """Warn when a plan budgeted for autocast trains without it on device ``place``: its
+    activations then take up to twice the bytes the plan counts."""
     if plan.autocast is None or not torch.is_grad_enabled():
         return
     device, dtype = plan.autocast.split(":")
-    if (x.device.type != device or not torch.is_autocast_enabled(device)
+    if (place.type != device or not torch.is_autocast_enabled(device)
             or torch.get_autocast_dtype(device) != getattr(torch, dtype)):
         warnings.warn(f"plan {plan.name!r} budgets the step under torch.autocast({device!r}, dtype=torch.{dtype}) "
                       f"(compile --autocast {plan.autocast}); without it the step may exceed the budget", stacklevel=3)
@@ -136,12 +157,12 @@ def agree(group, values, what):
 
 def check_group(plan, group):
     """Raise ValueError unless ``group`` has the plan's number of ranks (if it names one) and
-    every rank of it runs this plan (model digest, input shape, segments)."""
+    every rank of it runs this plan (model digest, inputs, segments)."""
     size = dist.get_world_size(group)
     if plan.ranks is not None and size != plan.ranks:
         raise ValueError(f"the process group has {size} ranks, but plan {plan.name!r} was compiled for "
                          f"--ranks {plan.ranks}")
-    digest = hashlib.sha256(repr((plan.digest, plan.input_shape, plan.segments)).encode()).hexdigest()
+    digest = hashlib.sha256(repr((plan.digest, plan.inputs, plan.segments)).encode()).hexdigest()
     # 13 hex digits are 52 bits: exact in the float64 the ranks compare
     agree(group, [float(int(digest[:13], 16))], "plans (compile the same model with the same options on every rank)")
 
@@ -154,7 +175,7 @@ def check_same_tensors(group, tensors):
 
 
 def check_same_input(group, x, chunk=1 << 22):
-    """Raise ValueError unless every rank of ``group`` was given the same input: its sum and its
+    """Raise ValueError unless every rank of ``group`` was given the same tensor input: its sum and its
     sum weighted by position (1 at the first element to 2 at the last), in float64, computed
     ``chunk`` elements at a time so that no full-size copy of the image is made."""
     flat = x.detach().reshape(-1)
@@ -171,7 +192,7 @@ def check_same_input(group, x, chunk=1 << 22):
 
 def check_plan_file(plan, path):
     """Raise ValueError unless the plan JSON file at ``path`` is ``plan``: compares
-    schema_version, model digest, input shape and each segment's nodes and grid, using only
+    schema_version, model digest, inputs and each segment's nodes and grid, using only
     the standard library."""
     try:
         with open(path, encoding="utf-8") as stream:
@@ -190,9 +211,13 @@ def check_plan_file(plan, path):
     digest = field(field(data, "model"), "digest")
     if digest != plan.digest:
         raise ValueError(f"plan {path} is for model digest {digest!r}, this module for {plan.digest!r}")
-    shape = field(data, "input_shape")
-    if not isinstance(shape, list) or tuple(shape) != plan.input_shape:
-        raise ValueError(f"plan {path} has input shape {shape!r}, this module {plan.input_shape}")
+    inputs = field(data, "inputs")
+    try:
+        found = tuple((i["name"], tuple(i["shape"]), i["dtype"]) for i in inputs)
+    except (TypeError, KeyError) as error:
+        raise ValueError(f"plan {path} has malformed inputs: {error!r}") from None
+    if found != plan.inputs:
+        raise ValueError(f"plan {path} has inputs {found}, this module {plan.inputs}")
     segments = field(data, "segments")
     try:
         found = tuple((s["first"], s["stop"], tuple(s["grid"])) for s in segments)

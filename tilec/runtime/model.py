@@ -7,8 +7,9 @@ import torch
 from tilec.runtime.checks import (
     batch_norm_mode,
     check_autocast,
+    check_devices,
     check_group,
-    check_input,
+    check_inputs,
     check_model,
     check_modes,
     check_same_input,
@@ -16,6 +17,7 @@ from tilec.runtime.checks import (
     model_tensors,
 )
 from tilec.runtime.memory import return_freed_memory
+from tilec.runtime.sources import Reading, Source, whole
 from tilec.runtime.sweeps import Tiled
 from tilec.runtime.tiles import Run, TiledSegment
 
@@ -51,12 +53,19 @@ class TiledModule(torch.nn.Module):
     twice the budget).
     ``kernels``: ``"auto"``, each device's own tile kernels, or ``"generic"``, aten's kernels on
     fresh tensors everywhere, as CUDA runs (``tilec.runtime.device``).
+
+    Its inputs are ``forward``'s tensor arguments, in order: tensors on the model's device, host
+    tensors of a model on CUDA, or array-likes (a ``np.load(path, mmap_mode="r")`` array or a
+    view of one, a zarr array, an h5py dataset) in the model's layout. Inputs that are not on the
+    model's device are read by region (``tilec.runtime.sources``): each tile reads its slice,
+    ahead of time where ``read_ahead``; ``reading`` says what the last step's reads cost.
     """
 
     plan = None
     steps = ()
 
-    def __init__(self, model, progress=False, process_group=None, return_freed_memory=True, kernels="auto"):
+    def __init__(self, model, progress=False, process_group=None, return_freed_memory=True, kernels="auto",
+                 read_ahead=True):
         super().__init__()
         if kernels not in KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
@@ -66,6 +75,8 @@ class TiledModule(torch.nn.Module):
         self.process_group = process_group
         self.return_freed_memory = return_freed_memory
         self.kernels = kernels
+        self.read_ahead = read_ahead
+        self.reading = Reading()
         self._checked_tensors = False
         if process_group is not None:
             check_group(self.plan, process_group)
@@ -73,32 +84,63 @@ class TiledModule(torch.nn.Module):
     def output(self, values):
         raise NotImplementedError
 
-    def forward(self, x):
+    def forward(self, *inputs):
         plan = self.plan
         modules = dict(self.model.named_modules())
         check_modes(plan, modules)
         tensors = model_tensors(plan, self.model)
-        check_input(plan, x, tensors)
-        check_autocast(plan, x)
-        run = Run(plan.name, self.progress, self.process_group, self.kernels == "generic", plan.gemm_min_channels)
-        if self.return_freed_memory and run.kernels(x.device.type).pin_allocator:
+        check_inputs(plan, inputs, tensors)
+        device, dtype = place(tensors, inputs)
+        named = [(name, x) for (name, _, _), x in zip(plan.inputs, inputs, strict=True)]
+        check_devices(named, tensors, device)
+        check_autocast(plan, device)
+        run = Run(plan.name, self.progress, self.process_group, self.kernels == "generic", plan.gemm_min_channels,
+                  device=device, dtype=dtype)
+        if self.return_freed_memory and run.kernels(device.type).pin_allocator:
             return_freed_memory()
         group = self.process_group
         if group is not None:
             if not self._checked_tensors:
                 check_same_tensors(group, tensors)
                 self._checked_tensors = True
-            check_same_input(group, x)
+            for _, x in named:
+                if isinstance(x, torch.Tensor):
+                    check_same_input(group, x)
         train = {path: modules[path].training for path in plan.train_paths}
         train.update({path: batch_norm_mode(modules[path]) for path in plan.batch_norm_paths})
         run = replace(run, train=train)
-        values = {"input": x}
+        self.reading = Reading()
+        values = {name: self.source(name, x, device, len(shape)) for (name, shape, _), x in zip(
+            plan.inputs, inputs, strict=True)}
         for step in self.steps:
+            tiled = isinstance(step.run, TiledSegment)
+            for name in (step.broadcast if tiled else (*step.sliced, *step.broadcast)):
+                values[name] = whole(values[name])  # read whole once, and kept for the later segments
             xs, bs = [values[name] for name in step.sliced], [values[name] for name in step.broadcast]
             p = [tensors[index] for index in step.tensors]
-            if isinstance(step.run, TiledSegment):
+            if tiled:
                 outs = Tiled.apply(step.run, run, *xs, *bs, *p)
             else:
                 outs = step.run(xs, bs, p, train)
             values.update(zip(step.outputs, outs, strict=True))
         return self.output(values)
+
+    def source(self, name, x, device, dims):
+        """Input ``x`` as the steps take it: a tensor on the model's device itself; an image (3 or 4
+        dims) elsewhere as a ``Source`` the tiles read by region; anything else moved whole."""
+        if isinstance(x, torch.Tensor) and x.device == device:
+            return x
+        if dims in (3, 4):
+            return Source(name, x, device, self.reading, ahead=self.read_ahead)
+        return x.to(device) if isinstance(x, torch.Tensor) else torch.as_tensor(x[...]).to(device)
+
+
+def place(tensors, inputs):
+    """The device and floating dtype the model computes in: its floating tensors' (else its
+    first tensor input's device and floating input's dtype; else the CPU and float32)."""
+    floating = next((t for t in tensors if t.is_floating_point()), None)
+    if floating is not None:
+        return floating.device, floating.dtype
+    given = [x for x in inputs if isinstance(x, torch.Tensor)]
+    device = given[0].device if given else torch.device("cpu")
+    return device, next((x.dtype for x in given if x.is_floating_point()), torch.float32)

@@ -36,6 +36,7 @@ exchange the partials (every rank combines all of them the same way) and sum the
 import torch
 
 from tilec.runtime.kernels import copy_in, narrow
+from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import autocast_state, grad_channels_last, input_gradient, outputs, slices, sum_over
 
 
@@ -101,8 +102,9 @@ class Tiled(torch.autograd.Function):
         count = len(segment.sliced)
         xs, rest = tensors[:count], tensors[count:]
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
-        autocast = (xs[0].device.type, *autocast_state(xs[0].device.type))
-        arena = segment.arena(xs[0], autocast, False, run.kernels(xs[0].device.type))
+        device = run.device.type
+        autocast = (device, *autocast_state(device))
+        arena = segment.arena(run, autocast, False, run.kernels(device))
         r, parts, active = {}, {}, {}
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
@@ -111,13 +113,14 @@ class Tiled(torch.autograd.Function):
                 active[level.index] = level.index > 0 and level.active(run.train)
                 if active[level.index]:
                     parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
-                level.combine(parts.get(level.index), r, xs, bs, p, run.train, True)
+                level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
             outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
-        segment.learn(xs[0], autocast, False, arena)
+        segment.learn(run, autocast, False, arena)
         del arena
         ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
         ctx.r, ctx.parts, ctx.active = r, parts, active
-        ctx.save_for_backward(*tensors)
+        ctx.sources = [x if isinstance(x, Source) else None for x in tensors]  # read again by region
+        ctx.save_for_backward(*(t for t in tensors if not isinstance(t, Source)))
         images = iter(outs)
         return tuple(next(images) if spec[0] == "image" else _detached(r[spec[1]]) for spec in segment.outputs)
 
@@ -125,7 +128,7 @@ class Tiled(torch.autograd.Function):
     def partials(segment, level, run, xs, bs, p, arena, r):
         """One forward sweep: every tile's partials of ``level``, per reduction over all tiles."""
         tiled, total = {}, segment.count(run.group)
-        for done, (index, row, col) in enumerate(segment.tiles(run.group)):
+        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
             arena.reset()
             if level.direct:
                 tiled[index] = segment.direct(segment.owned(xs, row, col), origins(row, col))
@@ -140,7 +143,7 @@ class Tiled(torch.autograd.Function):
     def images(segment, run, xs, bs, p, arena, r):
         """The last forward sweep: the image outputs, every tile writing its owned parts."""
         group, outs, total = run.group, None, segment.count(run.group)
-        for done, (_, row, col) in enumerate(segment.tiles(group)):
+        for done, (_, row, col) in enumerate(segment.tiles(group, xs)):
             arena.reset()
             parts, _ = run_tile(segment.functions[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
             if outs is None:
@@ -161,7 +164,8 @@ class Tiled(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        segment, run, tensors = ctx.segment, ctx.run, ctx.saved_tensors
+        segment, run, saved = ctx.segment, ctx.run, iter(ctx.saved_tensors)
+        tensors = [source if source is not None else next(saved) for source in ctx.sources]
         group, r, parts = run.group, ctx.r, ctx.parts
         needs = ctx.needs_input_grad[2:]
         count = len(segment.sliced)
@@ -175,7 +179,7 @@ class Tiled(torch.autograd.Function):
                 add_grad(totals, spec[1], [grad] if len(flat(r[spec[1]])) == 1 else list(grad))
         sums = [input_gradient(segment, k, x, group) if need else None
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
-        arena = segment.arena(xs[0], ctx.autocast, True, run.kernels(xs[0].device.type))
+        arena = segment.arena(run, ctx.autocast, True, run.kernels(run.device.type))
         sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena)
         shares = {}  # per level, its partials' gradients per reduction over the tiles
         for level in reversed(segment.levels):
@@ -193,7 +197,7 @@ class Tiled(torch.autograd.Function):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
                 sweep.direct_inputs(share, sums)
-        segment.learn(xs[0], ctx.autocast, True, arena)
+        segment.learn(run, ctx.autocast, True, arena)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
         del sums
@@ -220,7 +224,7 @@ class Tiled(torch.autograd.Function):
             sources = [[grad_leaf(part) for part in reduction] for reduction in level_parts or []]
             lower = {name: grad_leaf(value) for name, value in r.items() if name not in level.results}
             again = {**r, **lower}  # the level's random results are read back, the others made again
-            level.combine(sources, again, xs, bs, p, run.train, False)
+            level.combine(sources, again, run.like(), bs, p, run.train, False)
             wanted = [(name, k, t) for name, k, t in wanted if flat(again[name])[k].requires_grad]  # not random ones
             results = [flat(again[name])[k] for name, k, _ in wanted]
             ins = [t for reduction in sources for part in reduction for t in part if t.requires_grad]
@@ -254,7 +258,7 @@ class Sweep:
         """One tile's function again under autograd (the forward's autocast state): its slices
         (requiring grad per ``needs``), its owned outputs and its partials."""
         device_type, enabled, dtype = self.autocast
-        tile = [narrow(x, spatial, rows, cols).detach().requires_grad_(need)
+        tile = [region(x, spatial, rows, cols).detach().requires_grad_(need)
                 for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
                                                         strict=True)]
         self.arena.reset()
@@ -286,7 +290,7 @@ class Sweep:
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals, done = [None] * len(wanted), 0
-        for index, row, col in self.segment.tiles(run.group):
+        for index, row, col in self.segment.tiles(run.group, self.xs):
             _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs))
             pairs = self.pairs(row, col, index, outs, partials, shares)
             if pairs and wanted:
@@ -314,7 +318,7 @@ class Sweep:
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
         total = self.segment.count(run.group)
-        for done, (index, row, col) in enumerate(self.segment.tiles(run.group)):
+        for done, (index, row, col) in enumerate(self.segment.tiles(run.group, self.xs)):
             for accumulated, (start, stop) in zip(sums, row[0], strict=True):
                 if accumulated is not None and stop > start:
                     accumulated.move(start)
@@ -346,7 +350,7 @@ class Sweep:
         if not any(needs):
             return
         segment = self.segment
-        for index, row, col in segment.tiles(self.run.group):
+        for index, row, col in segment.tiles(self.run.group, self.xs, owned=True):
             owned = segment.owned(self.xs, row, col, needs)
             with torch.enable_grad():
                 partials = segment.direct(owned, origins(row, col))

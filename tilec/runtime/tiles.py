@@ -22,6 +22,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401
 from tilec.runtime.arena import Arena
 from tilec.runtime.device import kernels_for
 from tilec.runtime.kernels import layout_of, narrow
+from tilec.runtime.sources import Source, region
 
 
 def share(costs, ranks):
@@ -40,8 +41,9 @@ class Run:
     """How one step runs its tiled segments: ``plan`` (its name, for progress lines), ``progress``
     (report each tile on standard error), ``group`` (a process group sharing the tiles, or
     ``None``), ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
-    the plan's ``gemm_min_channels``, and ``train``: the modules' modes in this step (training
-    flags; BatchNorm's ``(batch statistics?, momentum)``)."""
+    the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
+    flags; BatchNorm's ``(batch statistics?, momentum)``), and the ``device`` and floating
+    ``dtype`` the model computes in."""
 
     plan: str
     progress: bool
@@ -49,6 +51,12 @@ class Run:
     generic: bool
     gemm_min_channels: object
     train: dict = None
+    device: object = None
+    dtype: object = None
+
+    def like(self):
+        """An empty tensor of the model's floating dtype on its device (what combines cast to)."""
+        return torch.empty(0, dtype=self.dtype, device=self.device)
 
     def kernels(self, device_type):
         return kernels_for(device_type, self.gemm_min_channels, self.generic)
@@ -65,7 +73,7 @@ class LevelSpec:
     and ``swept``; ``first`` and ``count``: where its reductions' partials are in a tile's and how
     many; ``switches``: the BatchNorm modules whose training mode makes it compute batch statistics
     (empty: always); ``results``: the names of the leaves it makes; ``combine``: its combine
-    function ``(parts, r, xs, bs, p, train, update)``; ``prefix``: per (row class, column class),
+    function ``(parts, r, like, bs, p, train, update)``; ``prefix``: per (row class, column class),
     the tile function computing its partials (a level neither direct nor 0)."""
 
     index: int
@@ -104,26 +112,44 @@ class TiledSegment:
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
 
-    def arena(self, x, autocast, backward, kernels):
-        """An arena for one pass (forward or ``backward``) over the tiles of input ``x`` with the
+    def arena(self, run, autocast, backward, kernels):
+        """An arena for one pass (forward or ``backward``) of ``run`` (its device and dtype) with the
         device's ``kernels``: as large as such passes needed before; the first one learns it with
         fresh tensors."""
-        return Arena(x.device, kernels, self._capacity.get(pass_kind(x, autocast, backward), 0), pack=not backward)
+        return Arena(run.device, kernels, self._capacity.get(pass_kind(run, autocast, backward), 0),
+                     pack=not backward)
 
-    def learn(self, x, autocast, backward, arena):
-        key = pass_kind(x, autocast, backward)
+    def learn(self, run, autocast, backward, arena):
+        key = pass_kind(run, autocast, backward)
         self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
-    def tiles(self, group=None):
+    def tiles(self, group=None, xs=(), owned=False):
         """The tiles this process runs, as ``(index, row entry, column entry)``: all of them, or
-        its rank's share of ``group``'s."""
+        its rank's share of ``group``'s. Every ``Source`` among ``xs`` (the sliced inputs) reads
+        each tile's slices ahead, while the tile before it computes (its owned slices of the
+        reduced inputs, if ``owned``)."""
         mine = None if group is None else self.share(dist.get_world_size(group), dist.get_rank(group))
-        index = 0
-        for row in self.rows:
-            for col in self.cols:
-                if mine is None or index in mine:
-                    yield index, row, col
-                index += 1
+        chosen = [(index, row, col) for index, (row, col) in enumerate((row, col) for row in self.rows
+                                                                        for col in self.cols)
+                  if mine is None or index in mine]
+        streamed = any(isinstance(x, Source) for x in xs)
+        for position, tile in enumerate(chosen):
+            if streamed and position == 0:
+                self.read_ahead(xs, tile, owned)
+            if streamed and position + 1 < len(chosen):
+                self.read_ahead(xs, chosen[position + 1], owned)
+            yield tile
+
+    def read_ahead(self, xs, tile, owned):
+        """Start reading one tile's slices of the ``Source`` s among ``xs``."""
+        _, row, col = tile
+        if owned:
+            wanted = [(i, row[3][k], col[3][k]) for k, inputs in self.reduced for i in inputs]
+        else:
+            wanted = [(i, row[0][i], col[0][i]) for i in range(len(xs))]
+        for i, rows, cols in wanted:
+            if isinstance(xs[i], Source):
+                xs[i].ahead(self.sliced[i], rows, cols)
 
     def share(self, ranks, rank):
         """Row-major indices of the tiles rank ``rank`` of ``ranks`` runs: the plan's shares, or
@@ -143,8 +169,8 @@ class TiledSegment:
         found = []
         for k, inputs in self.reduced:
             rows, cols = row[3][k], col[3][k]
-            found.append(tuple(narrow(xs[i], self.sliced[i], rows, cols) if needs is None
-                               else narrow(xs[i], self.sliced[i], rows, cols).detach().requires_grad_(needs[i])
+            found.append(tuple(region(xs[i], self.sliced[i], rows, cols) if needs is None
+                               else region(xs[i], self.sliced[i], rows, cols).detach().requires_grad_(needs[i])
                                for i in inputs))
         return found
 
@@ -154,9 +180,9 @@ class TiledSegment:
         return [spec[1:] for spec in self.outputs if spec[0] == "image"]
 
 
-def pass_kind(x, autocast, backward):
+def pass_kind(run, autocast, backward):
     """What an arena's capacity depends on: the device, dtype, autocast state and direction."""
-    return x.device, x.dtype, autocast, backward
+    return run.device, run.dtype, autocast, backward
 
 
 def sum_over(group, tensors):
@@ -181,7 +207,7 @@ def autocast_state(device_type):
 
 def slices(segment, xs, row, col):
     """One tile's slices of the segment's sliced inputs (``row``, ``col``: its table entries)."""
-    return [narrow(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row[0], col[0], strict=True)]
+    return [region(x, spatial, r, c) for x, spatial, r, c in zip(xs, segment.sliced, row[0], col[0], strict=True)]
 
 
 class GradChannelsLast(torch.autograd.Function):

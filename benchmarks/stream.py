@@ -1,0 +1,115 @@
+"""Run ONE training step on a uint8 slide, read from disk or held in memory, and print one JSON line.
+
+    python benchmarks/stream.py --model resnet50 --size 8192 --budget 1GiB --source disk
+    python benchmarks/stream.py --model small --size 100000 --budget 2GiB --source disk --dir /data
+
+The slide is ``examples/train_slide.py``'s synthetic one, an H x W x 3 uint8 ``.npy`` (written
+first if missing, band by band), read through ``np.load(mmap_mode="r")`` as the (1, 3, H, W)
+array the model takes (``--source disk``), or loaded whole into a uint8 tensor (``--source
+memory``). The model converts it to normalised float itself and returns its cross-entropy loss
+against a slide label, a second input:
+
+  resnet50  ``examples/resnet50.py`` (frozen BatchNorm, two classes);
+  small     a strided 4x4 stem to 16 channels, three 3x3 stride-2 convolutions with ReLU to 32,
+            64 and 64 channels, global average pooling and a linear layer to two classes.
+
+The plan is chosen for ``--budget`` (or given by ``--segments``, e.g. to keep the tile size of
+another run). Measured over the step (forward, backward), as ``benchmarks/step.py`` measures a
+CPU step: ``peak_bytes``, the growth of resident memory (VmHWM after resetting it, minus VmRSS
+before), file-backed pages of the memory-mapped slide included (``file_growth_bytes``: the growth
+of RssFile at the end); ``step_s``; ``waited_s`` and ``read_s``: time the tiles waited for input
+and spent reading it (``TiledModel.reading``), and ``read_bytes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+
+from step import Meter, parse_bytes, parse_segments  # noqa: E402
+from train_slide import SlideClassifier, _example, write_slide  # noqa: E402
+
+from tilec.codegen import load_source, render  # noqa: E402
+from tilec.pipeline import plan_for, target_for  # noqa: E402
+from tilec.trace import trace  # noqa: E402
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 4, stride=4)
+        self.convs = nn.Sequential(
+            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+        )
+        self.fc = nn.Linear(64, 2)
+
+    def forward(self, x):
+        return self.fc(self.convs(torch.relu(self.stem(x))).mean((2, 3)))
+
+
+def backbone(name: str) -> nn.Module:
+    return SmallCNN() if name == "small" else _example("resnet50").ResNet50(num_classes=2).eval()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("resnet50", "small"), default="resnet50")
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--budget", type=parse_bytes)
+    parser.add_argument("--segments", type=parse_segments, help="FIRST:STOP:ROWSxCOLS,... instead of --budget")
+    parser.add_argument("--source", choices=("disk", "memory"), default="disk")
+    parser.add_argument("--read-ahead", choices=("on", "off"), default="on")
+    parser.add_argument("--dir", type=Path, default=Path("out/slides"))
+    args = parser.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    path = args.dir / f"slide_{args.size}.npy"
+    if not path.exists():
+        write_slide(path, args.size)
+    torch.manual_seed(0)
+    model = SlideClassifier(backbone(args.model))
+    inputs = [((1, 3, args.size, args.size), "uint8"), ((1,), "int64")]
+    start = time.perf_counter()
+    how = {"segments": [(a, b, grid, "tiled" if grid != (1, 1) else "stored") for a, b, grid in args.segments]} \
+        if args.segments else {"memory_budget": args.budget}
+    graph = trace(model, inputs)
+    plan = plan_for(graph, target_for(graph, "float32"), "slide", **how)
+    tiled = load_source(render(plan), "slide_tiled").TiledModel(model, read_ahead=args.read_ahead == "on")
+    compile_s = time.perf_counter() - start
+    slide = np.load(path, mmap_mode="r").transpose(2, 0, 1)[None]
+    if args.source == "memory":
+        slide = torch.from_numpy(np.ascontiguousarray(slide))
+    label = torch.tensor([1])
+    gc.collect()
+    with Meter(torch.device("cpu")) as meter:
+        loss = tiled(slide, label)
+        loss.backward()
+    record = {
+        "model": args.model, "size": args.size, "source": args.source, "read_ahead": args.read_ahead,
+        "budget_bytes": args.budget, "compile_s": round(compile_s, 2),
+        "segments": [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}" for s in plan.segments],
+        "predicted_peak_bytes": plan.predicted_peak_bytes, "staging_bytes": plan.staging_bytes,
+        "estimated_s": round(sum(s.estimated_seconds for s in plan.segments), 2),
+        "peak_bytes": meter.growth, "file_growth_bytes": meter.file_growth, "method": meter.method,
+        "step_s": round(meter.seconds, 2), "cpu_stall_fraction": meter.stalled,
+        "waited_s": round(tiled.reading.waited, 3), "read_s": round(tiled.reading.seconds, 3),
+        "read_bytes": tiled.reading.bytes, "loss": loss.item(),
+    }
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
