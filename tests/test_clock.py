@@ -56,8 +56,8 @@ def timed(monkeypatch):
                 return tilec.clock.COPY_BYTES / speed.copy_rate
             costs = built[len(rows) - 1]
             seconds = next(timings)
-            if seconds is None:
-                seconds = sum(speed.seconds(c.flops, c.calls, c.copied) for c in costs)
+            if seconds is None:  # the chain's convolutions and ReLUs are kinds ``speed`` has no rate for
+                seconds = sum(speed.seconds(c.flops / speed.flop_rate, c.calls, c.copied) for c in costs)
             rows.append((costs, seconds))
             return seconds
 
@@ -80,7 +80,8 @@ def test_the_rates_are_solved_from_the_two_timed_steps(timed, speed):
     assert sum(c.calls for c in small) > 4 * sum(c.calls for c in large)  # two distinct equations
     assert sum(c.flops for c in large) > sum(c.flops for c in small)
     for costs, seconds in rows:
-        assert sum(measured.seconds(c.flops, c.calls, c.copied) for c in costs) == pytest.approx(seconds, rel=1e-9)
+        estimate = sum(measured.seconds(c.flops / measured.flop_rate, c.calls, c.copied) for c in costs)
+        assert estimate == pytest.approx(seconds, rel=1e-9)
     assert measured.flop_rate == pytest.approx(speed.flop_rate, rel=1e-9)
     assert measured.call_seconds == pytest.approx(speed.call_seconds, rel=1e-9, abs=1e-15)
     assert measured.copy_rate == pytest.approx(speed.copy_rate, rel=1e-12)
@@ -92,7 +93,8 @@ def test_noisy_timings_cost_no_call_less_than_nothing(timed):
     measured, rows = timed(Speed(1e10, 1e-4, 1e10), steps=[0.5, 1e-6])
     (large, seconds), _ = rows
     assert measured.call_seconds == 0.0
-    assert sum(measured.seconds(c.flops, c.calls, c.copied) for c in large) == pytest.approx(seconds, rel=1e-9)
+    estimate = sum(measured.seconds(c.flops / measured.flop_rate, c.calls, c.copied) for c in large)
+    assert estimate == pytest.approx(seconds, rel=1e-9)
 
 
 @pytest.fixture
@@ -109,9 +111,29 @@ def raced(monkeypatch):
 
 
 @pytest.fixture
-def measured(tmp_path, monkeypatch, raced):
+def kinds(monkeypatch):
+    """Every measurement of the rates per kind of kernel (``tilec.clock.kind_rates``) made; the
+    n-th measures 3x3 convolutions of 64 channels at n * 10 GFLOP/s."""
+    calls = []
+
+    def kind_rates(device, dtype, autocast, gemm):
+        assert gemm == 64, "the kinds are timed with the race's weight gradient"
+        calls.append((device, dtype, autocast))
+        return [("conv@64", 1e10 * len(calls)), ("pixel@64", 1e8)]
+
+    monkeypatch.setattr(tilec.clock, "kind_rates", kind_rates)
+    return calls
+
+
+def rates(n: int) -> tuple:
+    """What the n-th ``kind_rates`` of the ``kinds`` fixture measures."""
+    return (("conv@64", 1e10 * n), ("pixel@64", 1e8))
+
+
+@pytest.fixture
+def measured(tmp_path, monkeypatch, raced, kinds):
     """Every measurement of the rates made, into an empty cache; the n-th measures a FLOP rate of
-    n GFLOP/s."""
+    n GFLOP/s (and the kinds as the ``kinds`` fixture does)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
 
@@ -128,12 +150,15 @@ def speed_keys(cache):
     return [key for key in json.loads(cache.read_text()) if key.startswith("speed | ")]
 
 
-def test_rates_are_measured_once_per_device_and_dtype(measured, tmp_path):
+def test_rates_are_measured_once_per_device_and_dtype(measured, kinds, tmp_path):
     first = clock(REFERENCE, "float32", None).speed
-    assert first == Speed(1e9, 1e-4, 1e9) and clock(REFERENCE, "float32", None).speed == first
-    assert clock(REFERENCE, "float64", None).speed == Speed(2e9, 1e-4, 1e9)
-    assert clock(REFERENCE, "bfloat16", "cpu:bfloat16").speed == Speed(3e9, 1e-4, 1e9)
+    assert first == Speed(1e9, 1e-4, 1e9, rates(1)) and clock(REFERENCE, "float32", None).speed == first
+    assert clock(REFERENCE, "float64", None).speed == Speed(2e9, 1e-4, 1e9, rates(2))
+    assert clock(REFERENCE, "bfloat16", "cpu:bfloat16").speed == Speed(3e9, 1e-4, 1e9, rates(3))
     assert measured == [("cpu", "float32", None), ("cpu", "float64", None), ("cpu", "bfloat16", "cpu:bfloat16")]
+    assert kinds == measured
+    assert first.rate("conv", 48) == 1e10 and first.rate("conv", 512) == 1e10  # the nearest count measured
+    assert first.rate("pixel", 8) == 1e8 and first.rate("pool", 64) == 1e9  # a kind not measured: flop_rate
     assert REFERENCE.speed is None, "clock returns a copy"
     cache = tmp_path / "tilec" / "calibration.json"
     assert sorted(key.split(" | ")[-1] for key in speed_keys(cache)) == ["bfloat16", "float32", "float64"]
@@ -142,7 +167,7 @@ def test_rates_are_measured_once_per_device_and_dtype(measured, tmp_path):
 def test_clock_keeps_the_rest_of_the_target(measured):
     target = Target(kernel_state=123, shared_tiles=True, conv_workspace=((0.5, 1.0), (1.0, 2.0)))
     timed = clock(target, "float32", None)
-    assert timed == replace(target, speed=Speed(1e9, 1e-4, 1e9), gemm_min_channels=64)
+    assert timed == replace(target, speed=Speed(1e9, 1e-4, 1e9, rates(1)), gemm_min_channels=64)
 
 
 def test_the_weight_gradient_is_raced_once_per_device_and_dtype(measured, raced):
@@ -184,16 +209,16 @@ def test_a_malformed_cache_entry_is_measured_again(measured, tmp_path, entry):
     cache = tmp_path / "tilec" / "calibration.json"
     key, = speed_keys(cache)
     cache.write_text(entry.replace("KEY", key))
-    assert clock(REFERENCE, "float32", None).speed == Speed(2e9, 1e-4, 1e9) and len(measured) == 2
+    assert clock(REFERENCE, "float32", None).speed.flop_rate == 2e9 and len(measured) == 2
 
 
 def test_budget_plans_record_the_rates_they_were_ranked_by(measured, monkeypatch):
     monkeypatch.setattr(tilec.pipeline, "clock", clock)
     graph = trace(chain(), SHAPE)
     budgeted = plan_for(graph, REFERENCE, "m", memory_budget=2 * smallest_budget(graph, REFERENCE))
-    assert budgeted.speed == (1e9, 1e-4, 1e9) and budgeted.gemm_min_channels == 64
+    assert budgeted.speed == (1e9, 1e-4, 1e9) and budgeted.rates == rates(1) and budgeted.gemm_min_channels == 64
     gridded = plan_for(graph, REFERENCE, "m", grid=(2, 2))
-    assert gridded.speed is None and gridded.gemm_min_channels == GEMM_MIN_CHANNELS
+    assert gridded.speed is None and gridded.rates == () and gridded.gemm_min_channels == GEMM_MIN_CHANNELS
 
 
 def test_the_rates_steer_the_search():
@@ -221,4 +246,5 @@ def test_the_suite_ranks_at_the_reference_rates():
     graph = trace(chain(), SHAPE)
     measured = measure_kernels(REFERENCE, "float32")  # the kernel state plan_for measures
     budget = 2 * smallest_budget(graph, measured)
-    assert plan_for(graph, REFERENCE, "m", memory_budget=budget).speed == astuple(REFERENCE_SPEED)
+    planned = plan_for(graph, REFERENCE, "m", memory_budget=budget)
+    assert planned.speed == astuple(REFERENCE_SPEED)[:3] and planned.rates == REFERENCE_SPEED.rates == ()

@@ -94,11 +94,10 @@ COMPILE_CASES = [
                                                                     "max_pool2d_with_indices"]),
     ("cat along H", ["compile", "cath.py", "--grid", "1x1"], ["aten.cat", "image axis"]),
     ("in place through a view", ["compile", "viewinplace.py", "--grid", "1x1"], ["in place through an aten.view"]),
-    ("BatchNorm training", ["compile", "bntrain.py", "--grid", "1x1"],
-     ["module 1 (BatchNorm2d)", "training mode", "eval()"]),
     ("Dropout training", ["compile", "droptrain.py", "--grid", "1x1"],
      ["module 1 (Dropout)", "training mode", "eval()"]),
-    ("batch statistics", ["compile", "bnstats.py", "--grid", "1x1"], ["BatchNorm2d", "track_running_stats"]),
+    ("Dropout training tiled", ["compile", "droptrain.py", "--grid", "2x2"],
+     ["aten.dropout", "module 1 (Dropout)", "training mode", "eval()", "Dropout2d"]),
     ("channels inside the model", ["compile", "chain.py", "--grid", "1x1"],
      ["does not run on input shape (1, 3, 8, 8)", "5 channels"]),
     ("no input shape", ["compile", "noshape.py", "--grid", "1x1"], ["--input-shape", "INPUT_SHAPE"]),
@@ -163,6 +162,15 @@ def test_compile_refuses(workdir, case, args, words):
     assert_refused(result, words, before, snapshot(workdir))
 
 
+@pytest.mark.parametrize("name", ["bntrain.py", "bnstats.py"])
+def test_batch_statistics_compile(workdir, name):
+    """BatchNorm in training mode (or without running statistics) was refused before reductions ran
+    inside tiled segments: it compiles now, its statistics reduced by a sweep."""
+    result = run(["compile", name, "--grid", "2x2"])
+    assert result.exit_code == 0, result.output
+    assert "reduces by sweeps" in result.output and "batch_norm" in result.output
+
+
 def test_compile_succeeds_in_the_same_setup(workdir):
     """The fixture itself is fine: the good model compiles."""
     result = run(["compile", "ok.py", "--grid", "2x2"])
@@ -203,7 +211,7 @@ def test_library_raises_typed_errors(tmp_path):
     with pytest.raises(ShapeError, match="does not run"):
         trace(nn.Sequential(nn.Linear(3, 3)), (1, 3, 8, 8))
     with pytest.raises(UnsupportedLayerError, match="training mode"):
-        trace(nn.Sequential(nn.BatchNorm2d(3)), (1, 3, 8, 8))
+        trace(nn.Sequential(nn.Conv2d(3, 3, 3), nn.Dropout(0.5)), (1, 3, 8, 8))
     with pytest.raises(ShapeError, match="does not run"):
         trace(small_model(), (1, 3, 4, 4))
     with pytest.raises(ShapeError, match="positive"):

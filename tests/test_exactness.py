@@ -1,10 +1,11 @@
 """Tiled == untiled (float64, max abs error <= 1e-10) on the model zoo, for one grid or explicit segments.
 
-Outputs, the input gradient and every parameter gradient are compared (``support.exactness.check_exact``);
-the conftest fills ``new_empty`` with NaN, so an output element no tile writes fails too. The zoo
-runs on the CPU's tile kernels (``kernels="auto"``: the arena, oneDNN, matrix-product weight
-gradients) and on the generic ones (``kernels="generic"``: aten on fresh tensors, as on CUDA), in
-float64 and, within float32 rounding, in float32.
+Outputs, the input gradient, every parameter gradient and every buffer after the step are compared
+(``support.exactness.check_exact``); the conftest fills ``new_empty`` with NaN, so an output
+element no tile writes fails too. The zoo runs on the CPU's tile kernels (``kernels="auto"``: the
+arena, oneDNN, matrix-product weight gradients) and on the generic ones (``kernels="generic"``:
+aten on fresh tensors, as on CUDA), in float64 and, within float32 rounding, in float32.
+Training-mode models (reductions by sweeps) are ``test_sweeps.py``'s.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def test_segmented(case):
 
 @pytest.mark.parametrize("name", ["squeeze_excite", "efficientnet", "mobilenetv3_block", "resnet_head"])
 def test_default_runs_with_other_grids(name):
-    """Models with stored parts (SE branches, heads): each tiled run gets its own grid, and the
-    first tiled run is split in two."""
+    """Models with reductions (SE branches, heads): each segment of the default plan gets its own
+    grid, and the first tiled one is split in two (the SE branch or head then in another segment)."""
     graph = trace(ZOO[name](), SHAPES[name])
     runs = default_segments(graph, (7, 7))
     grids = iter([(2, 3), (3, 2), (4, 1), (1, 4), (5, 5)] * 4)
@@ -152,11 +153,18 @@ def test_tiled_segment_with_one_tile_equals_stored():
     check_exact(ZOO[name](), SHAPES[name], segments=[(0, count, (1, 1), "tiled")])
 
 
-def test_non_tileable_node_in_a_tiled_segment_is_refused():
+def test_squeeze_and_excitation_blocks_in_one_tiled_segment():
+    """Each SE branch (global pooling, two 1x1 convolutions) runs by a sweep inside the segment."""
     name = "squeeze_excite"
     count = len(trace(ZOO[name](), SHAPES[name]))
-    with pytest.raises(GridError, match=r"cannot be tiled: node adaptive_avg_pool2d .*se1.*grid 1x1"):
-        build(ZOO[name](), SHAPES[name], segments=[(0, count, (2, 2))])
+    check_exact(ZOO[name](), SHAPES[name], segments=[(0, count, (2, 2))])
+
+
+def test_non_tileable_node_in_a_tiled_segment_is_refused():
+    model = Body(lambda x: x.transpose(2, 3)).eval()
+    count = len(trace(model, (1, 3, 11, 9)))
+    with pytest.raises(GridError, match=r"cannot be tiled: node transpose \(aten\.transpose in stage\.op\).*grid 1x1"):
+        build(model, (1, 3, 11, 9), segments=[(0, count, (2, 2))])
 
 
 # --- gradients: frozen parameters, no input gradient, accumulation ---------------------------------
@@ -228,14 +236,25 @@ def test_training_mode_batch_norm_in_a_stored_segment_updates_buffers_like_pytor
     assert (got_mean - want_mean).abs().max().item() <= 1e-12
 
 
-def test_training_mode_batch_norm_in_the_body_is_refused():
+@pytest.mark.parametrize("grid", [(2, 2), (4, 3)])
+def test_one_training_mode_batch_norm_in_an_eval_body_is_exact(grid):
+    """A single BatchNorm in training mode (its statistics reduced by a sweep, its running ones
+    updated as nn.BatchNorm does) among eval-mode ones."""
     model = ZOO["resnet_basic"]()
     model.layer1.bn2.train()
+    errors = check_exact(model, SHAPES["resnet_basic"], grid=grid)
+    assert "buffer layer1.bn2.running_var" in errors and "buffer layer1.bn2.num_batches_tracked" in errors
+
+
+def test_element_wise_dropout_in_training_mode_in_the_body_is_refused():
+    """Element-wise Dropout draws a mask over the whole image, which no tile can reproduce."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Dropout(0.3), nn.Conv2d(4, 2, 3)).train()
     with pytest.raises(UnsupportedLayerError) as error:
-        build(model, SHAPES["resnet_basic"], (2, 2))
+        build(model, (1, 3, 11, 9), (2, 2))
     message = str(error.value)
     assert "\n" not in message
-    assert "aten.batch_norm" in message and "layer1.bn2" in message and ".eval()" in message
+    assert "aten.dropout" in message and "module 2 (Dropout)" in message and "training mode" in message
+    assert ".eval()" in message and "Dropout2d" in message
 
 
 def test_body_batch_norm_switched_to_training_after_compiling_is_refused():

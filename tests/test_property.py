@@ -7,6 +7,12 @@ conv, nearest or bilinear upsampling followed by a conv), per-pixel ops (activat
 BatchNorm), residual adds of same-shape tensors, channel concat of same-size tensors, and
 constant pad / crop of one tensor to another's size before an add or concat. Each model is
 checked on the CPU's tile kernels and on the generic ones (``kernels="generic"``, CUDA's path).
+
+With ``reductions``, a program also draws ops that reduce over the image inside tiled segments
+(``tilec.sweeps``): BatchNorm with batch statistics (training mode, updating its running
+statistics, or without them), GroupNorm, squeeze-and-excitation blocks, and may end in a pooled
+classifier head; drawn grids and segmentations then put one, two or more levels of reductions in
+a tiled segment, or cut right before a reduction (a direct level).
 """
 
 from __future__ import annotations
@@ -152,6 +158,48 @@ def _upsample_conv(draw, channels: int) -> nn.Module:
     return nn.Sequential(Upsample(**options), nn.Conv2d(channels, draw(st.integers(1, 4)), 3, padding=1))
 
 
+class TrainingBatchNorm(nn.BatchNorm2d):
+    """BatchNorm that stays in training mode (batch statistics, running ones updated) whatever
+    mode the program is put in."""
+
+    def train(self, mode: bool = True):
+        return super().train(True)
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, squeeze: int):
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
+
+
+class PooledHead(nn.Module):
+    """Global average (or max) pooling, flatten, linear: a classifier head."""
+
+    def __init__(self, channels: int, classes: int, pool: str):
+        super().__init__()
+        self.pool, self.fc = pool, nn.Linear(channels, classes)
+
+    def forward(self, x):
+        pooled = x.mean((2, 3)) if self.pool == "mean" else F.adaptive_max_pool2d(x, 1).flatten(1)
+        return self.fc(pooled)
+
+
+@st.composite
+def _reduction(draw, channels: int) -> nn.Module:
+    kind = draw(st.sampled_from(["batch_norm", "batch_norm", "batch_stats", "group_norm", "se"]))
+    if kind == "batch_norm":
+        return TrainingBatchNorm(channels, momentum=draw(st.sampled_from([0.1, 0.5, None])))
+    if kind == "batch_stats":
+        return nn.BatchNorm2d(channels, affine=draw(st.booleans()), track_running_stats=False)
+    if kind == "group_norm":
+        return nn.GroupNorm(draw(st.sampled_from(_divisors(channels))), channels)
+    return SqueezeExcite(channels, draw(st.integers(1, 3)))
+
+
 def _pointwise(kind: str, channels: int) -> nn.Module:
     return {
         "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh,
@@ -168,8 +216,9 @@ WINDOWS = {"conv": _conv, "conv_relu_": _conv_relu_inplace, "pool": _pool, "tran
 
 
 @st.composite
-def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12) -> Program:
-    """A random program over an input of ``shape``; each step's output has at least 2x2 pixels."""
+def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reductions: bool = False) -> Program:
+    """A random program over an input of ``shape``; each step's output has at least 2x2 pixels.
+    ``reductions``: also reductions over the image (module docstring) and maybe a pooled head."""
     values = [torch.zeros(shape)]
     steps, modules = [], []
 
@@ -193,7 +242,8 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12) -> Pro
         return True
 
     for _ in range(draw(st.integers(2, max_steps))):
-        kind = draw(st.sampled_from(["window", "window", "window", "pointwise", "add", "cat", "pad"]))
+        kind = draw(st.sampled_from(["window", "window", "window", "pointwise", "add", "cat", "pad"]
+                                    + ["reduction"] * (2 * reductions)))
         shapes = [tuple(v.shape[1:]) for v in values]
         if kind == "add":
             pairs = [(i, j) for i in range(len(values)) for j in range(i + 1, len(values)) if shapes[i] == shapes[j]]
@@ -218,6 +268,8 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12) -> Pro
             channels = values[index].shape[1]
             if kind == "pointwise":
                 module = _pointwise(draw(st.sampled_from(POINTWISE)), channels)
+            elif kind == "reduction":
+                module = draw(_reduction(channels))
             else:
                 name = draw(st.sampled_from(sorted(WINDOWS)))
                 if name in ("transpose", "upsample") and max(values[index].shape[2:]) > 24:
@@ -226,16 +278,30 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12) -> Pro
             extend([Step("module", (index,))], [module])
     assume(any(s.kind != "module" or not isinstance(m, nn.Identity | nn.Dropout)
                for s, m in zip(steps, modules, strict=True)))
+    if reductions and draw(st.booleans()):  # a classifier head on the last tensor
+        last = len(values) - 1
+        head = PooledHead(values[last].shape[1], draw(st.integers(1, 3)), draw(st.sampled_from(["mean", "max"])))
+        steps.append(Step("module", (last,)))
+        modules.append(head)
+        values.append(head(values[last]))
     last = len(values) - 1
     tree = draw(st.sampled_from(["tensor", "tensor", "tuple", "dict"]))
     outputs = (last,) if tree == "tensor" else (last, draw(st.integers(1, last)))
+    if reductions:  # a BatchNorm whose result nothing reads is traced away: its buffers would not update
+        live = set(outputs)
+        for k in range(len(steps), 0, -1):
+            if k in live:
+                live.update(steps[k - 1].inputs)
+        modules = [module if k + 1 in live or not isinstance(module, TrainingBatchNorm) else nn.Identity()
+                   for k, module in enumerate(modules)]
     return Program(steps, modules, outputs, tree).eval()
 
 
 @st.composite
-def cases(draw):
-    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(9, 40)), draw(st.integers(9, 40)))
-    return draw(programs(shape)), shape
+def cases(draw, reductions: bool = False):
+    top = 24 if reductions else 40
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(9, top)), draw(st.integers(9, top)))
+    return draw(programs(shape, reductions=reductions)), shape
 
 
 def _finite(model: nn.Module, shape) -> bool:
@@ -266,7 +332,7 @@ def segmentations(draw, model: nn.Module, shape) -> list[tuple]:
     segments = []
     for first, stop in zip(edges[:-1], edges[1:], strict=True):
         sizes = owned_sizes(graph, first, stop)
-        if not graph.tileable(first, stop) or not draw(st.integers(0, 4)):
+        if not sizes or not graph.tileable(first, stop) or not draw(st.integers(0, 4)):
             segments.append((first, stop, (1, 1)))
             continue
         rows = draw(st.integers(1, min(4, *(s[0] for s in sizes))))
@@ -285,6 +351,21 @@ def test_random_dags_tile_exactly_with_random_segments(case, data):
     segments = data.draw(segmentations(model, shape), label="segments")
     for kernels in KERNELS:
         check_exact(model, shape, segments=segments, kernels=kernels)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@settings(PROPERTY, max_examples=40)
+@given(cases(reductions=True), st.data())
+def test_random_dags_with_reductions_tile_exactly(case, data):
+    """Outputs, gradients and buffers (running statistics) equal untiled, with one grid or random
+    segments; every tiled segment's levels are its nodes' (``tilec.sweeps.levels``)."""
+    model, shape = case
+    assume(_finite(model, shape))
+    if data.draw(st.booleans(), label="one grid"):
+        options = {"grid": data.draw(st.tuples(st.integers(1, 4), st.integers(1, 4)), label="grid")}
+    else:
+        options = {"segments": data.draw(segmentations(model, shape), label="segments")}
+    check_exact(model, shape, kernels=data.draw(st.sampled_from(KERNELS), label="kernels"), **options)
 
 
 @pytest.mark.parametrize("grid", [(0, 1), (1, 0), (-1, 2), (2,), (1, 2, 3), (1.5, 2)])

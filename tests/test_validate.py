@@ -21,15 +21,18 @@ from tilec.trace import trace
 from tilec.validate import check_version, validate
 
 from support.hardening import run
-from support.models import grid_plan, segment_plan
+from support.models import SE_SPLIT, grid_plan, segment_plan
 
 #: Two segments cutting the residual block (two outputs cross) and the U-Net skip.
 SPLIT = {"residual": ((0, 4, (3, 2)), (4, 8, (2, 2))), "unet": ((0, 3, (2, 2)), (3, 10, (3, 2)))}
 
 
 def plans() -> dict[str, Plan]:
-    found = {f"{name} 3x2": grid_plan(name) for name in ("residual", "unet", "se")}
+    """"se 3x2" is one tiled segment whose SE branch runs by a sweep (a level with a reduction and
+    small ops, partials per tile); "se split" stores the branch between two tiled segments."""
+    found = {f"{name} 3x2": grid_plan(name) for name in ("residual", "unet", "se", "swap")}
     found.update({f"{name} split": segment_plan(name, segments) for name, segments in SPLIT.items()})
+    found["se split"] = segment_plan("se", SE_SPLIT)
     found["unet 7x5"] = grid_plan("unet", (7, 5))
     return found
 
@@ -214,6 +217,17 @@ def _forged_output(data):
     redigest(data)
 
 
+def _uneven_partials(data):
+    rows = data["segments"][0]["rows"]
+    rows[0]["partials"][0][1] += 1
+    rows[1]["partials"][0][0] += 1
+
+
+def _level_of_a_stored_segment(data):
+    data["segments"][1]["levels"] = [{"index": 1, "reductions": ["adaptive_avg_pool2d"], "small": [],
+                                      "direct": True, "swept": False}]
+
+
 def _dropped_and_redigested(data):
     _drop_node(data)
     redigest(data)
@@ -259,27 +273,48 @@ CASES = {
     "input taller": ("residual 3x2", lambda d: shift(d["input_shape"], 1, 2),
                      ["node conv2d (aten.conv2d) has rows size 23", "gives 24"]),
     "input narrower": ("unet 3x2", lambda d: shift(d["input_shape"], -1, 3), ["cols size 19", "gives 18"]),
-    "negative peak": ("se 3x2", lambda d: d["segments"][2].update(predicted_peak_bytes=-1),
+    "negative peak": ("se split", lambda d: d["segments"][2].update(predicted_peak_bytes=-1),
                       ["segment 2 has predictions out of range"]),
-    "budget zero": ("se 3x2", lambda d: d.update(memory_budget=0), ["memory_budget 0"]),
+    "budget zero": ("se split", lambda d: d.update(memory_budget=0), ["memory_budget 0"]),
     "input 3-D": ("residual 3x2", lambda d: d.update(input_shape=[3, 23, 19]), ["input_shape (3, 23, 19)"]),
-    "segment boundary": ("se 3x2", _boundary, ["segment 1 covers nodes [1, 7)", "starting at 2"]),
-    "segment end": ("se 3x2", lambda d: d["segments"][2].update(stop=10), ["segment 2 covers nodes [7, 10)"]),
-    "segments short": ("se 3x2", lambda d: d["segments"].pop(), ["cover nodes [0, 7)", "9 nodes"]),
-    "segment index": ("se 3x2", lambda d: d["segments"][1].update(index=2), ["segment 1 has index 2"]),
-    "stored with a grid": ("se 3x2", _stored_gets_tiles, ["segment 1 is stored", "grid 2x1"]),
-    "untileable node tiled": ("se 3x2", _stored_tiled, ["segment 1 is tiled", "adaptive_avg_pool2d"]),
-    "input not sliced": ("se 3x2", _unslice, ["segment 2 has inputs [relu (whole), sigmoid (whole)]"]),
+    "segment boundary": ("se split", _boundary, ["segment 1 covers nodes [1, 7)", "starting at 2"]),
+    "segment end": ("se split", lambda d: d["segments"][2].update(stop=10), ["segment 2 covers nodes [7, 10)"]),
+    "segments short": ("se split", lambda d: d["segments"].pop(), ["cover nodes [0, 7)", "9 nodes"]),
+    "segment index": ("se split", lambda d: d["segments"][1].update(index=2), ["segment 1 has index 2"]),
+    "stored with a grid": ("se split", _stored_gets_tiles, ["segment 1 is stored", "grid 2x1"]),
+    "untileable node tiled": ("swap 3x2", _stored_tiled, ["segment 1 is tiled", "node transpose"]),
+    "input not sliced": ("se split", _unslice, ["segment 2 has inputs [relu (whole), sigmoid (whole)]"]),
     "model input rolled": ("residual split", lambda d: d["segments"][0].update(rolled=["input"]),
                            ["segment 0 rolls the gradient of input", "another backward may still read"]),
     "skip rolled by a later reader": ("residual split", lambda d: d["segments"][1].update(rolled=["relu", "conv2d_1"]),
                                       ["segment 1 rolls the gradient of relu"]),
-    "stored segment's output rolled": ("se 3x2", lambda d: d["segments"][2].update(rolled=["sigmoid"]),
+    "stored segment's output rolled": ("se split", lambda d: d["segments"][2].update(rolled=["sigmoid"]),
                                        ["segment 2 rolls the gradient of sigmoid"]),
     "output dropped": ("unet split", _drop_output, ["segment 0 has outputs ['relu']", "['relu', 'max_pool2d']"]),
     "owned of a second output": ("unet split", lambda d: shift(d["segments"][0]["rows"][0]["owned"][1], 1),
                                  ["of output max_pool2d"]),
-    "tileable flipped": ("se 3x2", _flip_tileable, ["node mul (aten.mul) is marked tileable=False"]),
+    "levels dropped": ("se 3x2", lambda d: d["segments"][0].update(levels=[]),
+                       ["segment 0 has levels []", "but its nodes make", "adaptive_avg_pool2d"]),
+    "small op left out": ("se 3x2", lambda d: d["segments"][0]["levels"][0]["small"].pop(),
+                          ["segment 0 has levels", "'conv2d_2'), 'direct'", "but its nodes make",
+                           "'sigmoid'), 'direct'"]),
+    "level made direct": ("se 3x2", lambda d: d["segments"][0]["levels"][0].update(direct=True),
+                          ["segment 0 has levels", "'direct': True", "'direct': False"]),
+    "level not swept": ("se 3x2", lambda d: d["segments"][0]["levels"][0].update(swept=False),
+                        ["segment 0 has levels", "'swept': False", "'swept': True"]),
+    "level index": ("se 3x2", lambda d: d["segments"][0]["levels"][0].update(index=2), ["segment 0 has levels"]),
+    "levels of a stored segment": ("se split", _level_of_a_stored_segment,
+                                   ["segment 1 has levels", "but its nodes make []"]),
+    "partials uneven": ("se 3x2", _uneven_partials, ["rows tile 0's partial of adaptive_avg_pool2d", "grid's split"]),
+    "partial gap": ("se 3x2", lambda d: shift(d["segments"][0]["cols"][1]["partials"][0], 1, 0),
+                    ["cols tile 1 owns", "of the input of reduction adaptive_avg_pool2d", "must partition"]),
+    "partials short": ("se 3x2", lambda d: shift(d["segments"][0]["rows"][2]["partials"][0], -1),
+                       ["the input of reduction adaptive_avg_pool2d cover [0, 22), not [0, 23)"]),
+    "partials missing": ("se 3x2", lambda d: d["segments"][0]["cols"][0].update(partials=[]),
+                         ["cols tile 0 has 0 partials for 1 reductions"]),
+    "owned of a small output": ("residual 3x2", lambda d: d["segments"][0]["rows"][0]["owned"].append([0, 1]),
+                                ["rows tile 0 owns 2 intervals for 1 image outputs"]),
+    "tileable flipped": ("se split", _flip_tileable, ["node mul (aten.mul) is marked tileable=False"]),
     "unknown tensor": ("residual 3x2", _unknown_tensor, ["'nowhere.weight', which is not in model.tensors"]),
     "inputs differ from args": ("residual 3x2", _wrong_inputs, ["node add lists inputs ['relu']"]),
     "name twice": ("residual 3x2", _twice, ["'conv2d' is used twice"]),
@@ -358,7 +393,7 @@ def _loads_or_plan_error(text: str) -> Plan | None:
 def test_the_integer_paths_reach_every_region_field():
     keys = {k for p in INT_PATHS for k in p if isinstance(k, str)}
     assert {"owned", "out", "read", "pad", "grad_out", "grad", "inputs", "first", "stop", "grid", "shape_class",
-            "index", "input_shape", "shape"} <= keys
+            "index", "input_shape", "shape", "partials", "levels"} <= keys
     assert len(INT_PATHS) > 300
 
 

@@ -17,7 +17,7 @@ from tilec.report import describe_plan, node_table, tile_table
 from tilec.viz import cone, draw, pick, save, share_bounds
 
 from support.hardening import run, snapshot
-from support.models import grid_plan, segment_plan
+from support.models import SE_SPLIT, grid_plan, segment_plan
 
 UNET_SPLIT = ((0, 3, (2, 2)), (3, 10, (3, 2)))
 
@@ -60,17 +60,32 @@ def test_same_plan_same_svg(folder):
     assert (folder / "a.svg").read_bytes() == (folder / "b.svg").read_bytes()
 
 
+def se_split():
+    """The squeeze-and-excitation plan with its branch stored between two tiled segments."""
+    return segment_plan("se", SE_SPLIT)
+
+
 def test_draw_defaults_to_the_middle_tile_at_the_first_tiled_node():
-    figure = draw(grid_plan("se"))
+    figure = draw(se_split())
     regions, growth, rows, cols = figure.axes
     assert "node conv2d" in regions.get_title() and "tile 1,1" in regions.get_title()
     assert "segment 0" in growth.get_title() and len(growth.get_lines()) >= 2
     assert [label.get_text() for label in rows.get_yticklabels()] == ["input", "conv2d", "relu"]
 
 
+def test_draw_a_segment_that_reduces_by_a_sweep():
+    """With --grid the SE branch is in the one tiled segment: the default picture is its first node."""
+    figure = draw(grid_plan("se"))
+    regions, growth, _, _ = figure.axes
+    assert "node conv2d" in regions.get_title() and "tile 1,1" in regions.get_title()
+    assert "segment 0" in growth.get_title()
+
+
 def test_picking_a_node_picks_its_segment():
-    choice = pick(grid_plan("se"), "mul", (0, 1))
+    choice = pick(se_split(), "mul", (0, 1))
     assert (choice.segment.index, choice.position, choice.step, choice.tile) == (2, 7, 0, (0, 1))
+    choice = pick(grid_plan("se"), "mul", (0, 1))  # one tiled segment: mul is its step 7
+    assert (choice.segment.index, choice.position, choice.step, choice.tile) == (0, 7, 7, (0, 1))
 
 
 def test_shares_of_an_output_are_its_owned_parts():
@@ -119,13 +134,24 @@ def test_cone_shows_the_hull_of_a_skip_connection():
     (["-o", "t.png", "--tile", "one"], ["--tile", "'one'"]),
 ])
 def test_viz_refuses(folder, args, words):
-    path = plan_file(folder, grid_plan("se"))
+    path = plan_file(folder, se_split())
     before = snapshot(folder)
     result = run(["viz", str(path), *args])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("Error: ") and result.output.count("\n") == 1
     assert all(word in result.output for word in words), result.output
     assert snapshot(folder) == before
+
+
+@pytest.mark.xfail(strict=True, reason="product bug: viz --node of a reduction or small op inside a tiled "
+                   "segment crashes in tilec.viz._regions_panel (IndexError: its steps have no reads)")
+@pytest.mark.parametrize("node", ["adaptive_avg_pool2d", "sigmoid"])
+def test_viz_of_a_node_a_sweep_computes_draws_or_refuses_in_one_line(folder, node):
+    path = plan_file(folder, grid_plan("se"))
+    result = run(["viz", str(path), "-o", "t.png", "--node", node])
+    assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
+    if result.exit_code == 2:
+        assert result.output.startswith("Error: ") and result.output.count("\n") == 1 and node in result.output
 
 
 def test_viz_refuses_a_plan_without_tiles(folder):
@@ -154,16 +180,26 @@ def text(*tables) -> str:
 
 
 def test_describe_plan_has_a_row_per_segment():
-    out = text(describe_plan(grid_plan("se")))
+    out = text(describe_plan(se_split()))
     assert "input 1x3x23x19" in out and "float32" in out and "predicted peak" in out
     assert "0..1: conv2d (conv) .. relu (-)" in out and "7..8: mul (-) .. conv2d_3 (out)" in out
     assert "stored" in out and "1, largest 1x4x1x1" in out and "(input)" in out
 
 
+def test_describe_plan_names_the_levels_of_a_sweep():
+    out = text(describe_plan(grid_plan("se")))
+    assert "0..8: conv2d (conv) .. conv2d_3 (out)" in out and "stored" not in out
+    assert ("segment 0 reduces by sweeps: level 1 (swept): adaptive_avg_pool2d, conv2d_1 (small), relu_1 (small), "
+            "conv2d_2 (small), sigmoid (small)") in out
+
+
 def test_node_table_lists_positions_and_segments():
+    out = text(node_table(se_split()))
+    lines = [line for line in out.splitlines() if "adaptive_avg_pool2d" in line]
+    assert len(lines) == 1 and "2 " in lines[0] and "yes" in lines[0] and "1 (stored)" in lines[0]
     out = text(node_table(grid_plan("se")))
     lines = [line for line in out.splitlines() if "adaptive_avg_pool2d" in line]
-    assert len(lines) == 1 and "2 " in lines[0] and "no" in lines[0] and "1 (stored)" in lines[0]
+    assert len(lines) == 1 and "2 " in lines[0] and "yes" in lines[0] and "0 (tiled)" in lines[0]
 
 
 def test_tile_table_shows_every_read_of_a_node():
@@ -192,7 +228,7 @@ def test_tile_table_shows_the_tile_in_every_segment_holding_it():
 ])
 def test_tile_table_refuses(tile, node, segment, words):
     with pytest.raises(TilecError) as caught:
-        tile_table(grid_plan("se"), tile, node, segment)
+        tile_table(se_split(), tile, node, segment)
     message = str(caught.value)
     assert "\n" not in message and all(word in message for word in words), message
 

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 from tilec.codegen import load_source
 
 from support.exactness import max_errors, randomise_buffers
-from support.zoo import ZOO
+from support.zoo import TRAIN_ZOO, ZOO
 
 TIMEOUT = 180
 
@@ -81,6 +81,14 @@ def _tiled_class(source_path: str):
 def spatial(rank: int, world: int, source_path: str, name: str, shape) -> dict[str, float]:
     """Max errors of a TiledModel sharing its tiles over the whole group, against untiled."""
     model = ZOO[name]()
+    tiled = _tiled_class(source_path)(model, process_group=dist.group.WORLD)
+    return max_errors(model, tuple(shape), tiled=tiled)
+
+
+def spatial_train(rank: int, world: int, source_path: str, name: str, shape) -> dict[str, float]:
+    """``spatial`` on a model of ``support.zoo.TRAIN_ZOO`` (training mode: BatchNorm's batch
+    statistics combine every rank's partials), its buffers after the step compared too."""
+    model = TRAIN_ZOO[name]()
     tiled = _tiled_class(source_path)(model, process_group=dist.group.WORLD)
     return max_errors(model, tuple(shape), tiled=tiled)
 

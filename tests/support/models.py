@@ -1,9 +1,11 @@
 """Small DAG models and their plans, shared by the validation and picture tests (no tests here).
 
-Every model has a branch that joins again: a residual add, a U-Net skip concatenated after a
-transposed convolution, a squeeze-and-excitation scale (global pooling: an untiled segment
-between two tiled ones). BatchNorm runs in eval mode. Odd input sizes make the border tiles
-differ from the inner ones.
+Every model but ``swap`` (an H/W transpose: a stored segment after a tiled one) has a branch
+that joins again: a residual add, a U-Net skip concatenated after a
+transposed convolution, a squeeze-and-excitation scale (global pooling: with ``--grid`` one
+tiled segment whose pooling runs by a sweep, level 1; ``SE_SPLIT`` gives the older layout, the
+branch stored between two tiled segments). BatchNorm runs in eval mode. Odd input sizes make
+the border tiles differ from the inner ones.
 """
 
 from __future__ import annotations
@@ -74,7 +76,24 @@ class SqueezeExcite(nn.Module):
         return self.out(y * scale)
 
 
-MODELS = {"residual": Residual, "unet": UNetPiece, "se": SqueezeExcite}
+class Swap(nn.Module):
+    """conv, a transpose of H and W (no tile rule: it and what reads it run stored), a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)).transpose(2, 3))
+
+
+MODELS = {"residual": Residual, "unet": UNetPiece, "se": SqueezeExcite, "swap": Swap}
+
+#: The squeeze-and-excitation model cut as ``--grid 3x2`` cut it before reductions ran inside
+#: tiled segments: the convolution tiled (nodes 0-1), the SE branch stored (pool, two 1x1
+#: convolutions and their activations: 2-6), the scaled map and the last convolution tiled (7-8).
+SE_SPLIT = ((0, 2, (3, 2)), (2, 7, (1, 1)), (7, 9, (3, 2)))
 
 
 @cache

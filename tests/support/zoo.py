@@ -8,6 +8,11 @@ place ``+=`` and ReLU, ``torch.cat``, ``chunk``, ``view``/``transpose`` channel 
 ``permute`` + ``LayerNorm`` + ``Linear``, ``F.pad`` and ``F.interpolate`` in U-Net decoders, dict
 outputs...) so that the suite compiles the patterns it will meet in users' models. The default
 shapes are odd and uneven on purpose. Builders return float32 models: callers convert them.
+
+``TRAIN_ZOO`` (at the end) builds models in training mode, at ``TRAIN_SHAPES`` (tiny odd images):
+BatchNorm with batch statistics, GroupNorm, instance norm (MONAI's BasicUNet), ConvNeXt's head,
+stochastic depth and Dropout2d, global max pooling with ties, a per-pixel loss: the reductions
+that run inside tiled segments by sweeps (``tests/test_sweeps.py``).
 """
 
 from __future__ import annotations
@@ -696,4 +701,256 @@ SHAPES: dict[str, tuple[int, int, int, int]] = {
     "heads": (2, 3, 19, 23),
     "plain_chain": (2, 3, 27, 31),
     "wide_convs": (2, 3, 29, 23),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# training mode: batch statistics, group and instance norm, heads, losses, random masks
+#
+# ``TRAIN_ZOO``'s builders return models in training mode (BatchNorm computes batch statistics and
+# updates its running ones; Dropout2d and stochastic depth draw masks), sized for tiny images
+# (``TRAIN_SHAPES``): inside a tiled segment their reductions run by sweeps (``tilec.sweeps``).
+
+
+class StochasticDepth(nn.Module):
+    """torchvision's ``StochasticDepth`` in ``"row"`` mode, written inline: one Bernoulli draw per
+    sample, scaled by the survival rate (a small op drawn once per step inside a tiled segment)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        survival = 1.0 - self.p
+        noise = torch.empty([x.shape[0], 1, 1, 1], dtype=x.dtype, device=x.device).bernoulli_(survival)
+        noise.div_(survival)
+        return x * noise
+
+
+class MBConvDrop(MBConv):
+    """EfficientNet's block with stochastic depth on the residual branch, as torchvision has it."""
+
+    def __init__(self, inputs: int, outputs: int, kernel: int, stride: int, expand_ratio: int, p: float):
+        super().__init__(inputs, outputs, kernel, stride, expand_ratio)
+        self.stochastic_depth = StochasticDepth(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        if self.use_res_connect:
+            out = self.stochastic_depth(out)
+            out += x
+        return out
+
+
+class EfficientNetDrop(nn.Module):
+    """EfficientNet with stochastic depth (p = 0.2, 0.4) in its residual blocks, Dropout2d on the
+    head's feature map and Dropout before the classifier."""
+
+    def __init__(self, num_classes: int = 5):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, stride=2, activation=nn.SiLU)
+        self.blocks = nn.Sequential(MBConvDrop(8, 8, 3, 1, 1, 0.2), MBConvDrop(8, 8, 3, 1, 2, 0.4))
+        self.head_conv = conv_bn(8, 8, 1, activation=nn.SiLU)
+        self.drop2d = nn.Dropout2d(0.3)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.head_dropout = nn.Dropout(0.2)
+        self.classifier = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.drop2d(self.head_conv(self.blocks(self.stem(x))))
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.classifier(self.head_dropout(x))
+
+
+class GroupNormBlock(nn.Module):
+    """A BasicBlock with GroupNorm (2 groups) in place of BatchNorm."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+        self.gn1 = nn.GroupNorm(2, outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+        self.gn2 = nn.GroupNorm(2, outputs)
+        self.shortcut = None
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False),
+                                          nn.GroupNorm(2, outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.shortcut is None else self.shortcut(x)
+        out = F.relu(self.gn1(self.conv1(x)))
+        return F.relu(self.gn2(self.conv2(out)) + identity)
+
+
+class GroupNormResNet(nn.Module):
+    """A GroupNorm ResNet with its classifier head."""
+
+    def __init__(self, num_classes: int = 3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.GroupNorm(2, 4), nn.ReLU())
+        self.layer1 = GroupNormBlock(4, 4)
+        self.layer2 = GroupNormBlock(4, 8, stride=2)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer2(self.layer1(self.stem(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class TwoConv(nn.Sequential):
+    """MONAI's ``TwoConv``: (conv 3x3, InstanceNorm with affine, LeakyReLU) twice."""
+
+    def __init__(self, inputs: int, outputs: int):
+        super().__init__(
+            nn.Conv2d(inputs, outputs, 3, padding=1), nn.InstanceNorm2d(outputs, affine=True), nn.LeakyReLU(0.1),
+            nn.Conv2d(outputs, outputs, 3, padding=1), nn.InstanceNorm2d(outputs, affine=True), nn.LeakyReLU(0.1),
+        )
+
+
+class Down(nn.Sequential):
+    """MONAI's ``Down``: max pooling, then ``TwoConv``."""
+
+    def __init__(self, inputs: int, outputs: int):
+        super().__init__(nn.MaxPool2d(2), TwoConv(inputs, outputs))
+
+
+class UpCat(nn.Module):
+    """MONAI's ``UpCat``: a transposed-convolution upsampling halving the channels, the result
+    padded (replicate) by one pixel where the encoder feature is larger, concatenated, ``TwoConv``."""
+
+    def __init__(self, inputs: int, cat: int, outputs: int):
+        super().__init__()
+        self.upsample = nn.ConvTranspose2d(inputs, inputs // 2, 2, stride=2)
+        self.convs = TwoConv(cat + inputs // 2, outputs)
+
+    def forward(self, x: torch.Tensor, x_e: torch.Tensor) -> torch.Tensor:
+        x_0 = self.upsample(x)
+        sp = [0] * 4
+        for i in range(2):
+            if x_e.shape[-i - 1] != x_0.shape[-i - 1]:
+                sp[i * 2 + 1] = 1
+        x_0 = F.pad(x_0, sp, "replicate")
+        return self.convs(torch.cat([x_e, x_0], dim=1))
+
+
+class BasicUNet(nn.Module):
+    """MONAI's ``BasicUNet`` layout, two levels deep: instance norm in every block."""
+
+    def __init__(self, classes: int = 2):
+        super().__init__()
+        self.conv_0 = TwoConv(3, 4)
+        self.down_1 = Down(4, 4)
+        self.down_2 = Down(4, 8)
+        self.upcat_2 = UpCat(8, 4, 4)
+        self.upcat_1 = UpCat(4, 4, 4)
+        self.final_conv = nn.Conv2d(4, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x0 = self.conv_0(x)
+        x1 = self.down_1(x0)
+        x2 = self.down_2(x1)
+        u2 = self.upcat_2(x2, x1)
+        u1 = self.upcat_1(u2, x0)
+        return self.final_conv(u1)
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """torchvision's ``LayerNorm2d``: LayerNorm over the channels of an NCHW tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class ConvNeXtHead(ConvNeXt):
+    """ConvNeXt with torchvision's classifier: global pooling, ``LayerNorm2d``, flatten, linear."""
+
+    def __init__(self, num_classes: int = 4):
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(LayerNorm2d(8, eps=1e-6), nn.Flatten(1), nn.Linear(8, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.avgpool(super().forward(x)))
+
+
+class MaxHeads(nn.Module):
+    """Global max pooling over ReLU outputs whose channels 0 and 2 are all zero (a bias of -100):
+    ``amax`` into a linear layer, ``adaptive_max_pool2d`` with its indices, and both over an
+    exactly tied map whose gradient reaches the input (``t + (x - x.detach())``: values 0 or 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        with torch.no_grad():
+            self.conv.bias[0::2] = -100.0
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor):
+        y = F.relu(self.conv(x))
+        values, indices = F.adaptive_max_pool2d(y, 1, return_indices=True)
+        ties = (x > 0.5).to(x.dtype) + (x - x.detach())
+        tied_values, tied_indices = F.adaptive_max_pool2d(ties, 1, return_indices=True)
+        return self.fc(y.amax((2, 3))), values, indices, ties.amax((2, 3)), tied_values, tied_indices
+
+
+class SegmentationLoss(nn.Module):
+    """A conv-BN-ReLU-conv segmenter returning its per-pixel cross-entropy loss, the target derived
+    from the input (``x.argmax(1)``: classes 0-2), class 2 ignored, with class weights and label
+    smoothing; plus an unweighted sum-reduced loss of the same logits."""
+
+    def __init__(self, classes: int = 4):
+        super().__init__()
+        self.body = nn.Sequential(conv_bn(3, 6, 3), nn.Conv2d(6, classes, 3, padding=1))
+        self.register_buffer("weight", torch.tensor([0.5, 2.0, 1.0, 1.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        target = x.argmax(1)
+        logits = self.body(x)
+        loss = F.cross_entropy(logits, target, weight=self.weight, ignore_index=2, label_smoothing=0.1)
+        return loss + 0.01 * F.cross_entropy(logits, target, reduction="sum")
+
+
+def _train_builder(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return _finish(factory()).train()
+
+    return build
+
+
+TRAIN_ZOO: dict[str, Callable[[], nn.Module]] = {
+    "resnet_basic": _train_builder(ResNetBasic),
+    "resnet_bottleneck": _train_builder(ResNetBottleneck),
+    "resnet_head": _train_builder(ResNetHead),
+    "mobilenetv2": _train_builder(MobileNetV2),
+    "mobilenetv3_block": _train_builder(MobileNetV3Block),
+    "efficientnet": _train_builder(EfficientNet),
+    "efficientnet_drop": _train_builder(EfficientNetDrop),
+    "squeeze_excite": _train_builder(SqueezeExciteNet),
+    "groupnorm_resnet": _train_builder(GroupNormResNet),
+    "basic_unet": _train_builder(BasicUNet),
+    "convnext_head": _train_builder(ConvNeXtHead),
+    "max_heads": _train_builder(MaxHeads),
+    "segmentation_loss": _train_builder(SegmentationLoss),
+}
+
+#: Tiny odd inputs for ``TRAIN_ZOO``.
+TRAIN_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "resnet_basic": (2, 3, 13, 11),
+    "resnet_bottleneck": (2, 3, 17, 15),
+    "resnet_head": (2, 3, 11, 13),
+    "mobilenetv2": (2, 3, 15, 13),
+    "mobilenetv3_block": (2, 3, 11, 9),
+    "efficientnet": (2, 3, 15, 17),
+    "efficientnet_drop": (2, 3, 15, 13),
+    "squeeze_excite": (2, 3, 13, 11),
+    "groupnorm_resnet": (2, 3, 13, 11),
+    "basic_unet": (1, 3, 15, 13),
+    "convnext_head": (2, 3, 17, 15),
+    "max_heads": (2, 3, 9, 11),
+    "segmentation_loss": (2, 3, 11, 9),
 }
