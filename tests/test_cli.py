@@ -71,7 +71,7 @@ def test_compile_writes_a_module_that_trains_exactly(compiled):
     model_file, plan_path, module_path = compiled
     module = _import(module_path)
     module.check_plan(str(plan_path))
-    model, shape = load_model(model_file)
+    model, ((shape, _),) = load_model(model_file)
     model.double()
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
     y = model(x)
@@ -148,7 +148,7 @@ def test_compile_recomputes_a_named_skip(tmp_path):
     result = _invoke("inspect", tmp_path / "skip.plan.json", "--nodes")
     assert "relu_recomputed0" in result.output and "conv2d_recomputed0" in result.output
     module = _import(tmp_path / "skip_tiled.py")
-    model, shape = load_model(model_file)
+    model, ((shape, _),) = load_model(model_file)
     model.double()
     x = torch.randn(shape, dtype=torch.float64)
     expected = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))

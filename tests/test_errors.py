@@ -275,8 +275,8 @@ def test_generated_module_refuses_other_models(model, words):
     (lambda: torch.zeros(3, 16, 16), ["(3, 16, 16)", "(1, 3, 16, 16)"]),
     (lambda: torch.zeros(1, 3, 16, 18), ["(1, 3, 16, 18)", "(1, 3, 16, 16)"]),
     (lambda: torch.zeros(1, 4, 16, 16), ["(1, 4, 16, 16)"]),
-    (lambda: torch.zeros(1, 3, 16, 16, dtype=torch.int64), ["torch.int64", "floating-point"]),
-    (lambda: torch.zeros(1, 3, 16, 16, dtype=torch.float64), ["torch.float64", "torch.float32"]),
+    (lambda: torch.zeros(1, 3, 16, 16, dtype=torch.int64), ["'input' is int64", "needs float32"]),
+    (lambda: torch.zeros(1, 3, 16, 16, dtype=torch.float64), ["float64", "model's tensors are float32"]),
     (lambda: torch.zeros(1, 3, 16, 16, device="meta"), ["meta", "cpu"]),
 ])
 def test_generated_module_refuses_inputs(make_input, words):

@@ -1,7 +1,7 @@
 """The generated module refuses models, inputs and plans it was not built for, naming what differs.
 
-``check_model(PLAN, model)`` (parameters, buffers and modules), ``check_input(PLAN, x, tensors)``
-(type, shape, dtype against the model's tensors), ``check_modes`` (eval-only modules of tiled
+``check_model(PLAN, model)`` (parameters, buffers and modules), ``check_inputs(PLAN, inputs, tensors)``
+(count, type, shape, dtype against the plan's and the model's tensors), ``check_modes`` (eval-only modules of tiled
 segments) and ``check_plan`` (a plan JSON file) all raise ``ValueError`` with a one-line message.
 """
 
@@ -105,23 +105,23 @@ def test_matching_model_is_accepted(generated):
     assert set(dict(tiled.named_parameters())) == {f"model.{name}" for name, _ in model.named_parameters()}
 
 
-# --- check_input ---------------------------------------------------------------------------------
+# --- check_inputs --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("make_input", "message"),
     [
         (lambda: torch.randn(1, 3, 16, 13),
-         r"^input has shape \(1, 3, 16, 13\), plan 'checked' needs \(1, 3, 15, 13\)$"),
-        (lambda: torch.randn(1, 3, 15, 12), r"^input has shape \(1, 3, 15, 12\), plan 'checked' needs"),
-        (lambda: torch.randn(1, 2, 15, 13), r"^input has shape \(1, 2, 15, 13\)"),
-        (lambda: torch.randn(2, 3, 15, 13), r"^input has shape \(2, 3, 15, 13\)"),
-        (lambda: torch.randn(3, 15, 13), r"^input has shape \(3, 15, 13\)"),
-        (lambda: torch.ones(SHAPE, dtype=torch.int64), r"^input dtype torch\.int64 is not a floating-point type$"),
-        (lambda: torch.randn(SHAPE, dtype=torch.float64), r"^input is torch\.float64 on cpu but the model's tensors "
-                                                          r"are torch\.float32 on cpu; move one to match the other$"),
-        (lambda: torch.randn(SHAPE, dtype=torch.bfloat16), r"^input is torch\.bfloat16 .* torch\.float32"),
-        (lambda: [[0.0]], r"^input must be a torch\.Tensor, got list$"),
+         r"^input 'x' has shape \(1, 3, 16, 13\), plan 'checked' needs \(1, 3, 15, 13\)$"),
+        (lambda: torch.randn(1, 3, 15, 12), r"^input 'x' has shape \(1, 3, 15, 12\), plan 'checked' needs"),
+        (lambda: torch.randn(1, 2, 15, 13), r"^input 'x' has shape \(1, 2, 15, 13\)"),
+        (lambda: torch.randn(2, 3, 15, 13), r"^input 'x' has shape \(2, 3, 15, 13\)"),
+        (lambda: torch.randn(3, 15, 13), r"^input 'x' has shape \(3, 15, 13\)"),
+        (lambda: torch.ones(SHAPE, dtype=torch.int64), r"^input 'x' is int64, plan 'checked' needs float32"),
+        (lambda: torch.randn(SHAPE, dtype=torch.float64), r"^input 'x' is float64 but the model's tensors are "
+                                                          r"float32; move one to match the other$"),
+        (lambda: torch.randn(SHAPE, dtype=torch.bfloat16), r"^input 'x' is bfloat16 .* float32"),
+        (lambda: [[0.0]], r"^input 'x' must be a torch\.Tensor or an array with shape, dtype and slicing, got list$"),
     ],
     ids=["height", "width", "channels", "batch", "three_dims", "int_dtype", "float64_vs_float32",
          "bfloat16_vs_float32", "list"],
@@ -129,14 +129,14 @@ def test_matching_model_is_accepted(generated):
 def test_mismatched_input_is_refused(generated, make_input, message):
     model = Net()
     with pytest.raises(ValueError, match=message):
-        generated.check_input(generated.PLAN, make_input(), generated.model_tensors(generated.PLAN, model))
+        generated.check_inputs(generated.PLAN, [make_input()], generated.model_tensors(generated.PLAN, model))
     with pytest.raises(ValueError, match=message):
         generated.TiledModel(model)(make_input())
 
 
 def test_model_in_another_dtype_than_the_input_is_refused(generated):
     tiled = generated.TiledModel(Net().eval().double())
-    with pytest.raises(ValueError, match=r"input is torch\.float32 .* tensors are torch\.float64"):
+    with pytest.raises(ValueError, match=r"input 'x' is float32 but the model's tensors are float64"):
         tiled(torch.randn(SHAPE))
     assert tiled(torch.randn(SHAPE, dtype=torch.float64)).dtype == torch.float64
 
@@ -199,17 +199,19 @@ def test_the_plan_it_was_built_from_is_accepted(generated, plan_file):
         (lambda d: d.update(schema_version=1), rf"has schema_version 1, this module has {SCHEMA_VERSION}$"),
         (lambda d: d.update(schema_version="3"), rf"has schema_version '3', this module has {SCHEMA_VERSION}$"),
         (lambda d: d["model"].update(digest="0" * 64), r"is for model digest '0{64}', this module for '[0-9a-f]{64}'$"),
-        (lambda d: d.update(input_shape=[1, 3, 15, 14]),
-         r"has input shape \[1, 3, 15, 14\], this module \(1, 3, 15, 13\)$"),
+        (lambda d: d["inputs"][0].update(shape=[1, 3, 15, 14]),
+         r"has inputs \(\('x', \(1, 3, 15, 14\), 'float32'\),\), "
+         r"this module \(\('x', \(1, 3, 15, 13\), 'float32'\),\)$"),
+        (lambda d: d["inputs"][0].pop("dtype"), r"has malformed inputs: KeyError\('dtype'\)$"),
         (lambda d: d["segments"][0].update(grid=[3, 2]),
          r"has segments \(first, stop, grid\) \(\(0, \d+, \(3, 2\)\),\).*this module \(\(0, \d+, \(2, 2\)\),\)$"),
         (lambda d: d["segments"][0].pop("grid"), r"has malformed segments: KeyError\('grid'\)$"),
         (lambda d: d.update(segments=[3]), r"has malformed segments: TypeError"),
-        (lambda d: d.pop("input_shape"), r"has no 'input_shape' field$"),
+        (lambda d: d.pop("inputs"), r"has no 'inputs' field$"),
         (lambda d: d.update(model=[]), r"has no 'digest' field$"),
     ],
-    ids=["old_schema", "schema_as_string", "digest", "input_shape", "grid", "missing_grid", "segment_not_object",
-         "missing_field", "model_not_object"],
+    ids=["old_schema", "schema_as_string", "digest", "inputs", "input_dtype", "grid", "missing_grid",
+         "segment_not_object", "missing_field", "model_not_object"],
 )
 def test_another_plan_is_refused(generated, plan_file, change, message):
     _edit(plan_file, change)

@@ -60,7 +60,7 @@ def test_golden_files_are_byte_identical(tmp_path):
 def test_golden_plan_describes_the_model():
     plan = load(REGEN.PLAN_FILE)
     assert dumps(plan) == REGEN.PLAN_FILE.read_text(encoding="utf-8")  # loads and dumps back unchanged
-    assert plan.schema_version == SCHEMA_VERSION and plan.name == "small" and plan.input_shape == (1, 3, 13, 11)
+    assert plan.schema_version == SCHEMA_VERSION and plan.name == "small" and plan.inputs[0].shape == (1, 3, 13, 11)
     assert [(s.first, s.stop, s.grid) for s in plan.segments] == [tuple(s) for s in REGEN.SEGMENTS]
     assert [s.mode for s in plan.segments] == ["tiled", "tiled", "stored"]
     ops = [node.op for node in plan.model.nodes]
@@ -76,7 +76,7 @@ def test_golden_plan_describes_the_model():
 def test_golden_module_runs_exactly():
     """The committed module, executed as is, matches the untiled model in float64: both outputs,
     the input gradient and every parameter gradient."""
-    model, shape = load_model(REGEN.MODEL_FILE)
+    model, ((shape, _),) = load_model(REGEN.MODEL_FILE)
     model = model.double()
     tiled = load_source(REGEN.MODULE_FILE.read_text(encoding="utf-8"), "small_tiled").TiledModel(model)
     generator = torch.Generator().manual_seed(0)
@@ -101,7 +101,7 @@ def test_golden_module_is_an_importable_file():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model, _ = load_model(REGEN.MODEL_FILE)
-    assert module.PLAN_NAME == "small" and module.INPUT_SHAPE == (1, 3, 13, 11)
+    assert module.PLAN_NAME == "small" and module.INPUTS == (("x", (1, 3, 13, 11), "float32"),)
     assert module.PLAN.name == "small" and module.PLAN.segments == tuple(REGEN.SEGMENTS)
     module.check_plan(REGEN.PLAN_FILE)
     out = module.TiledModel(model)(torch.randn(1, 3, 13, 11))

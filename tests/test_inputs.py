@@ -18,9 +18,9 @@ from torch import nn
 from tilec.cli import main
 from tilec.pipeline import build
 from tilec.planner import plan as plan_of
-from tilec.trace import trace
 from tilec.report import describe_plan, input_reads
 from tilec.runtime.sources import Source, _mapping
+from tilec.trace import trace
 
 TOLERANCE = 1e-10
 GRIDS = [(1, 1), (3, 2), (4, 3)]
@@ -220,10 +220,10 @@ def test_staging_is_counted_and_inspect_shows_how_each_input_is_read():
 
 
 @pytest.mark.parametrize(("given", "message"), [
-    (lambda image: (image.float(),), "input image is float32, plan 'model' needs uint8"),
-    (lambda image: (image[:, :, :-1],), "input image has shape (1, 3, 36, 29), plan 'model' needs (1, 3, 37, 29)"),
+    (lambda image: (image.float(),), "input 'image' is float32, plan 'model' needs uint8"),
+    (lambda image: (image[:, :, :-1],), "input 'image' has shape (1, 3, 36, 29), plan 'model' needs (1, 3, 37, 29)"),
     (lambda image: (image, image), "plan 'model' takes 1 input(s) (image), got 2"),
-    (lambda image: ([1, 2, 3],), "input image must be a torch.Tensor or an array with shape, dtype and slicing"),
+    (lambda image: ([1, 2, 3],), "input 'image' must be a torch.Tensor or an array with shape, dtype and slicing"),
 ])
 def test_a_wrong_input_is_refused_in_one_line_naming_it(given, message):
     tiled = build(_seeded(Stem()), [((1, 3, 37, 29), "uint8")], (2, 2), dtype="float64")

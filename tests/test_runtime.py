@@ -522,7 +522,7 @@ def test_tiled_runs_a_segment_tile_by_tile(kernels, rolled):
     want = torch.relu(F.conv2d(leaves[0], leaves[2], leaves[3]) * leaves[1])
     want_grads = torch.autograd.grad(want, leaves, g)
     segment = _hand_made_segment(rolled)
-    run = Run("hand", False, None, kernels == "generic", GEMM_MIN_CHANNELS)
+    run = Run("hand", False, None, kernels == "generic", GEMM_MIN_CHANNELS, device=x.device, dtype=x.dtype)
     leaves = [t.clone().requires_grad_() for t in (x, scale, w, b)]
     got, = Tiled.apply(segment, run, *leaves)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -89,7 +89,7 @@ def test_schema_1_plan_is_refused_with_recompile_advice():
         (lambda text: text.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 99'),
          "newer than this tilec"),
         (lambda text: text.replace('"name": "sample"', '"name": "sample", "extra": 1'), "at extra"),
-        (lambda text: text.replace('"input_shape": [1, 3, 19, 23]', '"input_shape": "1, 3"'), "at input_shape"),
+        (lambda text: text.replace('"shape": [1, 3, 19, 23]', '"shape": "1, 3"', 1), "at inputs.0.shape"),
     ],
 )
 def test_invalid_plan_text_is_one_plan_error(mutate, message):
@@ -106,7 +106,7 @@ def test_committed_plans_are_current(path):
     name = path.name.removesuffix(".plan.json")
     assert committed.memory_budget is None and committed.ranks is None and committed.autocast is None
     model, _ = load_model(ROOT / "examples" / f"{name}.py", "model")
-    graph = trace(model, committed.input_shape)
+    graph = trace(model, [(spec.shape, spec.dtype) for spec in committed.inputs])
     if committed.grid is not None:
         again = plan(graph, name=name, grid=committed.grid, dtype=committed.dtype)
     else:

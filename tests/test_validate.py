@@ -244,7 +244,7 @@ CASES = {
     "read past the input": ("residual 3x2", lambda d: shift(step_of(d, 0, "rows", 2, "conv2d")["reads"][0]["read"],
                                                             1), ["rows tile 2, node conv2d", "clipped to the input"]),
     "pad changed": ("residual 3x2", lambda d: step_of(d, 0, "rows", 0, "conv2d")["reads"][0].update(pad=[0, 0]),
-                    ["node conv2d: pad (0, 0) of input", "clipped amount (1, 0)"]),
+                    ["node conv2d: pad (0, 0) of x", "clipped amount (1, 0)"]),
     "pad on a pointwise read": ("residual 3x2", lambda d: step_of(d, 0, "cols", 1, "relu")["reads"][0].update(
         pad=[0, 1]), ["node relu: pad (0, 1)", "(0, 0)"]),
     "grad in differs": ("residual 3x2", lambda d: shift(step_of(d, 0, "rows", 0, "add")["reads"][1]["grad"], 1),
@@ -252,7 +252,7 @@ CASES = {
     "grad out differs": ("residual 3x2", lambda d: shift(step_of(d, 0, "cols", 1, "max_pool2d")["grad_out"], -1),
                          ["node max_pool2d: grad_out"]),
     "tile input shifted": ("residual 3x2", lambda d: shift(d["segments"][0]["rows"][1]["inputs"][0], 1),
-                           ["rows tile 1 reads", "of input input", "hull of its readers' reads"]),
+                           ["rows tile 1 reads", "of input x", "hull of its readers' reads"]),
     "read input renamed": ("residual 3x2", _rename_read, ["node add reads ['conv2d', 'conv2d_1']", "its rule reads"]),
     "step node renamed": ("residual 3x2", lambda d: step_of(d, 0, "rows", 0, "relu_1").update(node="relu"),
                           ["has a step for node relu where", "relu_1"]),
@@ -270,13 +270,15 @@ CASES = {
     "nodes swapped": ("residual 3x2", _swap_nodes, ["reads 'batch_norm'", "execution order"]),
     "node edited": ("residual 3x2", _edit_const, ["digest", "edited"]),
     "digest changed": ("residual 3x2", lambda d: d["model"].update(digest="0" * 64), ["model.digest"]),
-    "input taller": ("residual 3x2", lambda d: shift(d["input_shape"], 1, 2),
+    "input taller": ("residual 3x2", lambda d: shift(d["inputs"][0]["shape"], 1, 2),
                      ["node conv2d (aten.conv2d) has rows size 23", "gives 24"]),
-    "input narrower": ("unet 3x2", lambda d: shift(d["input_shape"], -1, 3), ["cols size 19", "gives 18"]),
+    "input narrower": ("unet 3x2", lambda d: shift(d["inputs"][0]["shape"], -1, 3), ["cols size 19", "gives 18"]),
     "negative peak": ("se split", lambda d: d["segments"][2].update(predicted_peak_bytes=-1),
                       ["segment 2 has predictions out of range"]),
     "budget zero": ("se split", lambda d: d.update(memory_budget=0), ["memory_budget 0"]),
-    "input 3-D": ("residual 3x2", lambda d: d.update(input_shape=[3, 23, 19]), ["input_shape (3, 23, 19)"]),
+    "input renamed": ("residual 3x2", lambda d: d["inputs"][0].update(name="y"), ["reads 'x'", "neither an input"]),
+    "input twice": ("residual 3x2", lambda d: d["inputs"].append(dict(d["inputs"][0])), ["distinct names"]),
+    "input empty": ("residual 3x2", lambda d: d["inputs"][0].update(shape=[1, 3, 0, 19]), ["not positive sizes"]),
     "segment boundary": ("se split", _boundary, ["segment 1 covers nodes [1, 7)", "starting at 2"]),
     "segment end": ("se split", lambda d: d["segments"][2].update(stop=10), ["segment 2 covers nodes [7, 10)"]),
     "segments short": ("se split", lambda d: d["segments"].pop(), ["cover nodes [0, 7)", "9 nodes"]),
@@ -358,7 +360,7 @@ DATA = json.loads(TEXT)
 #: gradient path, and the input's batch and channels (tiles depend on the image sizes only; the
 #: generated module checks the whole input shape).
 FREE = {("predicted_peak_bytes",), ("kernel_state",), ("kernel_state_bytes",), ("gemm_min_channels",),
-        ("input_shape", 0), ("input_shape", 1)}
+        ("staging_bytes",), ("inputs", 0, "shape", 0), ("inputs", 0, "shape", 1)}
 
 
 def _paths(node, prefix=()):
@@ -393,7 +395,7 @@ def _loads_or_plan_error(text: str) -> Plan | None:
 def test_the_integer_paths_reach_every_region_field():
     keys = {k for p in INT_PATHS for k in p if isinstance(k, str)}
     assert {"owned", "out", "read", "pad", "grad_out", "grad", "inputs", "first", "stop", "grid", "shape_class",
-            "index", "input_shape", "shape", "partials", "levels"} <= keys
+            "index", "shape", "partials", "levels"} <= keys
     assert len(INT_PATHS) > 300
 
 

@@ -52,7 +52,7 @@ def test_verify_reports_every_tensor(workdir):
 def test_verify_takes_a_smaller_shape_and_a_grid(workdir):
     result = run(["verify", "bn.py", "--input-shape", "1,3,20,24", "--grid", "3x2", "--seed", "3"])
     assert result.exit_code == 0, result.output
-    assert "input 1x3x20x24, grid 3x2" in result.output and "gradient of 1.weight" in result.output
+    assert "inputs input 1x3x20x24 float32, grid 3x2" in result.output and "gradient of 1.weight" in result.output
 
 
 def test_verify_clips_the_grid_to_the_output(workdir):

@@ -70,7 +70,7 @@ def test_draw_defaults_to_the_middle_tile_at_the_first_tiled_node():
     regions, growth, rows, cols = figure.axes
     assert "node conv2d" in regions.get_title() and "tile 1,1" in regions.get_title()
     assert "segment 0" in growth.get_title() and len(growth.get_lines()) >= 2
-    assert [label.get_text() for label in rows.get_yticklabels()] == ["input", "conv2d", "relu"]
+    assert [label.get_text() for label in rows.get_yticklabels()] == ["x", "conv2d", "relu"]
 
 
 def test_draw_a_segment_that_reduces_by_a_sweep():
@@ -181,9 +181,9 @@ def text(*tables) -> str:
 
 def test_describe_plan_has_a_row_per_segment():
     out = text(describe_plan(se_split()))
-    assert "input 1x3x23x19" in out and "float32" in out and "predicted peak" in out
+    assert "inputs x 1x3x23x19 float32" in out and "float32" in out and "predicted peak" in out
     assert "0..1: conv2d (conv) .. relu (-)" in out and "7..8: mul (-) .. conv2d_3 (out)" in out
-    assert "stored" in out and "1, largest 1x4x1x1" in out and "(input)" in out
+    assert "stored" in out and "1, largest 1x4x1x1" in out and "(x)" in out
 
 
 def test_describe_plan_names_the_levels_of_a_sweep():

@@ -14,10 +14,10 @@ from tilec.config import (
     parse_autocast,
     parse_bytes,
     parse_grid,
+    parse_inputs,
     parse_name,
     parse_names,
     parse_segments,
-    parse_inputs,
 )
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
@@ -88,8 +88,8 @@ def main() -> None:
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, recompute, ranks, dtype, autocast,
-                    name, out_dir, plan_dir) -> None:
+def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, recompute, ranks, dtype,
+                    autocast, name, out_dir, plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(

@@ -48,7 +48,7 @@ def input_reads(plan: Plan) -> list[str]:
         tiled, whole = [], []
         for segment in plan.segments:
             names = [i.name for i in segment.inputs if i.sliced]
-            if spec.name in names:
+            if spec.name in names and segment.mode == "tiled":
                 k = names.index(spec.name)
                 rows = max(t.inputs[k].length for t in segment.rows)
                 cols = max(t.inputs[k].length for t in segment.cols)

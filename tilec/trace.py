@@ -50,9 +50,12 @@ def check_input_shape(shape: Sequence[int], label: str = "input shape") -> Shape
 def check_inputs(inputs) -> list[tuple[Shape, str | None]]:
     """``inputs`` as ``(shape, dtype)`` pairs of positive sizes and known dtypes (``None``: the
     model's); one line naming the input otherwise. A bare shape (N, C, H, W) is the one-input
-    shorthand: one input in the model's dtype."""
+    shorthand: one input in the model's dtype, and one input given without a dtype must have that
+    shape too."""
     if len(inputs) and all(isinstance(n, int) for n in inputs):
         return [(check_input_shape(inputs), None)]
+    if len(inputs) == 1 and inputs[0][1] is None:  # one input in the model's dtype: an image
+        return [(check_input_shape(inputs[0][0]), None)]
     checked = []
     for k, (shape, dtype) in enumerate(inputs):
         label = f"input {k + 1}"
@@ -113,7 +116,10 @@ def _examples(model: nn.Module, inputs: list[tuple[Shape, str | None]], device: 
 
 
 def _described_inputs(inputs: list[tuple[Shape, str | None]]) -> str:
-    return ", ".join(",".join(map(str, shape)) + (f":{dtype}" if dtype else "") for shape, dtype in inputs)
+    """``input shape (1, 3, 8, 8)`` for one input in the model's dtype, else ``inputs 1,3,8,8:uint8, ...``."""
+    if len(inputs) == 1 and inputs[0][1] is None:
+        return f"input shape {inputs[0][0]}"
+    return "inputs " + ", ".join(",".join(map(str, shape)) + (f":{dtype}" if dtype else "") for shape, dtype in inputs)
 
 
 def _check_arity(model: nn.Module, count: int) -> None:
@@ -141,7 +147,7 @@ def _export(model: nn.Module, inputs: list[tuple[Shape, str | None]]) -> torch.e
         with _quiet_torch_logs(), _cumulative_momentum_as_float(model):
             return torch.export.export(model, examples, strict=False)
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
-        raise ShapeError(f"the model does not run on inputs {_described_inputs(inputs)}: {_described(error)}") from None
+        raise ShapeError(f"the model does not run on {_described_inputs(inputs)}: {_described(error)}") from None
     except Exception as error:  # noqa: BLE001 - any other capture failure is the user's model too
         raise UnsupportedLayerError(f"torch.export could not capture the model: {_described(error)}") from None
 

@@ -110,6 +110,9 @@ def _check_predictions(plan: Plan) -> None:
     if plan.kernel_state < 0 or not 0 <= plan.kernel_state_bytes <= plan.predicted_peak_bytes:
         _fail(f"kernel_state {plan.kernel_state} or kernel_state_bytes {plan.kernel_state_bytes} is out of range "
               f"(at most predicted_peak_bytes {plan.predicted_peak_bytes})")
+    if not 0 <= plan.staging_bytes <= plan.predicted_peak_bytes:
+        _fail(f"staging_bytes {plan.staging_bytes} is out of range (at most predicted_peak_bytes "
+              f"{plan.predicted_peak_bytes})")
     if any(not 0 < rate < math.inf for _, rate in plan.rates):
         _fail(f"rates {list(plan.rates)} are not all positive and finite")
     for segment in plan.segments:

@@ -109,19 +109,18 @@ def check_inputs(plan, inputs, tensors):
     model = next((t.dtype for t in tensors if t.is_floating_point()), None)
     for (name, shape, dtype), x in zip(plan.inputs, inputs, strict=True):
         if not isinstance(x, torch.Tensor) and not all(hasattr(x, a) for a in ("shape", "dtype", "__getitem__")):
-            raise ValueError(f"input {name} must be a torch.Tensor or an array with shape, dtype and slicing, "
+            raise ValueError(f"input {name!r} must be a torch.Tensor or an array with shape, dtype and slicing, "
                              f"got {type(x).__name__}")
         if tuple(x.shape) != shape:
-            raise ValueError(f"input {name} has shape {tuple(x.shape)}, plan {plan.name!r} needs {shape}")
+            raise ValueError(f"input {name!r} has shape {tuple(x.shape)}, plan {plan.name!r} needs {shape}")
         found = dtype_name(x)
-        if DTYPES[dtype].is_floating_point:
-            wanted = "a floating dtype" if model is None else str(model).removeprefix("torch.")
-            fits = found in DTYPES and DTYPES[found].is_floating_point and (model is None or found == wanted)
-        else:
-            wanted, fits = dtype, found == dtype
-        if not fits:
-            raise ValueError(f"input {name} is {found}, plan {plan.name!r} needs {wanted} (the model's own "
-                             f"first ops convert it)")
+        floating = found in DTYPES and DTYPES[found].is_floating_point
+        if not DTYPES[dtype].is_floating_point and found != dtype or DTYPES[dtype].is_floating_point and not floating:
+            raise ValueError(f"input {name!r} is {found}, plan {plan.name!r} needs {dtype} (the model's own first "
+                             f"ops convert it)")
+        if DTYPES[dtype].is_floating_point and model is not None and DTYPES[found] != model:
+            raise ValueError(f"input {name!r} is {found} but the model's tensors are "
+                             f"{str(model).removeprefix('torch.')}; move one to match the other")
 
 
 def check_devices(inputs, tensors, device):
@@ -129,7 +128,7 @@ def check_devices(inputs, tensors, device):
     other than the host: host inputs of a device model are read by region."""
     for name, x in inputs:
         if isinstance(x, torch.Tensor) and x.device != device and x.device.type != "cpu":
-            raise ValueError(f"input {name} is on {x.device} but the model's tensors are on {device}; move one "
+            raise ValueError(f"input {name!r} is on {x.device} but the model's tensors are on {device}; move one "
                              f"to match the other")
 
 

@@ -6,8 +6,9 @@ A ``Source`` hands each tile its slice of the input, read when the tile asks for
 while the tile before it computes) and nothing else of the input. A stored segment reading the
 input reads it whole (``whole``). Reads copy into staging tensors of the input's own dtype,
 pinned when the model is on CUDA, where a side stream copies them to the device. The pages of a
-memory-mapped file are handed back to the file whenever the tiles move on to another band of
-rows, so the process keeps no more of the file than the band it reads. Conventions: slice bounds
+memory-mapped file that a read touched are handed back as soon as the region is copied (they stay
+in the page cache, where a neighbour's halo finds them again): the process keeps no more of the
+file than the region being read. Conventions: slice bounds
 are half-open ``[start, stop)``; ``spatial`` names the dims of the image rows and columns.
 """
 
