@@ -469,3 +469,15 @@ def test_training_mode_under_autocast(name):
         if _relative(near, exact) < 0.5:  # not noise
             assert _relative(got, exact) <= 1.5 * _relative(near, exact) + 0.01
     assert max(buffer_errors(plain, model, relative=True).values(), default=0.0) <= 1e-5
+
+
+def test_a_backward_sweep_for_leaves_adds_no_weight_gradient():
+    """A swept level's backward sweep wants the gradients of its results only: the convolutions of
+    its tiles must not add their weight gradients as they go (a tile convolution with 32 input
+    channels or more adds its matrix-product weight gradient into ``grad`` itself)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.InstanceNorm2d(32, affine=True), nn.LeakyReLU(0.1),
+                          nn.Conv2d(32, 32, 3, padding=1), nn.InstanceNorm2d(32, affine=True), nn.LeakyReLU(0.1),
+                          nn.Conv2d(32, 2, 1)).train()
+    errors = check_exact(model, (1, 3, 21, 19), segments=[(0, 4, (3, 2)), (4, 7, (2, 2))])
+    assert errors["grad 3.weight"] <= TOLERANCE

@@ -254,17 +254,20 @@ class Sweep:
         self.segment, self.run, self.autocast = segment, run, autocast
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
 
-    def recompute(self, row, col, r, needs):
+    def recompute(self, row, col, r, needs, frozen=False):
         """One tile's function again under autograd (the forward's autocast state): its slices
-        (requiring grad per ``needs``), its owned outputs and its partials."""
+        (requiring grad per ``needs``), its owned outputs and its partials. ``frozen``: with the
+        broadcast inputs and parameters detached, for a sweep that wants only the leaves' gradients
+        (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
+        bs, p = ([t.detach() for t in self.bs], [t.detach() for t in self.p]) if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
         tile = [region(x, spatial, rows, cols).detach().requires_grad_(need)
                 for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
                                                         strict=True)]
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-            outs, partials = self.segment.functions[row[2], col[2]](copy_in(self.arena, tile), self.bs, self.p,
-                                                                   self.arena, r, origins(row, col))
+            outs, partials = self.segment.functions[row[2], col[2]](copy_in(self.arena, tile), bs, p, self.arena, r,
+                                                                   origins(row, col))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
         return tile, outs, partials
 
@@ -291,7 +294,7 @@ class Sweep:
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals, done = [None] * len(wanted), 0
         for index, row, col in self.segment.tiles(run.group, self.xs):
-            _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs))
+            _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs), frozen=True)
             pairs = self.pairs(row, col, index, outs, partials, shares)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
