@@ -128,7 +128,7 @@ class Tiled(torch.autograd.Function):
         for done, (index, row, col) in enumerate(segment.tiles(run.group)):
             arena.reset()
             if level.direct:
-                tiled[index] = segment.direct(segment.owned(xs, row, col), origins(row, col))
+                tiled[index] = segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
             else:
                 tiled[index] = run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
             run.report(f"{segment.label} level {level.index}", done + 1, total)
@@ -192,7 +192,7 @@ class Tiled(torch.autograd.Function):
         for level in reversed(later):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
-                sweep.direct_inputs(share, sums)
+                sweep.direct_inputs(r, share, sums)
         segment.learn(xs[0], ctx.autocast, True, arena)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
@@ -339,7 +339,7 @@ class Sweep:
             found[name] = grads_of
         return found
 
-    def direct_inputs(self, share, sums):
+    def direct_inputs(self, r, share, sums):
         """A direct level's partials back-propagated into the input gradients, tile by tile over
         the owned slices (module docstring, step 3)."""
         needs = [s is not None for s in sums]
@@ -349,7 +349,7 @@ class Sweep:
         for index, row, col in segment.tiles(self.run.group):
             owned = segment.owned(self.xs, row, col, needs)
             with torch.enable_grad():
-                partials = segment.direct(owned, origins(row, col))
+                partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
             pairs = [(t, g) for partial, grads in zip(partials, share, strict=True)
                      for t, g in zip(partial, grads[index], strict=True) if g is not None and t.requires_grad]
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]

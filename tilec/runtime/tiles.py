@@ -91,8 +91,8 @@ class TiledSegment:
     ``("leaf", name)``: a result of its reductions), per-axis cost weights, the plan's shares per
     rank (if compiled with --ranks), which sliced inputs' gradients its backward rolls
     (``Rolled``), its reductions' levels (``LevelSpec``), and a direct level's function
-    ``direct(owned, o)`` computing its partials from ``owned``, per reduction the owned slices of
-    its reduced inputs (``reduced``: per reduction of the direct level, its index among the
+    ``direct(owned, bs, p, r, o)`` computing its partials from ``owned``, per reduction the owned
+    slices of its reduced inputs (``reduced``: per reduction of the direct level, its index among the
     segment's and the indices of those inputs among the sliced ones), ``o`` their origins; and the
     arena capacity its passes needed so far, by device, dtype and autocast state."""
 
