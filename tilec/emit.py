@@ -217,8 +217,9 @@ class CombineView(TileView):
         return f"bs[{self.broadcast.index(name)}]"
 
     def dtype(self, node: NodeSpec) -> str:
-        """The dtype ``node`` computes in: autocast's where it casts, else the model input's."""
-        return f"torch.{node.autocast_dtype}" if node.autocast_dtype else "like.dtype"
+        """The dtype ``node`` computes in: where autocast casts it (when compiling), autocast's in this
+        step if it is on (``autocast_dtype``), else the model input's."""
+        return "autocast_dtype(like)" if node.autocast_dtype else "like.dtype"
 
     def mode(self, path: str) -> str:
         """A BatchNorm module's ``(batch statistics?, momentum)`` in this step."""
