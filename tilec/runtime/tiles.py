@@ -26,10 +26,11 @@ from tilec.runtime.kernels import layout_of, narrow
 
 def share(costs, ranks):
     """Per rank, the sorted indices of the tiles it runs, balanced by their ``costs``: the
-    costliest tile first, each to the least loaded rank (the lowest rank on ties)."""
+    costliest tile first, each to the least loaded rank (on ties the one with the fewest tiles, then
+    the lowest rank: tiles costing nothing, as a segment of reductions and small ops, go round)."""
     loads, shares = [0] * ranks, [[] for _ in range(ranks)]
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        least = min(range(ranks), key=lambda r: (loads[r], r))
+        least = min(range(ranks), key=lambda r: (loads[r], len(shares[r]), r))
         loads[least] += costs[index]
         shares[least].append(index)
     return tuple(tuple(sorted(indices)) for indices in shares)
