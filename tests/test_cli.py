@@ -212,9 +212,6 @@ def test_verify_reports_exact(tmp_path):
     assert "exact" in result.output and "gradient of fc.weight" in result.output
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: viz of a plan whose tiled segment holds a classifier head "
-                   "(flatten, linear: no image axes) crashes in tilec.viz.cone (graph.size of a node without "
-                   "spatial dims: TypeError); plans/resnet50.plan.json too")
 def test_viz_writes_a_picture(compiled, tmp_path):
     _, plan_path, _ = compiled
     result = _invoke("viz", plan_path, "-o", tmp_path / "tiles.png")

@@ -73,10 +73,12 @@ SPATIAL_TRAIN = {
     # and updates the running ones alike; the head in a segment with three levels
     "head_levels_2_ranks": ("resnet_head", {"segments": [(0, 4, (2, 3)), (4, 14, (3, 2)), (14, None, (2, 2))]}),
     "squeeze_excite_2_ranks": ("squeeze_excite", {"grid": (3, 2)}),
-    "head_grid_2_ranks": pytest.param("resnet_head", {"grid": (2, 3)}, marks=pytest.mark.xfail(strict=True, reason=(
-        "product bug: with --grid the pooled head of a training-mode ResNet is its own segment with a direct "
-        "level and no tile cost, so tilec.runtime.tiles.share gives rank 0 every tile; the rank with none "
-        "fails in tilec.runtime.sweeps.exchange (next() of its empty partials: StopIteration)"))),
+    # with --grid the pooled head is its own segment with a direct level and tiles costing nothing
+    "head_grid_2_ranks": ("resnet_head", {"grid": (2, 3)}),
+    # the last block's and the head's levels in one tile (the head's direct): the rank without it still
+    # exchanges partials (zeros)
+    "head_one_tile_2_ranks": ("resnet_head", {"segments": [(0, 14, (3, 2)), (14, 19, (1, 1), "tiled"),
+                                                           (19, None, (1, 1), "tiled")]}),
 }
 
 
@@ -85,7 +87,8 @@ def test_spatial_ranks_match_untiled_in_training_mode(name, options, tmp_path):
     """Every rank's outputs, input and parameter gradients and buffers equal untiled's."""
     if "segments" in options:
         count = len(trace(TRAIN_ZOO[name](), TRAIN_SHAPES[name]))
-        options = {**options, "segments": [(a, count if b is None else b, g) for a, b, g in options["segments"]]}
+        options = {**options, "segments": [(a, count if b is None else b, *rest) for a, b, *rest in
+                                           options["segments"]]}
     source = _source(tmp_path, name, train=True, **options)
     _assert_exact(_results(distributed.launch(2, distributed.spatial_train, source, name, TRAIN_SHAPES[name],
                                               folder=tmp_path)))

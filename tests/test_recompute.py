@@ -167,10 +167,6 @@ def test_a_skip_after_an_eval_mode_batch_norm_is_recomputed_exactly():
     check_exact(_NormalisedSkip().eval(), (1, 1, 16, 16), grid=(2, 2), recomputed=["relu"])
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: recompute copies a training-mode BatchNorm into the late "
-                   "reader's segment, so the copy updates running_mean/running_var a second time (and where the "
-                   "first segment saved them for its backward, the backward fails: modified by an inplace operation); "
-                   "tilec.recompute.why_not should refuse such a cone, as it refuses random ops")
 @pytest.mark.parametrize("segments", [None, [(0, 3, (2, 2)), (3, 17, (1, 1)), (17, 20, (2, 2))]],
                          ids=["grid", "segments"])
 def test_a_skip_after_a_training_mode_batch_norm_is_refused_or_exact(segments):
@@ -183,9 +179,6 @@ def test_a_skip_after_a_training_mode_batch_norm_is_refused_or_exact(segments):
     check_exact(model, (1, 1, 16, 16), grid=None if segments else (2, 2), segments=segments, recomputed=["relu"])
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: the budget search offers (and picks, at its smallest budget) "
-                   "recomputing a skip whose cone holds a training-mode BatchNorm: the step then fails in the "
-                   "backward (modified by an inplace operation) or updates the running statistics twice")
 def test_the_search_offers_no_recompute_of_a_training_mode_batch_norm():
     class Wide(nn.Module):
         def __init__(self):

@@ -486,6 +486,7 @@ def test_costlier_tiles_are_spread_not_counted():
     assert share([10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2) == ((0,), tuple(range(1, 11)))
     assert share([1, 1, 1], 2) == ((0, 2), (1,))  # ties: the lowest index first, to the lowest rank
     assert share([5, 5], 3) == ((0,), (1,), ())
+    assert share([0, 0, 0, 0], 3) == ((0, 3), (1,), (2,))  # costing nothing: round the ranks
 
 
 # --- one tiled segment, by hand ------------------------------------------------------------------

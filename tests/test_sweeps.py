@@ -36,27 +36,9 @@ from support.zoo import SHAPES, TINY, TRAIN_SHAPES, TRAIN_ZOO, ZOO
 
 GRIDS = [(1, 1), (2, 2), (3, 2), (4, 3)]
 
-#: Training-mode models whose default (``--grid``) plans fail: product bugs, see the reasons.
-GRID_BUGS = {
-    "efficientnet_drop": "product bug: tilec.sweeps.levels gives a training-mode Dropout2d (a reduction of nothing, "
-                         "level 0) the depth 0 although its image output depends on its input: a reduction after "
-                         "BatchNorm -> Dropout2d gets level 1 instead of 2, the segment is not cut and its level-1 "
-                         "prefix reads the BatchNorm's result before it exists (KeyError in the generated module)",
-    "segmentation_loss": "product bug: a class-weighted cross-entropy whose level is direct (--grid cuts before it, "
-                         "after a training-mode BatchNorm) cannot be generated: the direct function has no slot for "
-                         "the weight tensor (KeyError in tilec.emit tensor())",
-}
 
-
-def _grid_cases():
-    for name in sorted(TRAIN_ZOO):
-        for grid in GRIDS:
-            marks = [pytest.mark.xfail(strict=True, reason=GRID_BUGS[name])] if name in GRID_BUGS and grid != (1, 1) \
-                else []
-            yield pytest.param(name, grid, marks=marks, id=f"{name}-{grid[0]}x{grid[1]}")
-
-
-@pytest.mark.parametrize(("name", "grid"), list(_grid_cases()))
+@pytest.mark.parametrize(("name", "grid"), [pytest.param(name, grid, id=f"{name}-{grid[0]}x{grid[1]}")
+                                            for name in sorted(TRAIN_ZOO) for grid in GRIDS])
 def test_training_zoo(name, grid):
     model = TRAIN_ZOO[name]()
     has_batch_norm = any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
@@ -64,7 +46,7 @@ def test_training_zoo(name, grid):
     assert any(key.endswith("num_batches_tracked") for key in errors) == has_batch_norm
 
 
-@pytest.mark.parametrize("name", sorted(set(TRAIN_ZOO) - set(GRID_BUGS)))
+@pytest.mark.parametrize("name", sorted(TRAIN_ZOO))
 def test_training_zoo_on_the_generic_kernels(name):
     check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=(3, 2), kernels="generic")
 
@@ -294,7 +276,7 @@ def test_an_eval_plan_refuses_a_batch_norm_switched_to_training():
     model.blocks[1].conv[0][1].train()
     with pytest.raises(ValueError, match=r"module blocks\.1\.conv\.0\.1 \(BatchNorm2d\) is in training mode") as error:
         tiled(x)
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and "compile the plan with the module in training mode" in str(error.value)
     model.eval()
     tiled(x)
 
@@ -364,9 +346,8 @@ def test_stochastic_depth_under_one_seed(seed, grid):
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_stochastic_depth_and_dropout2d_under_one_seed(seed):
-    """Dropout2d reads a segment input (a cut right before it, so that the bug in ``GRID_BUGS``
-    does not apply): its mask, one value per sample and channel, is drawn once per step in the
-    model's op order, as the untiled step draws it."""
+    """Dropout2d reads a segment input (a cut right before it): its mask, one value per sample and
+    channel, is drawn once per step in the model's op order, as the untiled step draws it."""
     name = "efficientnet_drop"
     graph = trace(TRAIN_ZOO[name](), TRAIN_SHAPES[name])
     cut = next(k for k, n in enumerate(graph.order) if graph.nodes[n].op == "feature_dropout")
@@ -377,18 +358,16 @@ def test_stochastic_depth_and_dropout2d_under_one_seed(seed):
     check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], segments=segments, seed=seed)
 
 
-@pytest.mark.xfail(strict=True, reason=GRID_BUGS["efficientnet_drop"])
 def test_dropout2d_between_batch_norm_and_pooling():
-    """The smallest case of the Dropout2d level bug."""
+    """A reduction after BatchNorm -> Dropout2d is level 2: Dropout2d's image output depends on its
+    input's level, not only on its mask's (level 0)."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Dropout2d(0.5),
                           nn.AdaptiveAvgPool2d(1)).train()
     check_exact(model, (2, 3, 8, 8), grid=(2, 2))
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: an unused BatchNorm result is traced away "
-                   "(tilec.trace._live), so the tiled step does not update its running statistics and batch "
-                   "counter, which nn.BatchNorm updates")
 def test_a_batch_norm_whose_result_is_unused_still_counts():
+    """Its running statistics and batch counter update as nn.BatchNorm's do."""
     class Unused(nn.Module):
         def __init__(self):
             super().__init__()
@@ -402,10 +381,8 @@ def test_a_batch_norm_whose_result_is_unused_still_counts():
     check_exact(Unused().train(), (2, 3, 8, 8), grid=(2, 2))
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: a BatchNorm module called twice in one forward in training "
-                   "mode crashes tracing with a bare KeyError ('add_': the second batch-counter update reads the "
-                   "first, which trace skips) instead of compiling or refusing in one line")
 def test_a_batch_norm_called_twice():
+    """In training mode: refused in one line naming the module (or exact)."""
     class Twice(nn.Module):
         def __init__(self):
             super().__init__()
@@ -416,8 +393,8 @@ def test_a_batch_norm_called_twice():
 
     try:
         trace(Twice().train(), (2, 3, 9, 8))
-    except TilecError as error:  # refused in one line: acceptable
-        assert "\n" not in str(error)
+    except TilecError as error:  # refused in one line naming the module: acceptable
+        assert "\n" not in str(error) and "module bn (BatchNorm2d)" in str(error)
         return
     check_exact(Twice().train(), (2, 3, 9, 8), grid=(2, 2))
 

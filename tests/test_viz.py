@@ -143,8 +143,6 @@ def test_viz_refuses(folder, args, words):
     assert snapshot(folder) == before
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: viz --node of a reduction or small op inside a tiled "
-                   "segment crashes in tilec.viz._regions_panel (IndexError: its steps have no reads)")
 @pytest.mark.parametrize("node", ["adaptive_avg_pool2d", "sigmoid"])
 def test_viz_of_a_node_a_sweep_computes_draws_or_refuses_in_one_line(folder, node):
     path = plan_file(folder, grid_plan("se"))
@@ -216,6 +214,18 @@ def test_tile_table_shows_the_tile_in_every_segment_holding_it():
     plan = segment_plan("unet", UNET_SPLIT)
     assert len(tile_table(plan, (1, 1), None, None)) == 2
     assert len(tile_table(plan, (2, 0), None, None)) == 1
+
+
+def test_tile_table_shows_what_a_reductions_partial_covers():
+    """A reduction with a small result reads the part of its input the tile owns; a small op has no
+    tile region."""
+    plan = grid_plan("se")
+    (table,) = tile_table(plan, (1, 0), "adaptive_avg_pool2d", None)
+    out = text(table)
+    assert table.row_count == 1 and "relu (partial)" in out and "[8, 16)" in out and "0/0/0/0" in out
+    with pytest.raises(TilecError, match="node sigmoid is a small op of segment 0") as caught:
+        tile_table(plan, (1, 0), "sigmoid", None)
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("tile, node, segment, words", [

@@ -267,10 +267,12 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
     return CombineFunction(f"_S{segment.index}_c{level.index}", level.index, statements)
 
 
-def _direct_function(segment: Segment, graph: Graph, level) -> str:
-    """The expression of a direct level's partials from ``owned`` slices and origins ``o``."""
+def _direct_function(segment: Segment, graph: Graph, slots: dict[str, int], level) -> str:
+    """The expression of a direct level's partials from ``owned`` slices and origins ``o`` (and
+    what else they read: ``bs``, ``p``, ``r``)."""
     first = segment.reductions.index(level.reductions[0])
-    view = DirectView(graph, level.reductions, first)
+    broadcast = [i.name for i in segment.inputs if not i.sliced]
+    view = DirectView(graph, slots, _leaves(segment, graph), broadcast, level.reductions, first)
     partials = []
     for name in level.reductions:
         view.focus(graph.nodes[name], None, None, None)
@@ -351,7 +353,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                 (*level.reductions, *level.small), combines[-1].name,
                 [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")]))
             if level.direct:
-                direct = _direct_function(segment, graph, level)
+                direct = _direct_function(segment, graph, slots, level)
                 reduced = repr(tuple((first + k, tuple(sliced_names.index(i) for i in rule(graph.nodes[name]).reduced(
                     graph.nodes[name], graph))) for k, name in enumerate(level.reductions)))
     stored = _stored_statements(segment, graph, slots) if segment.mode == "stored" else []

@@ -1,10 +1,10 @@
 """``distribute``: share every tiled segment's tiles among the ranks of a process group.
 
 Tiles are balanced by their cost in one step (``tilec.cost.balance``), by the runtime's own rule
-(``tilec.runtime.tiles.share``): the costliest tile first, each to the least loaded rank, the
-lowest rank on ties. Tiles are numbered row-major (tile ``(i, j)`` of an ``R x C`` grid is
-``i * C + j``). The generated module applies the same rule at run time to a group the plan did
-not name. Stored segments run on every rank.
+(``tilec.runtime.tiles.share``): the costliest tile first, each to the least loaded rank, on
+ties the one with the fewest tiles, then the lowest rank. Tiles are numbered row-major (tile
+``(i, j)`` of an ``R x C`` grid is ``i * C + j``). The generated module applies the same rule at
+run time to a group the plan did not name. Stored segments run on every rank.
 """
 
 from __future__ import annotations

@@ -223,8 +223,9 @@ class CombineView(TileView):
         return f"bs[{self.broadcast.index(name)}]"
 
     def dtype(self, node: NodeSpec) -> str:
-        """The dtype ``node`` computes in: autocast's where it casts, else the model's."""
-        return f"torch.{node.autocast_dtype}" if node.autocast_dtype else "like.dtype"
+        """The dtype ``node`` computes in: where autocast casts it (when compiling), autocast's in this
+        step if it is on (``autocast_dtype``), else the model's."""
+        return "autocast_dtype(like)" if node.autocast_dtype else "like.dtype"
 
     def mode(self, path: str) -> str:
         """A BatchNorm module's ``(batch statistics?, momentum)`` in this step."""
@@ -235,14 +236,17 @@ class CombineView(TileView):
         return f"train[{path!r}]"
 
 
-class DirectView(TileView):
-    """What ``Op.partial`` may look up in a direct level's function ``(owned, o)``: per reduction of
-    the level, the owned slices of its reduced inputs (``owned``), and their origins (``o``)."""
+class DirectView(CombineView):
+    """What ``Op.partial`` may look up in a direct level's function ``(owned, bs, p, r, o)``: per
+    reduction of the level, the owned slices of its reduced inputs (``owned``), and their origins
+    (``o``); as in a combine function, leaves in ``r``, broadcast inputs in ``bs`` and model tensors
+    in ``p`` (a loss's class weights)."""
 
-    def __init__(self, shapes: Shapes, reductions: tuple[str, ...], first: int):
+    def __init__(self, shapes: Shapes, slots: dict[str, int], leaves: frozenset[str], broadcast: list[str],
+                 reductions: tuple[str, ...], first: int):
         """``reductions``: the level's; ``first``: the segment's index of the first of them."""
-        super().__init__(shapes, {}, Constants(), {}, frozenset(), reductions)
-        self.first = first
+        super().__init__(shapes, slots, Constants(), leaves, broadcast)
+        self.reductions, self.first = reductions, first
 
     def owned(self, name: str) -> str:
         k = self.reductions.index(self.node.name)

@@ -11,8 +11,10 @@ parameters (their gradients add up over both uses, as for any shared weight).
 Readers: ordered by position, ``t``'s readers split at the widest gap between consecutive
 positions (``t``'s own position first); those after it are late. A node is recomputable when
 that gap spans at least ``MIN_GAP`` nodes, it is not a model output, and its cone is tileable
-and deterministic. Copies are named ``<node>_recomputed<k>`` (``k``: the index of ``t`` in
-``names``) and record the node they copy in ``NodeSpec.recomputes``.
+and runs the same twice: no random op, no buffer update and no reduction over the image (a
+BatchNorm with batch statistics would update its running statistics again). Copies are named
+``<node>_recomputed<k>`` (``k``: the index of ``t`` in ``names``) and record the node they copy
+in ``NodeSpec.recomputes``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from tilec.errors import GridError
 from tilec.graph import Graph
 from tilec.ir import Arg, NodeSpec
-from tilec.ops import rule
+from tilec.ops import rule, updates_buffer
 
 #: Fewest nodes between a tensor's early and late readers for it to be worth recomputing.
 MIN_GAP = 12
@@ -54,9 +56,12 @@ def why_not(graph: Graph, name: str) -> str | None:
     if not late_readers(graph, name):
         return f"no reader comes {MIN_GAP} or more nodes after the others"
     for node in (graph.nodes[n] for n in cone(graph, name)):
+        where = f" in {node.path}" if node.path else ""
         if not node.tileable or rule(node).random:
-            where = f" in {node.path}" if node.path else ""
             return f"it depends on node {node.name} (aten.{node.op}{where}), which cannot be recomputed tile by tile"
+        if rule(node).reduces(node, graph) or updates_buffer(node):
+            return (f"it depends on node {node.name} (aten.{node.op}{where}), a reduction over the image or a buffer "
+                    f"update, which runs once per step")
     return None
 
 

@@ -11,7 +11,9 @@ import math
 from rich.table import Table
 
 from tilec.errors import TilecError
+from tilec.graph import Graph
 from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment
+from tilec.ops import rule
 from tilec.regions import Interval
 
 
@@ -213,24 +215,38 @@ def _read_cells(row: Read, col: Read) -> list[str]:
             f"{row.pad[0]}/{row.pad[1]}/{col.pad[0]}/{col.pad[1]}", _region(row.grad, col.grad)]
 
 
-def _step_rows(node: NodeSpec, row: AxisStep, col: AxisStep) -> list[list[str]]:
-    """One table row per read of ``node`` (rows and cols steps of one tile; a tileable node reads at
-    least one image); the node's own cells on the first."""
+def _reduced(segment: Segment, graph: Graph, node: NodeSpec) -> tuple[str, ...]:
+    """The inputs whose owned parts ``node``'s partials cover, if it is a reduction of ``segment``."""
+    return rule(node).reduced(node, graph) if node.name in segment.reductions else ()
+
+
+def _step_rows(node: NodeSpec, row: AxisStep, col: AxisStep,
+               partials: list[tuple[str, Interval, Interval]]) -> list[list[str]]:
+    """One table row per read of ``node`` (rows and cols steps of one tile), then one per input its
+    partials cover (``(input, rows, cols)``); the node's own cells on the first."""
     head = [node.name, node.op, node.path or "-", _interval(row.out), _interval(col.out),
             _region(row.grad_out, col.grad_out)]
-    pairs = zip(row.reads, col.reads, strict=True)
-    return [(head if k == 0 else [""] * len(head)) + _read_cells(r, c) for k, (r, c) in enumerate(pairs)]
+    cells = [_read_cells(r, c) for r, c in zip(row.reads, col.reads, strict=True)]
+    cells += [[f"{name} (partial)", _interval(r), _interval(c), "0/0/0/0", _region(r, c)] for name, r, c in partials]
+    return [(head if k == 0 else [""] * len(head)) + read for k, read in enumerate(cells)]
 
 
 def tile_table(plan: Plan, tile: tuple[int, int] | None, node: str | None, segment: int | None) -> list[Table]:
-    """Per node of a tile: output interval, and per read the input, read interval, padding and gradients.
+    """Per node of a tile: output interval, and per read the input, read interval, padding and gradients;
+    a reduction's partial reads the part of its input the tile owns ("(partial)").
 
     ``tile``: one tile ``(i, j)`` (else every tile); ``node``: only that node (else every node of the
     segment); ``segment``: only that segment (else the node's, or every tiled segment holding the
-    tile). One table per segment shown; bad choices raise one-line ``TilecError`` s.
+    tile). One table per segment shown; bad choices raise one-line ``TilecError`` s, as does a small
+    op (``tilec.sweeps``), which no tile computes.
     """
+    graph = Graph.of_plan(plan)
     position = node_position(plan, node) if node is not None else None
     segments = _chosen_segments(plan, position, segment)
+    if position is not None and not segments[0].rows[0].steps[position - segments[0].first].reads \
+            and not _reduced(segments[0], graph, plan.model.nodes[position]):
+        raise TilecError(f"node {node} is a small op of segment {segments[0].index}, computed once per sweep from its "
+                         f"reductions' results: no tile computes a region of it")
     tables = []
     for seg, coordinates in _tiles(segments, tile, explicit=segment is not None or position is not None):
         title = f"segment {seg.index} (grid {seg.grid[0]}x{seg.grid[1]})"
@@ -244,8 +260,10 @@ def tile_table(plan: Plan, tile: tuple[int, int] | None, node: str | None, segme
         for i, j in coordinates:
             rows, cols = seg.rows[i], seg.cols[j]
             for index in members:
-                k = index - seg.first
-                for n, cells in enumerate(_step_rows(plan.model.nodes[index], rows.steps[k], cols.steps[k])):
+                k, spec = index - seg.first, plan.model.nodes[index]
+                partials = [(name, rows.partials[seg.reductions.index(spec.name)],
+                             cols.partials[seg.reductions.index(spec.name)]) for name in _reduced(seg, graph, spec)]
+                for n, cells in enumerate(_step_rows(spec, rows.steps[k], cols.steps[k], partials)):
                     table.add_row(f"{i},{j}" if n == 0 else "", *cells)
         tables.append(table)
     return tables

@@ -10,8 +10,9 @@ Inside a tiled segment, every node is one of:
   (a squeeze-and-excitation branch, a classifier head, a mask drawn once per step).
 
 A reduction's *level* is one more than the highest level of the results its reduced inputs
-depend on in the segment, through tile ops (segment inputs are level 0); a reduction of nothing
-is level 0. A small op's level is the highest of its inputs'. Level ``l``'s partials need the
+depend on in the segment, through tile ops and normalisations (whose image output depends on
+their input as well as on their result; segment inputs are level 0); a reduction of nothing (a
+Dropout2d mask) is level 0. A small op's level is the highest of its inputs'. Level ``l``'s partials need the
 results of the levels below it: the forward runs one sweep per level, then the last one, which
 makes the segment's image outputs. See ``tilec.runtime.tiles`` for the backward.
 """
@@ -56,8 +57,9 @@ def _levels(graph: Graph, first: int, stop: int) -> tuple[Level, ...]:
         reductions.setdefault(level, []).append(node.name)
         direct[level] = direct.get(level, True) and bool(reduced) and not set(reduced) & inside
         depth[node.name] = level
-        if graph.is_image(node.name):  # a normalisation: its tiles read its result
+        if graph.is_image(node.name):  # a normalisation: its tiles read its result and its input
             swept.add(level)
+            depth[node.name] = max(level, *(depth.get(name, 0) for name in node.inputs))
     return tuple(Level(index=level, reductions=tuple(reductions.get(level, ())), small=tuple(small.get(level, ())),
                        direct=level == 1 and direct.get(1, False), swept=level > 0 and level in swept)
                  for level in sorted({*reductions, *small}))

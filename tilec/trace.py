@@ -29,7 +29,7 @@ from tilec.errors import ShapeError, UnsupportedLayerError
 from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec
-from tilec.ops import rule, tileable
+from tilec.ops import const, rule, tileable, updates_buffer
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
 FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
@@ -304,6 +304,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
                         for name, (shape, dtype) in zip(user_inputs, inputs, strict=True))
     names = {name: name for name in user_inputs}
     shapes = Shapes({}, tensor_specs, input_specs)
+    counted = set()  # BatchNorm batch-counter updates
     for fx_node in program.graph.nodes:
         if fx_node.op != "call_function":
             continue
@@ -312,7 +313,12 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
             continue
         functional = _functional(fx_node.target) if op != "getitem" else None
         mutated = fx_node.args[0] if functional is not None else None
+        if functional is not None and mutated.name in counted:
+            raise UnsupportedLayerError(f"{_where(*_module(fx_node))} is called more than once in one forward in "
+                                        f"training mode; tilec counts a BatchNorm's batches once per step: give each "
+                                        f"call its own module, or call .eval() on it")
         if functional is not None and tensors.get(mutated.name, "").endswith("num_batches_tracked"):
+            counted.add(fx_node.name)
             continue  # BatchNorm's batch counter: the generated module counts as nn.BatchNorm does
         if functional is not None and mutated.name in tensors:
             functional = None  # another buffer update: kept in place, untiled
@@ -347,11 +353,13 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
 
 
 def _live(nodes: list[NodeSpec], outputs: list) -> list[NodeSpec]:
-    """Drop ops whose result nothing reads (but keep in-place buffer updates)."""
+    """Drop ops whose result nothing reads (but keep in-place buffer updates, and BatchNorms with
+    batch statistics that update their running statistics and batch counter)."""
     needed = {name for name in outputs if isinstance(name, str)}
     kept = []
     for node in reversed(nodes):
-        if node.name in needed or node.target.count(".") == 2 and node.target.split(".")[1].endswith("_"):
+        running = node.op == "batch_norm" and const(node, 5, False) and node.args[3].kind == "tensor"
+        if node.name in needed or updates_buffer(node) or running:
             kept.append(node)
             needed.update(node.inputs)
     return kept[::-1]

@@ -10,7 +10,8 @@ Panels (rows and columns are the two axes of a tensor's image, intervals half-op
 
 * regions (top left), in the coordinates of the chosen node's first sliced input: the tensor's
   extent, the tile grid (share boundaries), every tile's slice faintly (grids of up to 1024
-  tiles), and for the chosen tile its share, halo, input slice and the border padding it applies;
+  tiles), and for the chosen tile its share, halo, input slice and the border padding it applies
+  (for a reduction with a small result, the part of its input its partial covers: no halo);
 * halo growth (top right): per node of the segment, the area the tile computes next to the area
   of its share; the gap is the halo, growing towards the segment's inputs;
 * the cone (bottom, rows then columns): one line per tensor of the segment (its sliced inputs,
@@ -35,6 +36,7 @@ from matplotlib.patches import Patch, Rectangle
 from tilec.errors import OutputError, TilecError
 from tilec.graph import Graph
 from tilec.ir import AxisTile, Plan, Segment
+from tilec.ops import rule
 from tilec.planio import write_files
 from tilec.regions import Interval
 from tilec.report import node_position
@@ -87,6 +89,10 @@ def pick(plan: Plan, node: str | None = None, tile: tuple[int, int] | None = Non
         if segment.mode != "tiled":
             raise TilecError(f"node {node} is in segment {segment.index}, which is stored (runs untiled): there are "
                              f"no tiles to draw; pick a node of a tiled segment (`tilec inspect PLAN --nodes`)")
+        if not segment.rows[0].steps[position - segment.first].reads and _partial(segment, node) is None:
+            raise TilecError(f"node {node} is a small op of segment {segment.index}, computed once per sweep from its "
+                             f"reductions' results: no tile computes a region of it; pick a node the tiles compute "
+                             f"(`tilec inspect PLAN --nodes`)")
     if tile is None:
         tile = (segment.grid[0] // 2, segment.grid[1] // 2)
     if not (0 <= tile[0] < segment.grid[0] and 0 <= tile[1] < segment.grid[1]):
@@ -100,20 +106,33 @@ def _rect(rows, cols, **style) -> Rectangle:
     return Rectangle((cols[0], rows[0]), cols[1] - cols[0], rows[1] - rows[0], **style)
 
 
-def _axis_reads(tiles: Sequence[AxisTile], step: int) -> list[Interval]:
-    return [tile.steps[step].reads[0].read for tile in tiles]
+def _partial(segment: Segment, name: str) -> int | None:
+    """Where node ``name``'s partials are in ``AxisTile.partials``, if it is a reduction of
+    ``segment`` whose partials cover part of an input in some tile (``None``: else)."""
+    if name not in segment.reductions:
+        return None
+    k = segment.reductions.index(name)
+    return k if any(tile.partials[k].length for tile in segment.rows) else None
+
+
+def _axis_reads(tiles: Sequence[AxisTile], step: int, partial: int | None) -> list[Interval]:
+    """Every tile's first read at ``step``, or its partial's part of the input (``partial``: its index)."""
+    return [tile.steps[step].reads[0].read if partial is None else tile.partials[partial] for tile in tiles]
 
 
 def _regions_panel(axes, plan: Plan, choice: Choice, graph: Graph) -> None:
     segment, (i, j) = choice.segment, choice.tile
     node = plan.model.nodes[choice.position]
     rstep, cstep = segment.rows[i].steps[choice.step], segment.cols[j].steps[choice.step]
-    source = rstep.reads[0].input
+    if rstep.reads:
+        source, partial, rpad, cpad = rstep.reads[0].input, None, rstep.reads[0].pad, cstep.reads[0].pad
+    else:  # a reduction with a small result: what its partial covers, no halo, no padding
+        source, partial, rpad, cpad = rule(node).reduced(node, graph)[0], _partial(segment, node.name), (0, 0), (0, 0)
     height, width = graph.size(source, 0), graph.size(source, 1)
-    row_reads, col_reads = _axis_reads(segment.rows, choice.step), _axis_reads(segment.cols, choice.step)
+    row_reads = _axis_reads(segment.rows, choice.step, partial)
+    col_reads = _axis_reads(segment.cols, choice.step, partial)
     row_bounds, col_bounds = share_bounds(row_reads, height), share_bounds(col_reads, width)
     read_rows, read_cols = tuple(row_reads[i]), tuple(col_reads[j])
-    rpad, cpad = rstep.reads[0].pad, cstep.reads[0].pad
     padded_rows, padded_cols = (read_rows[0] - rpad[0], read_rows[1] + rpad[1]), (read_cols[0] - cpad[0],
                                                                                   read_cols[1] + cpad[1])
     share_rows = (max(row_bounds[i], read_rows[0]), min(row_bounds[i + 1], read_rows[1]))
@@ -145,8 +164,9 @@ def _regions_panel(axes, plan: Plan, choice: Choice, graph: Graph) -> None:
     axes.set_xlabel("column")
     axes.set_ylabel("row")
     where = f", {node.path}" if node.path else ""
-    axes.set_title(f"node {node.name} (aten.{node.op}{where}) reads {source} {height}x{width}: tile {i},{j}\n"
-                   f"input slice rows [{read_rows[0]}, {read_rows[1]}) cols [{read_cols[0]}, {read_cols[1]}), "
+    verb, part = ("reads", "input slice") if partial is None else ("reduces", "partial over")
+    axes.set_title(f"node {node.name} (aten.{node.op}{where}) {verb} {source} {height}x{width}: tile {i},{j}\n"
+                   f"{part} rows [{read_rows[0]}, {read_rows[1]}) cols [{read_cols[0]}, {read_cols[1]}), "
                    f"pad t/b/l/r {rpad[0]}/{rpad[1]}/{cpad[0]}/{cpad[1]}", fontsize=9)
     axes.legend(
         handles=[
@@ -183,8 +203,8 @@ def cone(plan: Plan, segment: Segment, axis: int, index: int, graph: Graph) -> l
     lines = [Line(name, graph.size(name, axis), tuple(t.inputs[k] for t in tiles), tuple(reads.get(name, ())))
              for k, name in enumerate(sliced)]
     for k, node in enumerate(plan.model.nodes[segment.first:segment.stop]):
-        lines.append(Line(node.name, graph.size(node.name, axis), tuple(t.steps[k].out for t in tiles),
-                          tuple(reads.get(node.name, ()))))
+        size = graph.size(node.name, axis) if graph.spatial(node.name) else 0  # a head's flatten: no image axes
+        lines.append(Line(node.name, size, tuple(t.steps[k].out for t in tiles), tuple(reads.get(node.name, ()))))
     return lines
 
 

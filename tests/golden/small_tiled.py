@@ -796,6 +796,13 @@ def combine_argmax(parts):
     return ArgMaxCombine.apply(torch.stack([index for _, index in parts]), *[top for top, _ in parts])
 
 
+def autocast_dtype(like):
+    """The dtype of a result that autocast computes in lower precision: autocast's where it is on
+    for ``like``'s device in this step, else ``like``'s (the model's), as the tiles compute it."""
+    device = like.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else like.dtype
+
+
 def variance(moments, correction, shape):
     """The variance from merged ``(count, mean, M2)``, with ``correction`` (1: unbiased), shaped."""
     count, _, m2 = moments
@@ -900,10 +907,11 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 def share(costs, ranks):
     """Per rank, the sorted indices of the tiles it runs, balanced by their ``costs``: the
-    costliest tile first, each to the least loaded rank (the lowest rank on ties)."""
+    costliest tile first, each to the least loaded rank (on ties the one with the fewest tiles, then
+    the lowest rank: tiles costing nothing, as a segment of reductions and small ops, go round)."""
     loads, shares = [0] * ranks, [[] for _ in range(ranks)]
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        least = min(range(ranks), key=lambda r: (loads[r], r))
+        least = min(range(ranks), key=lambda r: (loads[r], len(shares[r]), r))
         loads[least] += costs[index]
         shares[least].append(index)
     return tuple(tuple(sorted(indices)) for indices in shares)
@@ -972,8 +980,8 @@ class TiledSegment:
     ``("leaf", name)``: a result of its reductions), per-axis cost weights, the plan's shares per
     rank (if compiled with --ranks), which sliced inputs' gradients its backward rolls
     (``Rolled``), its reductions' levels (``LevelSpec``), and a direct level's function
-    ``direct(owned, o)`` computing its partials from ``owned``, per reduction the owned slices of
-    its reduced inputs (``reduced``: per reduction of the direct level, its index among the
+    ``direct(owned, bs, p, r, o)`` computing its partials from ``owned``, per reduction the owned
+    slices of its reduced inputs (``reduced``: per reduction of the direct level, its index among the
     segment's and the indices of those inputs among the sliced ones), ``o`` their origins; and the
     arena capacity its passes needed so far, by device, dtype and autocast state."""
 
@@ -1268,11 +1276,11 @@ def run_tile(fn, segment, xs, bs, p, arena, r, row, col):
     return fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col))
 
 
-def exchange(group, segment, tiled):
+def exchange(group, segment, tiled, like):
     """Every tile's partials on every rank of ``group`` (``tiled``: index -> partials of the tiles
-    this rank ran), in tile order: each rank fills its tiles' and zeros elsewhere; sums them."""
+    this rank ran, perhaps none; ``like``: one tile's, for their shapes), in tile order: each rank
+    fills its tiles' and zeros elsewhere; sums them."""
     count = len(segment.rows) * len(segment.cols)
-    like = next(iter(tiled.values()))
     stacks = []
     for k, partial in enumerate(like):
         stacks.append([torch.stack([tiled[t][k][j] if t in tiled else torch.zeros_like(partial[j])
@@ -1320,16 +1328,19 @@ class Tiled(torch.autograd.Function):
     @staticmethod
     def partials(segment, level, run, xs, bs, p, arena, r):
         """One forward sweep: every tile's partials of ``level``, per reduction over all tiles."""
-        tiled, total = {}, segment.count(run.group)
-        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+        def partial(row, col):
             arena.reset()
             if level.direct:
-                tiled[index] = segment.direct(segment.owned(xs, row, col), origins(row, col))
-            else:
-                tiled[index] = run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+                return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
+            return run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+
+        tiled, total = {}, segment.count(run.group)
+        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+            tiled[index] = partial(row, col)
             run.report(f"{segment.label} level {level.index}", done + 1, total)
-        if run.group is not None:
-            return by_reduction(exchange(run.group, segment, tiled))
+        if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
+            like = next(iter(tiled.values())) if tiled else partial(*next(segment.tiles())[1:])
+            return by_reduction(exchange(run.group, segment, tiled, like))
         return by_reduction([tiled[index] for index in sorted(tiled)])
 
     @staticmethod
@@ -1389,7 +1400,7 @@ class Tiled(torch.autograd.Function):
         for level in reversed(later):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
-                sweep.direct_inputs(share, sums)
+                sweep.direct_inputs(r, share, sums)
         segment.learn(run, ctx.autocast, True, arena)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
@@ -1447,17 +1458,20 @@ class Sweep:
         self.segment, self.run, self.autocast = segment, run, autocast
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
 
-    def recompute(self, row, col, r, needs):
+    def recompute(self, row, col, r, needs, frozen=False):
         """One tile's function again under autograd (the forward's autocast state): its slices
-        (requiring grad per ``needs``), its owned outputs and its partials."""
+        (requiring grad per ``needs``), its owned outputs and its partials. ``frozen``: with the
+        broadcast inputs and parameters detached, for a sweep that wants only the leaves' gradients
+        (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
+        bs, p = ([t.detach() for t in self.bs], [t.detach() for t in self.p]) if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
         tile = [region(x, spatial, rows, cols).detach().requires_grad_(need)
                 for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
                                                         strict=True)]
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-            outs, partials = self.segment.functions[row[2], col[2]](copy_in(self.arena, tile), self.bs, self.p,
-                                                                   self.arena, r, origins(row, col))
+            outs, partials = self.segment.functions[row[2], col[2]](copy_in(self.arena, tile), bs, p, self.arena, r,
+                                                                   origins(row, col))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
         return tile, outs, partials
 
@@ -1484,7 +1498,7 @@ class Sweep:
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals, done = [None] * len(wanted), 0
         for index, row, col in self.segment.tiles(run.group, self.xs):
-            _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs))
+            _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs), frozen=True)
             pairs = self.pairs(row, col, index, outs, partials, shares)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
@@ -1536,7 +1550,7 @@ class Sweep:
             found[name] = grads_of
         return found
 
-    def direct_inputs(self, share, sums):
+    def direct_inputs(self, r, share, sums):
         """A direct level's partials back-propagated into the input gradients, tile by tile over
         the owned slices (module docstring, step 3)."""
         needs = [s is not None for s in sums]
@@ -1546,7 +1560,7 @@ class Sweep:
         for index, row, col in segment.tiles(self.run.group, self.xs, owned=True):
             owned = segment.owned(self.xs, row, col, needs)
             with torch.enable_grad():
-                partials = segment.direct(owned, origins(row, col))
+                partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
             pairs = [(t, g) for partial, grads in zip(partials, share, strict=True)
                      for t, g in zip(partial, grads[index], strict=True) if g is not None and t.requires_grad]
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
@@ -1632,13 +1646,13 @@ def model_tensors(plan, model):
 
 
 def check_modes(plan, modules):
-    """Raise ValueError if a module that tiles only in eval mode is in training mode."""
+    """Raise ValueError if a module the plan tiles as compiled in eval mode is in training mode."""
     for path in plan.eval_only:
         module = modules[path]
         if module.training and getattr(module, "p", 1) != 0:
             raise ValueError(
-                f"module {path} ({type(module).__name__}) is in training mode; tilec tiles it in eval mode only: "
-                f"call .eval() on it"
+                f"module {path} ({type(module).__name__}) is in training mode, but plan {plan.name!r} tiles it as "
+                f"compiled in eval mode: compile the plan with the module in training mode, or call .eval() on it"
             )
 
 

@@ -77,13 +77,13 @@ def model_tensors(plan, model):
 
 
 def check_modes(plan, modules):
-    """Raise ValueError if a module that tiles only in eval mode is in training mode."""
+    """Raise ValueError if a module the plan tiles as compiled in eval mode is in training mode."""
     for path in plan.eval_only:
         module = modules[path]
         if module.training and getattr(module, "p", 1) != 0:
             raise ValueError(
-                f"module {path} ({type(module).__name__}) is in training mode; tilec tiles it in eval mode only: "
-                f"call .eval() on it"
+                f"module {path} ({type(module).__name__}) is in training mode, but plan {plan.name!r} tiles it as "
+                f"compiled in eval mode: compile the plan with the module in training mode, or call .eval() on it"
             )
 
 

@@ -122,6 +122,13 @@ def combine_argmax(parts):
     return ArgMaxCombine.apply(torch.stack([index for _, index in parts]), *[top for top, _ in parts])
 
 
+def autocast_dtype(like):
+    """The dtype of a result that autocast computes in lower precision: autocast's where it is on
+    for ``like``'s device in this step, else ``like``'s (the model's), as the tiles compute it."""
+    device = like.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else like.dtype
+
+
 def variance(moments, correction, shape):
     """The variance from merged ``(count, mean, M2)``, with ``correction`` (1: unbiased), shaped."""
     count, _, m2 = moments

@@ -75,11 +75,11 @@ def run_tile(fn, segment, xs, bs, p, arena, r, row, col):
     return fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col))
 
 
-def exchange(group, segment, tiled):
+def exchange(group, segment, tiled, like):
     """Every tile's partials on every rank of ``group`` (``tiled``: index -> partials of the tiles
-    this rank ran), in tile order: each rank fills its tiles' and zeros elsewhere; sums them."""
+    this rank ran, perhaps none; ``like``: one tile's, for their shapes), in tile order: each rank
+    fills its tiles' and zeros elsewhere; sums them."""
     count = len(segment.rows) * len(segment.cols)
-    like = next(iter(tiled.values()))
     stacks = []
     for k, partial in enumerate(like):
         stacks.append([torch.stack([tiled[t][k][j] if t in tiled else torch.zeros_like(partial[j])
@@ -127,16 +127,19 @@ class Tiled(torch.autograd.Function):
     @staticmethod
     def partials(segment, level, run, xs, bs, p, arena, r):
         """One forward sweep: every tile's partials of ``level``, per reduction over all tiles."""
-        tiled, total = {}, segment.count(run.group)
-        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+        def partial(row, col):
             arena.reset()
             if level.direct:
-                tiled[index] = segment.direct(segment.owned(xs, row, col), origins(row, col))
-            else:
-                tiled[index] = run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+                return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
+            return run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+
+        tiled, total = {}, segment.count(run.group)
+        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+            tiled[index] = partial(row, col)
             run.report(f"{segment.label} level {level.index}", done + 1, total)
-        if run.group is not None:
-            return by_reduction(exchange(run.group, segment, tiled))
+        if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
+            like = next(iter(tiled.values())) if tiled else partial(*next(segment.tiles())[1:])
+            return by_reduction(exchange(run.group, segment, tiled, like))
         return by_reduction([tiled[index] for index in sorted(tiled)])
 
     @staticmethod
@@ -196,7 +199,7 @@ class Tiled(torch.autograd.Function):
         for level in reversed(later):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
-                sweep.direct_inputs(share, sums)
+                sweep.direct_inputs(r, share, sums)
         segment.learn(run, ctx.autocast, True, arena)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
@@ -346,7 +349,7 @@ class Sweep:
             found[name] = grads_of
         return found
 
-    def direct_inputs(self, share, sums):
+    def direct_inputs(self, r, share, sums):
         """A direct level's partials back-propagated into the input gradients, tile by tile over
         the owned slices (module docstring, step 3)."""
         needs = [s is not None for s in sums]
@@ -356,7 +359,7 @@ class Sweep:
         for index, row, col in segment.tiles(self.run.group, self.xs, owned=True):
             owned = segment.owned(self.xs, row, col, needs)
             with torch.enable_grad():
-                partials = segment.direct(owned, origins(row, col))
+                partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
             pairs = [(t, g) for partial, grads in zip(partials, share, strict=True)
                      for t, g in zip(partial, grads[index], strict=True) if g is not None and t.requires_grad]
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]

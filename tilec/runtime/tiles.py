@@ -27,10 +27,11 @@ from tilec.runtime.sources import Source, region
 
 def share(costs, ranks):
     """Per rank, the sorted indices of the tiles it runs, balanced by their ``costs``: the
-    costliest tile first, each to the least loaded rank (the lowest rank on ties)."""
+    costliest tile first, each to the least loaded rank (on ties the one with the fewest tiles, then
+    the lowest rank: tiles costing nothing, as a segment of reductions and small ops, go round)."""
     loads, shares = [0] * ranks, [[] for _ in range(ranks)]
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        least = min(range(ranks), key=lambda r: (loads[r], r))
+        least = min(range(ranks), key=lambda r: (loads[r], len(shares[r]), r))
         loads[least] += costs[index]
         shares[least].append(index)
     return tuple(tuple(sorted(indices)) for indices in shares)
@@ -99,8 +100,8 @@ class TiledSegment:
     ``("leaf", name)``: a result of its reductions), per-axis cost weights, the plan's shares per
     rank (if compiled with --ranks), which sliced inputs' gradients its backward rolls
     (``Rolled``), its reductions' levels (``LevelSpec``), and a direct level's function
-    ``direct(owned, o)`` computing its partials from ``owned``, per reduction the owned slices of
-    its reduced inputs (``reduced``: per reduction of the direct level, its index among the
+    ``direct(owned, bs, p, r, o)`` computing its partials from ``owned``, per reduction the owned
+    slices of its reduced inputs (``reduced``: per reduction of the direct level, its index among the
     segment's and the indices of those inputs among the sliced ones), ``o`` their origins; and the
     arena capacity its passes needed so far, by device, dtype and autocast state."""
 
