@@ -18,7 +18,11 @@ another run). Measured over the step (forward, backward), as ``benchmarks/step.p
 CPU step: ``peak_bytes``, the growth of resident memory (VmHWM after resetting it, minus VmRSS
 before), file-backed pages of the memory-mapped slide included (``file_growth_bytes``: the growth
 of RssFile at the end); ``step_s``; ``waited_s`` and ``read_s``: time the tiles waited for input
-and spent reading it (``TiledModel.reading``), and ``read_bytes``.
+and spent reading it (``TiledModel.reading``), and ``read_bytes``. With ``--device cuda`` the
+model and its plan are on the GPU (the slide stays on the host and is copied tile by tile):
+``peak_bytes`` is then ``torch.cuda.max_memory_allocated()`` over the step above what was
+allocated before it, ``reserved_bytes`` the same of ``max_memory_reserved()``, and
+``host_peak_bytes`` the growth of the process's resident memory.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 from step import Meter, parse_bytes, parse_segments  # noqa: E402
 from train_slide import SlideClassifier, _example, write_slide  # noqa: E402
 
+from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402
@@ -73,6 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--source", choices=("disk", "memory"), default="disk")
     parser.add_argument("--read-ahead", choices=("on", "off"), default="on")
     parser.add_argument("--dir", type=Path, default=Path("out/slides"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / f"slide_{args.size}.npy"
@@ -85,7 +91,13 @@ def main(argv=None) -> int:
     how = {"segments": [(a, b, grid, "tiled" if grid != (1, 1) else "stored") for a, b, grid in args.segments]} \
         if args.segments else {"memory_budget": args.budget}
     graph = trace(model, inputs)
-    plan = plan_for(graph, target_for(graph, "float32"), "slide", **how)
+    target = target_for(graph, "float32")
+    if args.device == "cuda":
+        from dataclasses import replace
+
+        target = replace(target, device="cuda")
+    plan = plan_for(graph, target, "slide", **how)
+    model = model.to(args.device)
     tiled = load_source(render(plan), "slide_tiled").TiledModel(model, read_ahead=args.read_ahead == "on")
     compile_s = time.perf_counter() - start
     slide = np.load(path, mmap_mode="r").transpose(2, 0, 1)[None]
@@ -93,16 +105,24 @@ def main(argv=None) -> int:
         slide = torch.from_numpy(np.ascontiguousarray(slide))
     label = torch.tensor([1])
     gc.collect()
-    with Meter(torch.device("cpu")) as meter:
+    host_before = status_bytes("VmRSS")
+    reset_high_water_mark()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        reserved_before = torch.cuda.memory_reserved()
+    with Meter(torch.device(args.device)) as meter:
         loss = tiled(slide, label)
         loss.backward()
+    host_peak = status_bytes("VmHWM") - host_before
     record = {
         "model": args.model, "size": args.size, "source": args.source, "read_ahead": args.read_ahead,
         "budget_bytes": args.budget, "compile_s": round(compile_s, 2),
         "segments": [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}" for s in plan.segments],
         "predicted_peak_bytes": plan.predicted_peak_bytes, "staging_bytes": plan.staging_bytes,
         "estimated_s": round(sum(s.estimated_seconds for s in plan.segments), 2),
-        "peak_bytes": meter.growth, "file_growth_bytes": meter.file_growth, "method": meter.method,
+        "device": args.device, "peak_bytes": meter.growth, "method": meter.method,
+        "file_growth_bytes": getattr(meter, "file_growth", None), "host_peak_bytes": host_peak,
+        "reserved_bytes": torch.cuda.max_memory_reserved() - reserved_before if args.device == "cuda" else None,
         "step_s": round(meter.seconds, 2), "cpu_stall_fraction": meter.stalled,
         "waited_s": round(tiled.reading.waited, 3), "read_s": round(tiled.reading.seconds, 3),
         "read_bytes": tiled.reading.bytes, "loss": loss.item(),

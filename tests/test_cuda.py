@@ -15,7 +15,7 @@ from tilec.trace import trace
 
 from support.exactness import check_close, check_exact
 from support.generated import Recorded
-from support.zoo import SHAPES, ZOO
+from support.zoo import SHAPES, TRAIN_SHAPES, TRAIN_ZOO, ZOO
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -29,6 +29,17 @@ MODELS = ["resnet_basic", "unet_bilinear", "unet_crop", "efficientnet", "wide_co
 @pytest.mark.parametrize("grid", [(2, 3), (5, 4)])
 def test_tiled_equals_untiled_on_cuda_in_float64(name, grid):
     check_exact(ZOO[name](), SHAPES[name], grid=grid, device="cuda")
+
+
+#: Training-mode models whose reductions run by sweeps: BatchNorm with batch statistics and a
+#: pooled head, squeeze-and-excitation, stochastic depth and Dropout2d (masks drawn on the GPU under
+#: one seed), GroupNorm, MONAI's BasicUNet (instance norm), a per-pixel loss.
+TRAINING = ["resnet_head", "efficientnet_drop", "groupnorm_resnet", "basic_unet", "segmentation_loss"]
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_mode_sweeps_on_cuda_in_float64(name):
+    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=(3, 2), device="cuda")
 
 
 @pytest.mark.parametrize("name", MODELS)

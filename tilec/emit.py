@@ -148,6 +148,8 @@ class TileView:
             return "[" + ", ".join(self.read(v) if v in reads else self.var(v) for v in arg.value) + "]"
         if arg.kind == "tensor":
             return self.tensor(arg.value)
+        if arg.keyword == "device" and arg.value is not None:  # a factory op's (a mask's noise): the step's
+            return "like.device"
         return literal(arg.value)
 
     def call(self, node: NodeSpec, args: list[str], target: str | None = None) -> str:

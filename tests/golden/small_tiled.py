@@ -1809,7 +1809,7 @@ KERNEL_CHOICES = ("auto", "generic")
 @dataclass(frozen=True)
 class Step:
     """One segment of the plan in execution order: ``run`` (a ``TiledSegment``, or a stored
-    segment's function ``(xs, bs, p, train) -> outputs``), the names of the tensors it slices and
+    segment's function ``(xs, bs, p, train, like) -> outputs``), the names of the tensors it slices and
     of those it reads whole, the indices of its model tensors in ``PlanSpec.tensors``, and the
     names of its outputs."""
 
@@ -1902,7 +1902,7 @@ class TiledModule(torch.nn.Module):
             if tiled:
                 outs = Tiled.apply(step.run, run, *xs, *bs, *p)
             else:
-                outs = step.run(xs, bs, p, train)
+                outs = step.run(xs, bs, p, train, run.like())
             values.update(zip(step.outputs, outs, strict=True))
         return self.output(values)
 
@@ -2317,7 +2317,7 @@ _S1 = TiledSegment(
 )
 
 
-def _S2(xs, bs, p, train):
+def _S2(xs, bs, p, train, like):
     """Segment 2: nodes 15..16, stored (untiled through autograd)."""
     v_leaky_relu, = xs
     v_mean = aten.mean.dim(v_leaky_relu, [2, 3], False, dtype=None)
