@@ -386,8 +386,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     torch.manual_seed(args.seed)
-    model, default_shape = load_model(args.model, args.attr)
-    channels = args.channels or (default_shape[1] if default_shape else 3)
+    model, inputs = load_model(args.model, args.attr)
+    channels = args.channels or (inputs[0][0][1] if inputs else 3)
     shape = (args.batch, channels, args.size, args.width or args.size)
     record = {
         "variant": args.variant,
