@@ -3,9 +3,9 @@
 Bottleneck blocks [3, 4, 6, 3] with widths 64..512 and expansion 4, the stride on the 3x3
 convolution, 1x1 convolution + BatchNorm shortcuts where the shape changes, a 7x7 stride-2
 stem with a 3x3/2 max-pool, and the classifier head (global average pool, flatten, linear).
-BatchNorm runs in eval mode (frozen statistics), the mode tilec tiles: ``model`` (= ``resnet50``,
-which tilec calls) returns ``ResNet50().eval()``. The head runs untiled after the tiled body. The
-parameter names (conv1, bn1, layer1.0.conv1, layer1.0.downsample.0, fc...) are torchvision's, so
+BatchNorm runs in eval mode (frozen statistics), as fine-tuning a pretrained backbone on large
+images often does: ``model`` (= ``resnet50``, which tilec calls) returns ``ResNet50().eval()``
+(``examples/resnet18.py`` trains its BatchNorm with batch statistics). The parameter names (conv1, bn1, layer1.0.conv1, layer1.0.downsample.0, fc...) are torchvision's, so
 its state_dicts load as they are.
 """
 

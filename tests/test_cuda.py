@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from tilec.codegen import load_source, render
 from tilec.planner import plan
+from tilec.runtime.arena import Arena
+from tilec.runtime.device import GENERIC
+from tilec.runtime.kernels import max_pool
 from tilec.target import Target
 from tilec.trace import trace
 
@@ -74,3 +78,12 @@ def test_a_tiled_model_on_cuda_runs_the_generic_kernels():
     assert recorded.used() == {"weight_grad": False, "return_freed_memory": False, "CONVOLVE_INTO": False,
                                "buffer": False}
     assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters())
+
+
+def test_a_tile_max_pool_on_cuda_matches_aten_on_a_channels_last_map_with_a_small_batch_stride():
+    # a size-1 batch dim's stride (4 here, as elementwise ops leave it) makes the map suggest the
+    # contiguous layout: aten's CUDA kernel writes in that layout whatever the result's strides
+    x = torch.randn(1, 4, 10, 10, dtype=torch.float64, device="cuda").as_strided((1, 4, 10, 10), (4, 1, 40, 4))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    got = max_pool(Arena(x.device, GENERIC, 0, False), x, (2, 2), (2, 2), (0, 0), (1, 1))
+    assert torch.equal(got, F.max_pool2d(x.contiguous(), 2))
