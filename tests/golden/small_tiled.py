@@ -280,6 +280,17 @@ def layout_of(x):
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
+def canonical(x):
+    """``x`` with the strides of its layout (``layout_of``) on its size-1 dims too. Elementwise
+    ops leave a channels-last map of one sample with a small batch stride, whose layout aten's
+    kernels then guess as contiguous: its CUDA max pooling writes that layout into whatever
+    tensors it is given to fill."""
+    if layout_of(x) is not torch.channels_last:
+        return x
+    n, c, h, w = x.shape
+    return x.as_strided(x.shape, (h * w * c, 1, w * c, c))
+
+
 class CopyIn(torch.autograd.Function):
     """A tile's slice of a sliced input, copied channels-last into the arena (every op of the tile
     then computes channels-last: convolution kernels read and write it without reordering); its
@@ -341,9 +352,10 @@ class MaxPool2d(torch.autograd.Function):
     def forward(ctx, x, kernel, stride, padding, dilation, arena):
         shape = (*x.shape[:2], *(pooled(x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i])
                                  for i in range(2)))
-        y = arena.take(shape, x.dtype, x.device, layout_of(x))
-        indices = arena.take(shape, torch.int64, x.device, layout_of(x))
-        aten.max_pool2d_with_indices.out(x, kernel, stride, padding, dilation, False, out=y, indices=indices)
+        layout = layout_of(x)
+        y = arena.take(shape, x.dtype, x.device, layout)
+        indices = arena.take(shape, torch.int64, x.device, layout)
+        aten.max_pool2d_with_indices.out(canonical(x), kernel, stride, padding, dilation, False, out=y, indices=indices)
         ctx.save_for_backward(x, indices)
         ctx.args = kernel, stride, padding, dilation
         return y
