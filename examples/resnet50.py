@@ -5,8 +5,9 @@ convolution, 1x1 convolution + BatchNorm shortcuts where the shape changes, a 7x
 stem with a 3x3/2 max-pool, and the classifier head (global average pool, flatten, linear).
 BatchNorm runs in eval mode (frozen statistics), as fine-tuning a pretrained backbone on large
 images often does: ``model`` (= ``resnet50``, which tilec calls) returns ``ResNet50().eval()``
-(``examples/resnet18.py`` trains its BatchNorm with batch statistics). The parameter names (conv1, bn1, layer1.0.conv1, layer1.0.downsample.0, fc...) are torchvision's, so
-its state_dicts load as they are.
+(``examples/resnet18.py`` trains its BatchNorm with batch statistics). The parameter names
+(conv1, bn1, layer1.0.conv1, layer1.0.downsample.0, fc...) are torchvision's, so its state_dicts
+load as they are.
 """
 
 import torch

@@ -54,6 +54,18 @@ def grad_leaf(value):
     return None if value is None else tuple(grad_leaf(t) for t in value)
 
 
+def by_name(names, leaves, grads):
+    """``grads`` (one per tensor of the ``leaves`` of ``names`` that requires grad, in order)
+    per name: for each of its tensors, its gradient or ``None``."""
+    found, position = {}, 0
+    for name in names:
+        found[name] = []
+        for t in flat(leaves[name]):
+            found[name].append(grads[position] if t.requires_grad else None)
+            position += t.requires_grad
+    return found
+
+
 def add_grad(store, name, grads):
     """Add ``grads`` (per tensor of leaf ``name``, ``None`` for none) into ``store[name]``."""
     if all(g is None for g in grads):
@@ -307,14 +319,7 @@ class Sweep:
         totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
         if run.group is not None:
             sum_over(run.group, totals)
-        found, position = {}, 0
-        for name in names:
-            grads_of = []
-            for t in flat(chosen[name]):
-                grads_of.append(totals[position] if t.requires_grad else None)
-                position += t.requires_grad
-            found[name] = grads_of
-        return found
+        return by_name(names, chosen, totals)
 
     def last(self, r, collect, shares, sums):
         """The last backward sweep (module docstring, step 2): the gradients of the leaves
@@ -340,14 +345,7 @@ class Sweep:
         grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
         if run.group is not None and grads:
             sum_over(run.group, grads)
-        found, position = {}, 0
-        for name in collect:
-            grads_of = []
-            for t in flat(chosen[name]):
-                grads_of.append(grads[position] if t.requires_grad else None)
-                position += t.requires_grad
-            found[name] = grads_of
-        return found
+        return by_name(collect, chosen, grads)
 
     def direct_inputs(self, r, share, sums):
         """A direct level's partials back-propagated into the input gradients, tile by tile over
