@@ -544,15 +544,17 @@ A ``Source`` hands each tile its slice of the input, read when the tile asks for
 while the tile before it computes) and nothing else of the input. A stored segment reading the
 input reads it whole (``whole``). Reads copy into staging tensors of the input's own dtype,
 pinned when the model is on CUDA, where a side stream copies them to the device. The pages of a
-memory-mapped file that a read touched are handed back as soon as the region is copied (they stay
-in the page cache, where a neighbour's halo finds them again): the process keeps no more of the
-file than the region being read. Conventions: slice bounds
+memory-mapped file that a read touched are handed back after every band of rows of about
+``BAND_BYTES`` it copies (they stay in the page cache, where a neighbour's halo finds them again):
+the process maps no more of the file than one band's rows. Conventions: slice bounds
 are half-open ``[start, stop)``; ``spatial`` names the dims of the image rows and columns.
 """
 
 
 
 
+#: Bytes of a region copied from a memory map between two hand-backs of its pages.
+BAND_BYTES = 1 << 20
 #: torch's dtype of each input dtype name (``InputSpec.dtype``; NumPy names them alike).
 DTYPES = {name: getattr(torch, name) for name in (
     "float32", "float64", "bfloat16", "float16", "uint8", "int8", "int16", "int32", "int64", "bool")}
@@ -650,6 +652,18 @@ class Source:
         index[spatial[0]], index[spatial[1]] = slice(*rows), slice(*cols)
         return tuple(index)
 
+    def _copy(self, target, part, spatial):
+        """Copy array-like ``part`` into ``target``; from a memory map, band of rows by band of
+        rows, handing the file's pages back after each band (``BAND_BYTES``): a row of the region
+        maps whole pages, up to a whole row of the image, so a region read at once would map far
+        more of the file than it copies."""
+        if self.mapping is None:
+            target[...] = part
+            return
+        for index in _bands(target.shape, None if spatial is None else spatial[0], target.itemsize):
+            target[index] = part[index]
+            self.mapping.madvise(mmap.MADV_DONTNEED)  # copied: the file keeps its pages, not this process
+
     def _fetch(self, key):
         """Read one region into staging and start its copy to the device: ``(tensor, event)``."""
         with self.lock:
@@ -659,10 +673,8 @@ class Source:
             if isinstance(part, torch.Tensor):
                 staging.copy_(part)
             else:
-                staging.numpy()[...] = part
+                self._copy(staging.numpy(), part, key[0])
             del part
-            if self.mapping is not None:
-                self.mapping.madvise(mmap.MADV_DONTNEED)  # copied: the file keeps its pages, not this process
             self.reading.add(time.perf_counter() - start, staging.numel() * staging.element_size())
         if not self.cuda:
             return staging, None
@@ -671,6 +683,18 @@ class Source:
             event = torch.cuda.Event()
             event.record(self.stream)
         return moved, event
+
+
+def _bands(shape, axis, itemsize):
+    """Slices of dim ``axis`` of an array of ``shape`` in bands of about ``BAND_BYTES``."""
+    count = shape[axis] if axis is not None else 1
+    row = math.prod(shape) * itemsize // max(count, 1)
+    step = max(1, BAND_BYTES // max(row, 1))
+    for start in range(0, count, step):
+        index = [slice(None)] * len(shape)
+        if axis is not None:
+            index[axis] = slice(start, start + step)
+        yield tuple(index)
 
 
 def region(x, spatial, rows, cols):
