@@ -101,7 +101,12 @@ def test_invalid_plan_text_is_one_plan_error(mutate, message):
 @pytest.mark.parametrize("path", sorted((ROOT / "plans").glob("*.plan.json")), ids=lambda p: p.name)
 def test_committed_plans_are_current(path):
     """Each committed plan is what the planner now makes of its example at its shape and grid (or
-    segments)."""
+    segments). Regenerate them with::
+
+        for NAME in vgg16 resnet50 darknet19; do
+            tilec compile examples/$NAME.py --grid 2x2 --out-dir /tmp/gen --plan-dir plans; done
+        tilec compile examples/unet.py --input-shape 1,3,256,256 --grid 4x4 --out-dir /tmp/gen --plan-dir plans
+    """
     committed = load(path)
     name = path.name.removesuffix(".plan.json")
     assert committed.memory_budget is None and committed.ranks is None and committed.autocast is None
@@ -113,4 +118,4 @@ def test_committed_plans_are_current(path):
         segments = [(s.first, s.stop, s.grid, s.mode) for s in committed.segments]
         again = plan(graph, name=name, segments=segments, dtype=committed.dtype)
     assert dumps(again) == path.read_text(encoding="utf-8"), (
-        f"plans/{path.name} is out of date; regenerate it with the command the README gives for it")
+        f"plans/{path.name} is out of date; regenerate it as this test's docstring says")
