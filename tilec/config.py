@@ -31,12 +31,20 @@ class CompileConfig:
     plan_dir: Path = Path("plans")
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``."""
+def _sizes(text: str) -> tuple[int, ...] | None:
+    """``"1, 3,224,224"`` -> ``(1, 3, 224, 224)``; ``None`` unless comma-separated integers."""
     parts = [part.strip() for part in text.split(",")]
     if not all(re.fullmatch(r"\d+", part) for part in parts):
-        raise ShapeError(f"--input-shape must be comma-separated integers N,C,H,W, got {text!r}")
+        return None
     return tuple(int(part) for part in parts)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``."""
+    sizes = _sizes(text)
+    if sizes is None:
+        raise ShapeError(f"--input-shape must be comma-separated integers N,C,H,W, got {text!r}")
+    return sizes
 
 
 def parse_input(text: str, flag: str = "--input") -> tuple[tuple[int, ...], str | None]:
@@ -49,10 +57,10 @@ def parse_input(text: str, flag: str = "--input") -> tuple[tuple[int, ...], str 
     dtype = match[2]
     if dtype is not None and dtype not in INPUT_DTYPES:
         raise ShapeError(f"{flag} {text!r}: dtype {dtype!r} is not one of {', '.join(INPUT_DTYPES)}")
-    parts = [part.strip() for part in match[1].split(",")]
-    if not all(re.fullmatch(r"\d+", part) for part in parts):
+    sizes = _sizes(match[1])
+    if sizes is None:
         raise ShapeError(f"{flag} must be SHAPE[:DTYPE] with comma-separated integer sizes, got {text!r}")
-    return tuple(int(part) for part in parts), dtype
+    return sizes, dtype
 
 
 def parse_inputs(inputs: tuple[str, ...], input_shape: str | None) -> tuple | None:

@@ -38,11 +38,16 @@ METADATA_CHECKS = frozenset({"_assert_tensor_metadata", "_assert_async", "_asser
                              "sym_constrain_range_for_size", "_functional_sym_constrain_range"})
 
 
+def _positive_sizes(shape: Sequence) -> bool:
+    """Whether every size of ``shape`` is a positive integer (not a bool)."""
+    return all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
+
+
 def check_input_shape(shape: Sequence[int], label: str = "input shape") -> Shape:
     """An image input's shape: four positive sizes N, C, H, W."""
     if len(shape) != 4:
         raise ShapeError(f"{label} {tuple(shape)} has {len(shape)} dimension(s); tilec needs 4: N,C,H,W")
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+    if not _positive_sizes(shape):
         raise ShapeError(f"{label} {tuple(shape)} must be four positive integers N,C,H,W")
     return tuple(shape)
 
@@ -59,7 +64,7 @@ def check_inputs(inputs) -> list[tuple[Shape, str | None]]:
     checked = []
     for k, (shape, dtype) in enumerate(inputs):
         label = f"input {k + 1}"
-        if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+        if not shape or not _positive_sizes(shape):
             raise ShapeError(f"{label} has shape {tuple(shape)}; give positive integer sizes, e.g. 1,3,512,512")
         if dtype is not None and dtype not in INPUT_DTYPES:
             raise ShapeError(f"{label} has dtype {dtype!r}; tilec takes one of {', '.join(INPUT_DTYPES)}")

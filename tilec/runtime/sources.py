@@ -107,12 +107,6 @@ class Source:
         full = tuple((0, n) for n in self.shape)
         return self._fetch((None, full, None))[0] if self.shape else torch.as_tensor(self.data).to(self.device)
 
-    def forget(self):
-        """Drop the reads ahead nobody asked for (a pass ended early)."""
-        for future in self.pending.values():
-            future.cancel()
-        self.pending.clear()
-
     def _index(self, key):
         spatial, rows, cols = key
         if spatial is None:  # the whole array: ``rows`` holds every dim's bounds
