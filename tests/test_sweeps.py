@@ -20,13 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tilec.cone import axis_tiles
+from tilec.cost.arrays import AxisArrays
+from tilec.cost.estimator import Estimator
 from tilec.errors import TilecError
 from tilec.ops import rule
 from tilec.pipeline import build, plan_for
 from tilec.planio import dumps, loads
 from tilec.planner import default_segments
 from tilec.search import choose, smallest_budget
-from tilec.sweeps import levels, role
+from tilec.sweeps import dependents, levels, prefix, role
 from tilec.target import REFERENCE
 from tilec.trace import trace
 from tilec.validate import validate
@@ -458,3 +461,27 @@ def test_a_backward_sweep_for_leaves_adds_no_weight_gradient():
                           nn.Conv2d(32, 2, 1)).train()
     errors = check_exact(model, (1, 3, 21, 19), segments=[(0, 4, (3, 2)), (4, 7, (2, 2))])
     assert errors["grad 3.weight"] <= TOLERANCE
+
+
+def test_the_estimate_counts_each_sweep_once():
+    """One tile, so no halo: every node runs twice in the last sweep (forward, and recomputed in
+    backward), once per forward sweep whose prefix holds it and once per backward sweep of a
+    swept level; its backward runs in the last sweep, and its input gradient alone (no weight
+    gradient) in each swept level's sweep whose results it depends on."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).train()
+    graph = trace(model, (1, 3, 12, 10))
+    stop = len(graph.order)
+    found = levels(graph, 0, stop)
+    assert [(level.index, level.swept) for level in found] == [(1, True), (2, True)]
+    estimator = Estimator(graph, REFERENCE, "float32")
+    tiles = [AxisArrays.of_tiles(graph, 0, stop, axis_tiles(graph, 0, stop, axis, 1)) for axis in (0, 1)]
+    flops, *_ = estimator.sweep_work(0, stop, *tiles)
+    facts = estimator.facts
+    conv = graph.position[graph.order[3]]
+    assert facts.backward_flops[conv] == 2 * facts.flops[conv] == 2 * facts.input_backward_flops[conv]
+    prefixes = [set(prefix(graph, 0, stop, level)) for level in found]
+    after = [set(dependents(graph, 0, stop, level)) for level in found]
+    expected = sum(facts.flops[p] * (2 + sum(p in ran for ran in prefixes) + len(found)) + facts.backward_flops[p]
+                   + sum(p in back for back in after) * facts.input_backward_flops[p] for p in range(stop))
+    assert flops == pytest.approx(expected)

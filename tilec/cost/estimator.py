@@ -169,7 +169,7 @@ class Estimator:
         one step of a tiled segment: every forward sweep (``tilec.sweeps``: per level, what its
         partials need; then the image outputs, if any), and in backward every recompute sweep (per
         swept level that is not direct, and the last) and the back-propagation of what depends on
-        what it differentiates."""
+        what it differentiates: into the parameters as well in the last sweep only."""
         facts, graph = self.facts, self.graph
         per_second = facts.seconds_per_flop[first:stop]
         tiled_per_node = (facts.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
@@ -179,6 +179,7 @@ class Estimator:
         untiled = float(facts.flops[first:stop][images].sum())
         halo = tiled / untiled if untiled else 1.0
         backward = facts.backward_flops[first:stop] * images * halo
+        input_backward = facts.input_backward_flops[first:stop] * images * halo
         has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
         work = backward + tiled_per_node * (1 + has_images)  # FLOPs per node over the step
         calls = (stop - first) * (2 + has_images)
@@ -191,7 +192,7 @@ class Estimator:
             if level.swept:
                 after = [p - first for p in dependents(graph, first, stop, level)]
                 work += tiled_per_node
-                work[after] += backward[after]
+                work[after] += input_backward[after]
                 calls += (stop - first) + len(after)
         return float(work.sum()), float((work * per_second).sum()), rows.parts * cols.parts * calls, halo
 

@@ -156,6 +156,9 @@ class Facts:
         speed = target.rates
         self.seconds_per_flop = np.array([1 / speed.rate(*rule(n).time_class(n, graph)) for n in order])
         self.backward_flops = np.array([rule(n).backward_factor for n in order]) * self.flops
+        #: Of those, the FLOPs of the gradients of the nodes' inputs alone.
+        self.input_backward_flops = self.backward_flops - np.array([rule(n).weight_gradient_factor
+                                                                     for n in order]) * self.flops
         areas = [self.area(name) for name in graph.order]
         #: Forward FLOPs per output pixel (row x column) of each node.
         self.pixel_flops = self.flops / np.array(areas)

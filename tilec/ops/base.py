@@ -102,6 +102,9 @@ class Op:
     flop_count = 1
     #: Backward FLOPs as a multiple of forward.
     backward_factor = 1
+    #: Of ``backward_factor``, the part that computes its parameters' gradient, which a backward
+    #: sweep differentiating only reduction results skips (``tilec.runtime.sweeps``).
+    weight_gradient_factor = 0
     #: The aten overload a tile runs it in place with, and the runtime function that
     #: back-propagates it in place (``tilec.ops.in_place``).
     in_place: str | None = None

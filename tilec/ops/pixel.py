@@ -271,6 +271,7 @@ class Linear(Pixel):
 
     casts_parameters = True
     backward_factor = 2
+    weight_gradient_factor = 1
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]

@@ -36,6 +36,7 @@ class ConvTranspose2d(Op):
     casts_parameters = True
     window = True
     backward_factor = 2
+    weight_gradient_factor = 1
     fresh_result = True
     fresh_gradient = True
     vectorised = False

@@ -100,6 +100,7 @@ class Conv2d(_WindowOp):
     convolution = True
     casts_parameters = True
     backward_factor = 2
+    weight_gradient_factor = 1
 
     def axis_window(self, node: NodeSpec, axis: int, shapes: Shapes) -> Window:
         weight = shapes.tensor_shapes[node.args[1].value]
