@@ -25,6 +25,7 @@ from tilec.runtime import kernels as runtime_kernels
 from tilec.runtime.arena import Arena
 from tilec.runtime.device import (
     CONVOLVE_INTO,
+    CUDA,
     GENERIC,
     PACK,
     Kernels,
@@ -46,6 +47,7 @@ from tilec.runtime.kernels import (
     relu_grad_,
     weight_grad,
 )
+from tilec.runtime.memory import expand_cuda_segments
 from tilec.runtime.sweeps import Tiled
 from tilec.runtime.tiles import Rolled, Run, TiledSegment, Whole, input_gradient, share
 from tilec.target import GEMM_MIN_CHANNELS
@@ -69,13 +71,27 @@ def _inside(tensor: torch.Tensor, arena: Arena) -> bool:
 
 
 def test_kernels_for_each_device():
-    assert kernels_for("cuda", 32) is GENERIC and kernels_for("mps", None) is GENERIC
-    assert kernels_for("cpu", 32, generic=True) is GENERIC
+    assert kernels_for("cuda", 32) is CUDA and kernels_for("cuda", 32, generic=True) is CUDA
+    assert kernels_for("mps", None) is GENERIC and kernels_for("cpu", 32, generic=True) is GENERIC
     assert GENERIC == Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False)
+    assert CUDA == Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False,
+                           expand_segments=True)
     cpu = kernels_for("cpu", 48)
     assert cpu.arena and cpu.gemm_min_channels == 48 and cpu.onednn == HAS_ONEDNN
     assert cpu.pin_allocator == sys.platform.startswith("linux")
     assert kernels_for("cpu", None).gemm_min_channels is None
+
+
+def test_expandable_segments_unless_the_allocator_is_configured(monkeypatch):
+    settings = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", settings.append)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    expand_cuda_segments.cache_clear()
+    assert expand_cuda_segments() and expand_cuda_segments() and settings == ["expandable_segments:True"]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    expand_cuda_segments.cache_clear()
+    assert not expand_cuda_segments() and settings == ["expandable_segments:True"]
+    expand_cuda_segments.cache_clear()
 
 
 @pytest.mark.parametrize(("dtype", "autocast", "expected"), [

@@ -4,7 +4,8 @@ On the CPU, tiles carve their tensors from a reused arena, convolve float32 thro
 convolution-into with weights packed once per forward pass, may compute a convolution's weight
 gradient as matrix products (raced against the library's on the device: ``gemm_min_channels``),
 and the process pins glibc's mmap threshold. Every other device (CUDA among them) runs the
-*generic* path: aten's kernels on fresh tensors, which its caching allocator reuses. The
+*generic* path: aten's kernels on fresh tensors, which its caching allocator reuses (CUDA's on
+expandable segments). The
 generic path can be forced on the CPU (``TiledModel(model, kernels="generic")``).
 The cost model asks the same table what a plan's tiles will run.
 """
@@ -28,22 +29,28 @@ class Kernels:
     results) from one reused buffer. ``onednn``: float32 convolutions outside autocast run
     oneDNN's convolution-into the arena, weights packed in forward. ``gemm_min_channels``: from
     how many input channels a stride-1 convolution's weight gradient is matrix products
-    (``None``: never). ``pin_allocator``: pin glibc's mmap threshold (``tilec.runtime.memory``).
+    (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
+    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``).
     """
 
     arena: bool
     onednn: bool
     gemm_min_channels: int | None
     pin_allocator: bool
+    expand_segments: bool = False
 
 
 #: Aten's kernels on fresh tensors: CUDA and every device but the CPU.
 GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False)
+#: CUDA's: the generic kernels, its caching allocator on expandable segments.
+CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
 def kernels_for(device_type, gemm_min_channels, generic=False):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
     race chose ``gemm_min_channels``; ``generic`` forces ``GENERIC``."""
+    if device_type == "cuda":
+        return CUDA
     if generic or device_type != "cpu":
         return GENERIC
     return Kernels(arena=True, onednn=CONVOLVE_INTO is not None and PACK is not None,

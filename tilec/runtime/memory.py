@@ -1,4 +1,5 @@
-"""The process's allocator: glibc's mmap threshold pinned, freed heap given back.
+"""The process's allocators: glibc's mmap threshold pinned, freed heap given back; CUDA's
+caching allocator on expandable segments.
 
 glibc raises its mmap threshold whenever a block above it is freed (up to 32 MiB), after which
 freed tile-sized blocks stay resident in its heap and fragment it: measured, resident memory
@@ -6,11 +7,19 @@ then reaches 1.4-2.2x what a tiled step allocates. Pinned at its initial 128 KiB
 of 128 KiB or more goes back to the operating system at once, and resident memory follows the
 plan's prediction; fresh blocks are faulted in again, which costs time. Other C libraries and
 platforms are left alone.
+
+CUDA's caching allocator caches freed blocks in the segments it reserved, by size class; as tiles
+of several shapes come and go, measured, it reserved 1.22-1.31x what a tiled step allocated
+(ResNet-50 at 8192² and 16384² on an H100). On expandable segments a segment grows and shrinks
+in 2 MiB pages, so what it reserves stays near what is allocated.
 """
 
 import ctypes
 import functools
+import os
 import sys
+
+import torch
 
 #: glibc's mallopt parameter M_MMAP_THRESHOLD, and the value the threshold is pinned to: its initial one.
 M_MMAP_THRESHOLD, MMAP_THRESHOLD = -3, 128 * 1024
@@ -47,3 +56,16 @@ def advise_huge_pages(address, length):
             ctypes.CDLL(None).madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), MADV_HUGEPAGE)
         except (OSError, AttributeError):
             pass
+
+
+@functools.cache
+def expand_cuda_segments():
+    """Put CUDA's caching allocator on expandable segments for the blocks allocated from then on,
+    once per process, unless ``PYTORCH_CUDA_ALLOC_CONF`` configures it; whether it did."""
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        return False
+    configure = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if configure is None:
+        return False
+    configure("expandable_segments:True")
+    return True

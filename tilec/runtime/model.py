@@ -16,7 +16,7 @@ from tilec.runtime.checks import (
     check_same_tensors,
     model_tensors,
 )
-from tilec.runtime.memory import return_freed_memory
+from tilec.runtime.memory import expand_cuda_segments, return_freed_memory
 from tilec.runtime.sources import Reading, Source, whole
 from tilec.runtime.sweeps import Tiled
 from tilec.runtime.tiles import Run, TiledSegment
@@ -50,7 +50,8 @@ class TiledModule(torch.nn.Module):
     ``return_freed_memory``: on the first forward on a CPU input, pin glibc's mmap threshold for
     the process (``tilec.runtime.memory``), so that resident memory stays within the plan's
     budget; ``False`` leaves the allocator as it is (faster, but resident memory may reach about
-    twice the budget).
+    twice the budget). On CUDA, put the caching allocator on expandable segments (unless
+    ``PYTORCH_CUDA_ALLOC_CONF`` is set), so that what it reserves stays near what tiles allocate.
     ``kernels``: ``"auto"``, each device's own tile kernels, or ``"generic"``, aten's kernels on
     fresh tensors everywhere, as CUDA runs (``tilec.runtime.device``).
 
@@ -96,8 +97,11 @@ class TiledModule(torch.nn.Module):
         check_autocast(plan, device)
         run = Run(plan.name, self.progress, self.process_group, self.kernels == "generic", plan.gemm_min_channels,
                   device=device, dtype=dtype)
-        if self.return_freed_memory and run.kernels(device.type).pin_allocator:
+        kernels = run.kernels(device.type)
+        if self.return_freed_memory and kernels.pin_allocator:
             return_freed_memory()
+        if self.return_freed_memory and kernels.expand_segments:
+            expand_cuda_segments()
         group = self.process_group
         if group is not None:
             if not self._checked_tensors:
