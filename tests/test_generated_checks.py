@@ -278,6 +278,14 @@ def test_freed_memory_is_returned_once_per_process_unless_opted_out(generated, m
     assert calls == [True, True]  # called on every CPU forward; the function itself pins once
 
 
+def test_a_cpu_forward_leaves_the_cuda_allocator_alone(generated, monkeypatch):
+    calls = []
+    monkeypatch.setattr(generated, "expand_cuda_segments", lambda: calls.append(True))
+    generated.TiledModel(Net())(torch.randn(SHAPE))
+    generated.TiledModel(Net(), kernels="generic")(torch.randn(SHAPE))
+    assert calls == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not platform.libc_ver()[0] == "glibc",
                     reason="glibc's mallopt")
 def test_mmap_threshold_is_pinned_on_glibc(generated):
