@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
+from tilec.calibrate import cpu_stall_seconds, reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.pipeline import load_source  # noqa: E402
@@ -139,15 +139,6 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _cpu_pressure() -> int | None:
-    """Microseconds some task on this machine waited for a CPU (PSI), or None if unavailable."""
-    try:
-        with open("/proc/pressure/cpu") as pressure:
-            return int(pressure.readline().split("total=")[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 class Meter:
     """Peak memory growth of one region of code, on CPU (RSS) or CUDA (allocator)."""
 
@@ -172,7 +163,7 @@ class Meter:
                 self.sampler.start()
             self.baseline = status_bytes("VmRSS")
             self.file_baseline = status_bytes("RssFile")
-        self.pressure = _cpu_pressure()
+        self.pressure = cpu_stall_seconds()
         self.cpu = _cpu_seconds()
         self.start = time.perf_counter()
         return self
@@ -187,9 +178,9 @@ class Meter:
             self.peak = self.sampler.stop() if self.sampler else status_bytes("VmHWM")
             self.file_growth = status_bytes("RssFile") - self.file_baseline
         self.cpu_seconds = _cpu_seconds() - self.cpu
-        pressure = _cpu_pressure()
+        pressure = cpu_stall_seconds()
         self.stalled = None if pressure is None or self.pressure is None else \
-            (pressure - self.pressure) / 1e6 / max(self.seconds, 1e-9)
+            (pressure - self.pressure) / max(self.seconds, 1e-9)
         self.growth = self.peak - self.baseline
         return False
 

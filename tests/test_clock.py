@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import tilec.calibrate
 import tilec.clock
 import tilec.pipeline
 from tilec.calibrate import measure_kernels
@@ -135,6 +136,7 @@ def measured(tmp_path, monkeypatch, raced, kinds):
     """Every measurement of the rates made, into an empty cache; the n-th measures a FLOP rate of
     n GFLOP/s (and the kinds as the ``kinds`` fixture does)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tilec.calibrate, "cpu_stall_seconds", lambda: 0.0)  # a quiet machine
     calls = []
 
     def measure(device, dtype, autocast=None, gemm_min_channels=None):
@@ -209,6 +211,19 @@ def test_a_malformed_cache_entry_is_measured_again(measured, tmp_path, entry):
     cache = tmp_path / "tilec" / "calibration.json"
     key, = speed_keys(cache)
     cache.write_text(entry.replace("KEY", key))
+    assert clock(REFERENCE, "float32", None).speed.flop_rate == 2e9 and len(measured) == 2
+
+
+def test_timings_taken_on_a_busy_machine_are_used_but_not_cached(measured, monkeypatch, tmp_path):
+    """Other tasks waited for a CPU for half of each timing (a clock read before and after it)."""
+    stalls = iter(range(100))
+    monkeypatch.setattr(tilec.calibrate, "cpu_stall_seconds", lambda: next(stalls) * 1e3)
+    with pytest.warns(RuntimeWarning, match=r"other tasks waited for a CPU .* measured again next time"):
+        assert clock(REFERENCE, "float32", None).speed.flop_rate == 1e9
+    cache = tmp_path / "tilec" / "calibration.json"
+    assert not cache.exists() or not speed_keys(cache)
+    monkeypatch.setattr(tilec.calibrate, "cpu_stall_seconds", lambda: 0.0)
+    assert clock(REFERENCE, "float32", None).speed.flop_rate == 2e9  # measured again, and now kept
     assert clock(REFERENCE, "float32", None).speed.flop_rate == 2e9 and len(measured) == 2
 
 

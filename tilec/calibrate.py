@@ -21,6 +21,11 @@ and dtype; delete the file to measure again.
 keeps per convolution kernel it runs for the first time (``tilec.target.KERNEL_STATE_BYTES``),
 measured as the growth of anonymous resident memory (pinned and trimmed as above) over new
 convolution shapes, and cached alike.
+
+Timings (``tilec.clock``) are cached only if the machine was quiet while they ran: where Linux
+reports CPU pressure, a timing during which some task waited for a CPU ``BUSY_STALL`` of its
+time or more (another process competing for the cores, which slows each kernel several times
+over) is used for the plan at hand with a warning, and measured again the next time.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -148,9 +155,24 @@ def machine_key(device: str, dtype: str) -> str:
     return f"torch {torch.__version__} | {_device_name(device)} | {dtype}"
 
 
-def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T]) -> T:
+#: The share of a timing's wall time during which tasks waited for a CPU that makes it not cached.
+BUSY_STALL = 0.1
+
+
+def cpu_stall_seconds() -> float | None:
+    """Seconds during which some task waited for a CPU since boot (``/proc/pressure/cpu``), or
+    ``None`` where the kernel does not report it."""
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as pressure:
+            return int(pressure.readline().split("total=")[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T], timed: bool = False) -> T:
     """``parse`` of the cache's entry ``key``; if absent, or malformed (``parse`` raises
-    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first."""
+    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first unless
+    ``timed`` and the machine was busy while it ran (module docstring)."""
     path = cache_path()
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
@@ -162,7 +184,15 @@ def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T]) -> T
             return parse(entries[key])
         except (TypeError, ValueError):
             pass  # malformed: measure again
+    start, stalled = time.perf_counter(), cpu_stall_seconds()
     measured = measure()
+    if timed and stalled is not None:
+        share = (cpu_stall_seconds() - stalled) / max(time.perf_counter() - start, 1e-9)
+        if share >= BUSY_STALL:
+            warnings.warn(f"tilec: other tasks waited for a CPU {share:.0%} of the time while timing this "
+                          f"machine's kernels ({key.split(' | ')[0]}); the plan uses these timings, which are "
+                          "measured again next time", RuntimeWarning, stacklevel=2)
+            return parse(measured)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ module's matrix products against the library's kernel, for 3x3 convolutions of `
 channels. On a 2-core AVX2 CPU the matrix products took half to a third of oneDNN's time from 32
 channels on; on a 2-core AVX-512 one, oneDNN took half of theirs. The plan records the winner, and
 the cost model counts its memory. Cached with the other measurements (``tilec.calibrate.cached``),
-keyed by torch version, device and dtype; delete the cache file to measure again.
+keyed by torch version, device and dtype, unless the machine was busy while they ran
+(``tilec.calibrate.cached``); delete the cache file to measure again.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def clock(target: Target, dtype: str, autocast: str | None) -> Target:
     the rates, on its device in ``dtype`` (autocast's dtype under ``autocast``)."""
     device = target.device
     key = machine_key(device, dtype)
-    gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels)
-    speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed)
-    rates = cached(f"rates | {key}", lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates)
+    gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels, timed=True)
+    speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed,
+                   timed=True)
+    rates = cached(f"rates | {key}", lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates,
+                   timed=True)
     return replace(target, gemm_min_channels=gemm, speed=replace(speed, rates=rates))
 
 
