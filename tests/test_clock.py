@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import astuple, replace
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -16,6 +17,7 @@ import tilec.pipeline
 from tilec.calibrate import measure_kernels
 from tilec.clock import clock
 from tilec.cost.estimator import Estimator
+from tilec.cost.facts import Facts
 from tilec.pipeline import plan_for
 from tilec.planner import plan
 from tilec.search import choose, smallest_budget
@@ -120,7 +122,7 @@ def kinds(monkeypatch):
     def kind_rates(device, dtype, autocast, gemm):
         assert gemm == 64, "the kinds are timed with the race's weight gradient"
         calls.append((device, dtype, autocast))
-        return [("conv@64", 1e10 * len(calls)), ("pixel@64", 1e8)]
+        return [("conv@64@4096", 1e10 * len(calls)), ("conv@64@65536", 2e10 * len(calls)), ("pixel@64@4096", 1e8)]
 
     monkeypatch.setattr(tilec.clock, "kind_rates", kind_rates)
     return calls
@@ -128,7 +130,7 @@ def kinds(monkeypatch):
 
 def rates(n: int) -> tuple:
     """What the n-th ``kind_rates`` of the ``kinds`` fixture measures."""
-    return (("conv@64", 1e10 * n), ("pixel@64", 1e8))
+    return (("conv@64@4096", 1e10 * n), ("conv@64@65536", 2e10 * n), ("pixel@64@4096", 1e8))
 
 
 @pytest.fixture
@@ -159,7 +161,9 @@ def test_rates_are_measured_once_per_device_and_dtype(measured, kinds, tmp_path)
     assert clock(REFERENCE, "bfloat16", "cpu:bfloat16").speed == Speed(3e9, 1e-4, 1e9, rates(3))
     assert measured == [("cpu", "float32", None), ("cpu", "float64", None), ("cpu", "bfloat16", "cpu:bfloat16")]
     assert kinds == measured
-    assert first.rate("conv", 48) == 1e10 and first.rate("conv", 512) == 1e10  # the nearest count measured
+    assert first.rate("conv", 48, 4096) == 1e10 and first.rate("conv", 512, 4096) == 1e10  # the nearest count
+    assert first.rate("conv", 64, 1000) == 1e10 and first.rate("conv", 64, 1e6) == 2e10  # held beyond the sizes
+    assert first.rate("conv", 64, 16384) == pytest.approx(1.5e10) and first.rate("conv", 64) == 2e10  # log-linear
     assert first.rate("pixel", 8) == 1e8 and first.rate("pool", 64) == 1e9  # a kind not measured: flop_rate
     assert REFERENCE.speed is None, "clock returns a copy"
     cache = tmp_path / "tilec" / "calibration.json"
@@ -263,3 +267,13 @@ def test_the_suite_ranks_at_the_reference_rates():
     budget = 2 * smallest_budget(graph, measured)
     planned = plan_for(graph, REFERENCE, "m", memory_budget=budget)
     assert planned.speed == astuple(REFERENCE_SPEED)[:3] and planned.rates == REFERENCE_SPEED.rates == ()
+
+
+def test_a_node_runs_at_the_rate_of_its_tiles_size():
+    """Interpolated in the logarithm of the tile output's elements between the sizes measured."""
+    speed = Speed(1e9, 0.0, 1e9, (("conv@64@4096", 1e10), ("conv@64@65536", 2e10)))
+    graph = trace(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1)), (1, 64, 64, 64))
+    facts = Facts(graph, replace(REFERENCE, speed=speed), "float32")
+    assert facts.seconds_per_flop(0, 1, np.array([8.0 * 8]))[0] == pytest.approx(1 / 1e10)  # 4096 elements
+    assert facts.seconds_per_flop(0, 1, np.array([16.0 * 16]))[0] == pytest.approx(1 / 1.5e10)
+    assert facts.full_seconds_per_flop[0] == pytest.approx(1 / 2e10)  # 64 * 64 * 64 elements: held

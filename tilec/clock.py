@@ -73,36 +73,44 @@ def clock(target: Target, dtype: str, autocast: str | None) -> Target:
 
 def _rates(entry) -> tuple[tuple[str, float], ...]:
     rates = tuple((str(key), float(rate)) for key, rate in entry)
-    if not all("@" in key and 0 < rate < math.inf for key, rate in rates):
+    if not all(key.count("@") == 2 and 0 < rate < math.inf for key, rate in rates):
         raise ValueError(f"not rates: {entry!r}")
     return rates
 
 
 #: The kinds of kernel timed for their FLOP rates (``tilec.ops.base.Op.time_class``), each at these
-#: channel counts, on an input of about ``KIND_ELEMENTS`` elements (a tile's size), as a tile runs
-#: it: forward without autograd, forward with it, backward.
+#: channel counts, on inputs of about each of ``KIND_ELEMENTS`` elements (a small tile's size and a
+#: large one's: measured on the Xeon, 3x3 convolutions of 512 channels ran 1.5x as fast on 4 Mi
+#: elements as on 256 Ki), as a tile runs it: forward without autograd, forward with it, backward.
 KINDS = {"conv": (16, 64, 256, 512), "conv1x1": (64, 256, 1024), "depthwise": (32, 128, 512), "pixel": (64,),
          "norm": (64,), "pool": (64,)}
-KIND_ELEMENTS = 1 << 20
+KIND_ELEMENTS = (1 << 18, 1 << 22)
 
 
 def kind_rates(device: str, dtype: str, autocast: str | None, gemm: int | None) -> list[tuple[str, float]]:
-    """FLOP/s of each kind of kernel at each channel count of ``KINDS``, counting FLOPs as the cost
-    model does (a tile's three passes: the forward's FLOPs times 2 plus the backward's), with the
-    device's tile kernels and the weight gradient the race chose."""
+    """FLOP/s of each kind of kernel at each channel count of ``KINDS`` and size of
+    ``KIND_ELEMENTS`` (keyed ``kind@channels@elements``), counting FLOPs as the cost model does (a
+    tile's three passes: the forward's FLOPs times 2 plus the backward's), with the device's tile
+    kernels and the weight gradient the race chose."""
     kernels = kernels_for(device, gemm)
+    if kernels.pin_allocator:
+        pin_allocator(trim=True)  # as the generated module runs: fresh blocks are faulted in, which ops pay
     torch_dtype = getattr(torch, "float32" if autocast else dtype)
     generator = torch.Generator().manual_seed(0)
     found = []
     for kind, counts in KINDS.items():
         for channels in counts:
-            side = max(4, round(math.sqrt(KIND_ELEMENTS / channels)))
-            x = torch.randn(1, channels, side, side, generator=generator).to(device=device, dtype=torch_dtype)
-            x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
-            arena = Arena(x.device, kernels)
-            op, flops = _kind_op(kind, x, arena, generator)
-            seconds = _best(lambda: _three_passes(op, arena, autocast), device)  # noqa: B023 - called here
-            found.append((f"{kind}@{channels}", flops / seconds))
+            for elements in KIND_ELEMENTS:
+                side = max(4, round(math.sqrt(elements / channels)))
+                x = torch.randn(1, channels, side, side, generator=generator).to(device=device, dtype=torch_dtype)
+                x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+                probe = Arena(x.device, kernels)  # a first step: fresh tensors, learning the arena's need
+                op, _ = _kind_op(kind, x, probe, generator)
+                _three_passes(op, probe, autocast)
+                arena = Arena(x.device, kernels, probe.need)  # a later step's arena
+                op, flops = _kind_op(kind, x, arena, generator)
+                seconds = _best(lambda: _three_passes(op, arena, autocast), device)  # noqa: B023 - called here
+                found.append((f"{kind}@{channels}@{channels * side * side}", flops / seconds))
     return found
 
 

@@ -103,7 +103,7 @@ class Estimator:
         flops = float(facts.flops[first:stop].sum() + facts.backward_flops[first:stop].sum())
         calls = 2 * (stop - first)
         flop_seconds = float(((facts.flops[first:stop] + facts.backward_flops[first:stop])
-                              * facts.seconds_per_flop[first:stop]).sum())
+                              * facts.full_seconds_per_flop[first:stop]).sum())
         return SegmentCost(
             forward_local=forward[stop - first - 1] + casts,
             backward_local=self.gradients(first, stop) + facts.later_weights[first] + backward + casts,
@@ -171,9 +171,10 @@ class Estimator:
         swept level that is not direct, and the last) and the back-propagation of what depends on
         what it differentiates: into the parameters as well in the last sweep only."""
         facts, graph = self.facts, self.graph
-        per_second = facts.seconds_per_flop[first:stop]
-        tiled_per_node = (facts.pixel_flops[first:stop] * rows.sums[first - rows.offset:stop - rows.offset]
-                          * cols.sums[first - cols.offset:stop - cols.offset])
+        row_sums = rows.sums[first - rows.offset:stop - rows.offset]
+        col_sums = cols.sums[first - cols.offset:stop - cols.offset]
+        per_second = facts.seconds_per_flop(first, stop, row_sums * col_sums / (rows.parts * cols.parts))
+        tiled_per_node = facts.pixel_flops[first:stop] * row_sums * col_sums
         images = np.array([graph.is_image(name) for name in graph.order[first:stop]])
         tiled = float(tiled_per_node[images].sum())
         untiled = float(facts.flops[first:stop][images].sum())

@@ -11,7 +11,7 @@ Model-wide: FLOPs per node as arrays, the bytes of every tensor, and sums from e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import log, prod
 
 import numpy as np
 import torch
@@ -152,9 +152,15 @@ class Facts:
                      **{node.name: prod(node.shape) * facts.computes for node, facts in zip(order, self.nodes,
                                                                                           strict=True)}}
         self.flops = np.array([rule(n).flops(n, graph) * prod(n.shape) for n in order])
-        #: Per node, seconds per FLOP at the rate of its kind of kernel (``tilec.target.Speed.rate``).
-        speed = target.rates
-        self.seconds_per_flop = np.array([1 / speed.rate(*rule(n).time_class(n, graph)) for n in order])
+        #: Per node, its kind's rates (``tilec.target.Speed.points``): the logarithms of the smallest
+        #: and the largest size measured, and the FLOP/s at each.
+        points = [target.rates.points(*rule(n).time_class(n, graph)) or [(1.0, target.rates.flop_rate)]
+                  for n in order]
+        self.rate_points = np.array([[log(p[0][0]), log(p[-1][0]), p[0][1], p[-1][1]] for p in points]).T
+        #: Per node, the elements of its output per pixel (the whole output where it has no image axes).
+        self.pixel_elements = np.array([prod(n.shape) / self.area(n.name) for n in order])
+        #: Per node, seconds per FLOP of it untiled (``seconds_per_flop``).
+        self.full_seconds_per_flop = self.seconds_per_flop(0, len(order), np.array([self.area(n.name) for n in order]))
         self.backward_flops = np.array([rule(n).backward_factor for n in order]) * self.flops
         #: Of those, the FLOPs of the gradients of the nodes' inputs alone.
         self.input_backward_flops = self.backward_flops - np.array([rule(n).weight_gradient_factor
@@ -181,6 +187,14 @@ class Facts:
     def needs_grad(self, position: int) -> bool:
         """Whether the tensor at ``position`` needs a gradient (the model inputs, negative, do not)."""
         return position >= 0 and self.nodes[position].grad
+
+    def seconds_per_flop(self, first: int, stop: int, areas: np.ndarray) -> np.ndarray:
+        """Per node of ``[first, stop)``, seconds per FLOP at its kind's rate for outputs of
+        ``areas`` pixels (per node): interpolated as ``tilec.target.Speed.rate`` does."""
+        small, large, slow, fast = self.rate_points[:, first:stop]
+        elements = np.log(np.maximum(areas * self.pixel_elements[first:stop], 1.0))
+        share = np.clip((elements - small) / np.maximum(large - small, 1e-12), 0.0, 1.0)
+        return 1 / (slow + (fast - slow) * share)
 
     def area(self, name: str) -> int:
         shape, spatial = self.graph.shape(name), self.graph.spatial(name)
