@@ -1,4 +1,5 @@
-"""``benchmarks/flop_floor.py``: the fewest FLOPs a plan within a budget does, against plain's."""
+"""``benchmarks/flop_floor.py``: the fewest FLOPs a plan within a budget does, against plain's;
+``benchmarks/estimate.py``: measured plans estimated again."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import flop_floor  # noqa: E402
+
+from tilec.target import REFERENCE  # noqa: E402
 
 MODEL = """
 from torch import nn
@@ -43,3 +46,18 @@ def test_a_tight_budget_pays_recompute_and_sweeps(tmp_path, capsys):
     found = _floor(tmp_path, capsys, "1300KiB")
     assert found["ratio"] > 1.5
     assert not all(segment.endswith("stored") for segment in found["segments"])
+
+
+def test_measured_plans_are_estimated_again(tmp_path, capsys, monkeypatch):
+    import estimate
+
+    monkeypatch.setattr(estimate, "clock", lambda target, dtype, autocast: REFERENCE)
+    records = [{"variant": "auto", "model": "vgg16", "input_shape": [1, 3, 64, 48], "budget_bytes": 1,
+                "plan_segments": ["0:10:2x2", "10:31:1x1 stored"], "step_s": 2.0, "estimated_seconds": 1.0},
+               {"variant": "plain", "model": "vgg16"}]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"records": records}))
+    assert estimate.main([str(path)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["step_s"] == 2.0 and found["estimated_s"] > 0
+    assert found["measured_over_estimated"] * found["estimated_s"] == pytest.approx(2.0, rel=0.02)
