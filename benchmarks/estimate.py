@@ -18,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from step import parse_segment_text  # noqa: E402
 
 from tilec.calibrate import measure_kernels  # noqa: E402
 from tilec.clock import clock  # noqa: E402
@@ -25,16 +28,6 @@ from tilec.modelfile import load_model  # noqa: E402
 from tilec.planner import plan  # noqa: E402
 from tilec.target import Target  # noqa: E402
 from tilec.trace import trace  # noqa: E402
-
-
-def segments_of(record: dict) -> list[tuple[int, int, tuple[int, int], str]]:
-    """``plan_segments`` (``FIRST:STOP:RxC[ stored]``) as ``plan`` takes them."""
-    found = []
-    for text in record["plan_segments"]:
-        span, grid = text.split()[0].rsplit(":", 1)
-        first, stop = map(int, span.split(":"))
-        found.append((first, stop, tuple(map(int, grid.split("x"))), "stored" if text.endswith("stored") else "tiled"))
-    return found
 
 
 def main(argv=None) -> int:
@@ -48,7 +41,7 @@ def main(argv=None) -> int:
                 continue
             model, _ = load_model(ROOT / "examples" / f"{record['model']}.py")
             graph = trace(model, tuple(record["input_shape"]))
-            segments = segments_of(record)
+            segments = [parse_segment_text(text) for text in record["plan_segments"]]
             if segments[-1][1] != len(graph.order):
                 continue
             estimate = sum(s.estimated_seconds for s in plan(graph, target, name="m", segments=segments).segments)

@@ -112,6 +112,17 @@ def parse_segments(text: str) -> list[tuple[int, int, tuple[int, int]]]:
     return segments
 
 
+def segment_text(segment) -> str:
+    """A plan's (or a search's) segment as ``FIRST:STOP:RxC``, `` stored`` appended if stored."""
+    return f"{segment.first}:{segment.stop}:{segment.grid[0]}x{segment.grid[1]}{' stored' * (segment.mode != 'tiled')}"
+
+
+def parse_segment_text(text: str) -> tuple[int, int, tuple[int, int], str]:
+    """``segment_text`` back to ``(first, stop, grid, mode)``."""
+    (first, stop, grid), = parse_segments(text.split()[0])
+    return first, stop, grid, "stored" if text.endswith(" stored") else "tiled"
+
+
 # ------------------------------------------------------------------------------- measurement
 
 
@@ -276,8 +287,7 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["kernel_state_bytes"] = plan.kernel_state_bytes
-    record["plan_segments"] = [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}{'' if s.mode == 'tiled' else ' stored'}"
-                               for s in plan.segments]
+    record["plan_segments"] = [segment_text(s) for s in plan.segments]
     record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)
     return tiled
 

@@ -161,10 +161,10 @@ def test_rates_are_measured_once_per_device_and_dtype(measured, kinds, tmp_path)
     assert clock(REFERENCE, "bfloat16", "cpu:bfloat16").speed == Speed(3e9, 1e-4, 1e9, rates(3))
     assert measured == [("cpu", "float32", None), ("cpu", "float64", None), ("cpu", "bfloat16", "cpu:bfloat16")]
     assert kinds == measured
-    assert first.rate("conv", 48, 4096) == 1e10 and first.rate("conv", 512, 4096) == 1e10  # the nearest count
-    assert first.rate("conv", 64, 1000) == 1e10 and first.rate("conv", 64, 1e6) == 2e10  # held beyond the sizes
-    assert first.rate("conv", 64, 16384) == pytest.approx(1.5e10) and first.rate("conv", 64) == 2e10  # log-linear
-    assert first.rate("pixel", 8) == 1e8 and first.rate("pool", 64) == 1e9  # a kind not measured: flop_rate
+    conv = [(4096.0, 1e10), (65536.0, 2e10)]
+    assert first.points("conv", 48) == conv and first.points("conv", 512) == conv  # the nearest count measured
+    assert first.points("pixel", 8) == [(4096.0, 1e8)]
+    assert first.points("pool", 64) == [(1.0, 1e9)]  # a kind not measured: flop_rate
     assert REFERENCE.speed is None, "clock returns a copy"
     cache = tmp_path / "tilec" / "calibration.json"
     assert sorted(key.split(" | ")[-1] for key in speed_keys(cache)) == ["bfloat16", "float32", "float64"]
@@ -270,10 +270,12 @@ def test_the_suite_ranks_at_the_reference_rates():
 
 
 def test_a_node_runs_at_the_rate_of_its_tiles_size():
-    """Interpolated in the logarithm of the tile output's elements between the sizes measured."""
+    """Interpolated in the logarithm of the tile output's elements between the sizes measured,
+    held beyond them."""
     speed = Speed(1e9, 0.0, 1e9, (("conv@64@4096", 1e10), ("conv@64@65536", 2e10)))
     graph = trace(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1)), (1, 64, 64, 64))
     facts = Facts(graph, replace(REFERENCE, speed=speed), "float32")
+    assert facts.seconds_per_flop(0, 1, np.array([4.0 * 4]))[0] == pytest.approx(1 / 1e10)  # 1024 elements
     assert facts.seconds_per_flop(0, 1, np.array([8.0 * 8]))[0] == pytest.approx(1 / 1e10)  # 4096 elements
     assert facts.seconds_per_flop(0, 1, np.array([16.0 * 16]))[0] == pytest.approx(1 / 1.5e10)
     assert facts.full_seconds_per_flop[0] == pytest.approx(1 / 2e10)  # 64 * 64 * 64 elements: held

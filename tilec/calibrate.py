@@ -184,9 +184,9 @@ def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T], time
             return parse(entries[key])
         except (TypeError, ValueError):
             pass  # malformed: measure again
-    start, stalled = time.perf_counter(), cpu_stall_seconds()
+    start, stalled = time.perf_counter(), cpu_stall_seconds() if timed else None
     measured = measure()
-    if timed and stalled is not None:
+    if stalled is not None:
         share = (cpu_stall_seconds() - stalled) / max(time.perf_counter() - start, 1e-9)
         if share >= BUSY_STALL:
             warnings.warn(f"tilec: other tasks waited for a CPU {share:.0%} of the time while timing this "

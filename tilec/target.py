@@ -21,40 +21,25 @@ class Speed:
     """The time estimate's rates: FLOP/s of the step's kernels, seconds per op call per tile
     (Python, autograd, kernel launch), and bytes/s of copies (a tiled segment assembling its
     outputs and input gradients, a tile's weight copies); ``rates``: FLOP/s per kind of op,
-    channel count and tensor size, ``("conv@64@262144", 2.1e11)`` (a key without the size holds
-    at every size), measured as tiles run them (``tilec.clock``), which ``rate`` looks up
-    (``flop_rate`` for kinds not measured). A segment takes ``SEGMENT_SECONDS`` + each node's
-    FLOPs over its rate + calls * ``call_seconds`` + bytes copied / ``copy_rate``."""
+    channel count and tensor size, ``("conv@64@262144", 2.1e11)``, measured as tiles run them
+    (``tilec.clock``), which ``points`` looks up (``flop_rate`` for kinds not measured). A
+    segment takes ``SEGMENT_SECONDS`` + each node's FLOPs over its rate + calls * ``call_seconds``
+    + bytes copied / ``copy_rate``."""
 
     flop_rate: float
     call_seconds: float
     copy_rate: float
     rates: tuple[tuple[str, float], ...] = ()
 
-    def rate(self, kind: str, channels: int, elements: float | None = None) -> float:
-        """FLOP/s of an op of ``kind`` with ``channels`` on tensors of ``elements`` (``None``: the
-        largest size measured): the measurements of that kind at the nearest channel count (on a
-        log scale), interpolated linearly in the logarithm of the size between the sizes measured
-        (and held beyond them), else ``flop_rate``."""
-        points = self.points(kind, channels)
-        if not points:
-            return self.flop_rate
-        if elements is None or len(points) == 1:
-            return points[-1][1]
-        (small, slow), (large, fast) = points[0], points[-1]
-        share = min(max((math.log(max(elements, 1)) - math.log(small)) / (math.log(large) - math.log(small)), 0.0), 1.0)
-        return slow + (fast - slow) * share
-
     def points(self, kind: str, channels: int) -> list[tuple[float, float]]:
-        """The (size, FLOP/s) measured of ``kind`` at the channel count nearest ``channels``, by
-        size (a size not given counts as 1)."""
-        measured = []
-        for key, rate in self.rates:
-            parts = key.split("@")
-            if parts[0] == kind:
-                measured.append((int(parts[1]), float(parts[2]) if len(parts) > 2 else 1.0, rate))
+        """The (size, FLOP/s) measured of ``kind`` at the channel count nearest ``channels`` (on a
+        log scale), by size; ``[(1.0, flop_rate)]`` for a kind not measured. A node's rate lies
+        between the smallest and the largest size's, log-linear in its tiles' size
+        (``tilec.cost.facts.Facts.seconds_per_flop``)."""
+        measured = [(int(count), float(size), rate) for key, rate in self.rates
+                    for name, count, size in [key.split("@")] if name == kind]
         if not measured:
-            return []
+            return [(1.0, self.flop_rate)]
         nearest = min({count for count, _, _ in measured},
                       key=lambda count: (abs(math.log2(max(channels, 1) / count)), count))
         return sorted((size, rate) for count, size, rate in measured if count == nearest)

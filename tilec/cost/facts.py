@@ -152,22 +152,21 @@ class Facts:
                      **{node.name: prod(node.shape) * facts.computes for node, facts in zip(order, self.nodes,
                                                                                           strict=True)}}
         self.flops = np.array([rule(n).flops(n, graph) * prod(n.shape) for n in order])
+        areas = np.array([self.area(name) for name in graph.order])
         #: Per node, its kind's rates (``tilec.target.Speed.points``): the logarithms of the smallest
         #: and the largest size measured, and the FLOP/s at each.
-        points = [target.rates.points(*rule(n).time_class(n, graph)) or [(1.0, target.rates.flop_rate)]
-                  for n in order]
+        points = [target.rates.points(*rule(n).time_class(n, graph)) for n in order]
         self.rate_points = np.array([[log(p[0][0]), log(p[-1][0]), p[0][1], p[-1][1]] for p in points]).T
         #: Per node, the elements of its output per pixel (the whole output where it has no image axes).
-        self.pixel_elements = np.array([prod(n.shape) / self.area(n.name) for n in order])
+        self.pixel_elements = np.array([prod(n.shape) for n in order]) / areas
         #: Per node, seconds per FLOP of it untiled (``seconds_per_flop``).
-        self.full_seconds_per_flop = self.seconds_per_flop(0, len(order), np.array([self.area(n.name) for n in order]))
+        self.full_seconds_per_flop = self.seconds_per_flop(0, len(order), areas)
         self.backward_flops = np.array([rule(n).backward_factor for n in order]) * self.flops
         #: Of those, the FLOPs of the gradients of the nodes' inputs alone.
         self.input_backward_flops = self.backward_flops - np.array([rule(n).weight_gradient_factor
                                                                      for n in order]) * self.flops
-        areas = [self.area(name) for name in graph.order]
         #: Forward FLOPs per output pixel (row x column) of each node.
-        self.pixel_flops = self.flops / np.array(areas)
+        self.pixel_flops = self.flops / areas
         # Bytes of each node quantity (OUT, PADDED, COPY, INDEX), in all and per tile pixel.
         source = [n.inputs[0] if rule(n).window else n.name for n in order]
         self.scale_full = np.array([[self.full[n.name], self.full[s], self.full[s],
@@ -190,7 +189,8 @@ class Facts:
 
     def seconds_per_flop(self, first: int, stop: int, areas: np.ndarray) -> np.ndarray:
         """Per node of ``[first, stop)``, seconds per FLOP at its kind's rate for outputs of
-        ``areas`` pixels (per node): interpolated as ``tilec.target.Speed.rate`` does."""
+        ``areas`` pixels (per node): linear in the logarithm of the output's elements between the
+        rates at the smallest and the largest size measured, and held beyond them."""
         small, large, slow, fast = self.rate_points[:, first:stop]
         elements = np.log(np.maximum(areas * self.pixel_elements[first:stop], 1.0))
         share = np.clip((elements - small) / np.maximum(large - small, 1e-12), 0.0, 1.0)

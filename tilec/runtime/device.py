@@ -40,7 +40,7 @@ class Kernels:
     expand_segments: bool = False
 
 
-#: Aten's kernels on fresh tensors: CUDA and every device but the CPU.
+#: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
 GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False)
 #: CUDA's: the generic kernels, its caching allocator on expandable segments.
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
@@ -48,7 +48,8 @@ CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=
 
 def kernels_for(device_type, gemm_min_channels, generic=False):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
-    race chose ``gemm_min_channels``; ``generic`` forces ``GENERIC``."""
+    race chose ``gemm_min_channels``; ``generic`` forces ``GENERIC`` on the CPU (CUDA's kernels
+    are generic already)."""
     if device_type == "cuda":
         return CUDA
     if generic or device_type != "cpu":
