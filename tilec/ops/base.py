@@ -162,7 +162,7 @@ class Op:
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
         """The kind of kernel ``node`` runs and its channel count, by which the time estimate looks
-        up its FLOP rate (``tilec.target.Speed.rate``): per-pixel ops by default."""
+        up its FLOP rates (``tilec.target.Speed.points``): per-pixel ops by default."""
         return "pixel", node.shape[1] if len(node.shape) > 1 else 1
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
