@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from torch.nn import functional as F
 
 from tilec.runtime import kernels as runtime_kernels
+from tilec.runtime import sweeps as runtime_sweeps
+from tilec.runtime import tiles as runtime_tiles
 from tilec.runtime.arena import Arena
 from tilec.runtime.device import (
     CONVOLVE_INTO,
@@ -527,8 +529,9 @@ def _hand_made_segment(rolled: bool) -> TiledSegment:
 @pytest.mark.parametrize("rolled", [False, True])
 def test_tiled_runs_a_segment_tile_by_tile(kernels, rolled):
     """``Tiled.apply`` of a hand-made segment (sliced input, broadcast scale, parameters) equals
-    the untiled ops, forward and backward, and learns its arenas' sizes (none on the generic
-    kernels); a rolled input gradient is written over the input."""
+    the untiled ops, forward and backward, and learns its forward arena's size (none on the
+    generic kernels; the backward's tensors are fresh); a rolled input gradient is written over
+    the input."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 7, 6, dtype=torch.float64, generator=generator)
     scale = torch.randn(1, 4, 1, 1, dtype=torch.float64, generator=generator)
@@ -547,7 +550,33 @@ def test_tiled_runs_a_segment_tile_by_tile(kernels, rolled):
     for mine, reference in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(mine, reference, rtol=0, atol=1e-12)
     assert (got_grads[0].data_ptr() == leaves[0].data_ptr()) == rolled
-    assert len(segment._capacity) == 2 and all(need > 0 for need in segment._capacity.values())
+    assert len(segment._capacity) == 1 and all(need > 0 for need in segment._capacity.values())
     assert [(row[0], col[0]) for _, row, col in segment.tiles()] == [
         (rows, cols) for rows in (((0, 4),), ((4, 7),)) for cols in (((0, 2),), ((2, 5),), ((5, 6),))]
     assert segment.count() == 6 and [len(segment.share(4, rank)) for rank in range(4)] == [2, 2, 1, 1]
+
+
+def test_a_later_step_carves_its_forward_from_the_arena_and_backs_up_on_fresh_tensors(monkeypatch):
+    """The first step's forward learns the arena's size and a later one carves its tiles' tensors
+    from it; every backward pass takes fresh tensors, which autograd releases as it goes (what the
+    cost model counts), not an arena's that would keep each until the tile's backward ends."""
+    made = []
+
+    class Recorded(Arena):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(runtime_tiles, "Arena", Recorded)
+    monkeypatch.setattr(runtime_sweeps, "Arena", Recorded)
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(shape, generator=generator) for shape in ((2, 3, 7, 6), (1, 4, 1, 1), (4, 3, 1, 1), (4,))]
+    segment = _hand_made_segment(False)
+    run = Run("hand", False, None, False, GEMM_MIN_CHANNELS, device=CPU, dtype=torch.float32)
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        Tiled.apply(segment, run, *leaves)[0].square().sum().backward()
+    first_forward, first_backward, later_forward, later_backward = made
+    assert first_forward.buffer is None and later_forward.buffer is not None
+    assert later_forward.capacity == first_forward.need > 0
+    assert first_backward.buffer is None and later_backward.buffer is None and later_backward.need > 0

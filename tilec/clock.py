@@ -56,13 +56,17 @@ COPY_BYTES = 64 << 20
 RACE_CHANNELS = (32, 64, 128, 256, 512)
 RACE_BYTES = 1 << 20
 RACE_MARGIN = 0.9
+#: How the generated module runs tiles, as far as their timings depend on it; part of the cache
+#: keys, so that a machine times again what an earlier runtime timed (2: backward passes on fresh
+#: tensors).
+TILES_REVISION = 2
 
 
 def clock(target: Target, dtype: str, autocast: str | None) -> Target:
     """``target`` with ``gemm_min_channels`` and ``speed``: which weight gradient tiles compute, and
     the rates, on its device in ``dtype`` (autocast's dtype under ``autocast``)."""
     device = target.device
-    key = machine_key(device, dtype)
+    key = f"tiles {TILES_REVISION} | {machine_key(device, dtype)}"
     gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels, timed=True)
     speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed,
                    timed=True)
@@ -104,44 +108,46 @@ def kind_rates(device: str, dtype: str, autocast: str | None, gemm: int | None) 
                 side = max(4, round(math.sqrt(elements / channels)))
                 x = torch.randn(1, channels, side, side, generator=generator).to(device=device, dtype=torch_dtype)
                 x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
-                probe = Arena(x.device, kernels)  # a first step: fresh tensors, learning the arena's need
-                op, _ = _kind_op(kind, x, probe, generator)
-                _three_passes(op, probe, autocast)
-                arena = Arena(x.device, kernels, probe.need)  # a later step's arena
-                op, flops = _kind_op(kind, x, arena, generator)
-                seconds = _best(lambda: _three_passes(op, arena, autocast), device)  # noqa: B023 - called here
+                op, flops = _kind_op(kind, x, generator)
+                probe = Arena(x.device, kernels, pack=True)  # a first step: fresh tensors, learning the arena's need
+                _three_passes(op, probe, Arena(x.device, kernels), autocast)
+                arena = Arena(x.device, kernels, probe.need, pack=True)  # a later step's forward arena
+                seconds = _best(lambda: _three_passes(op, arena, Arena(x.device, kernels), autocast),  # noqa: B023
+                                device)
                 found.append((f"{kind}@{channels}@{channels * side * side}", flops / seconds))
     return found
 
 
-def _kind_op(kind: str, x: torch.Tensor, arena: Arena, generator: torch.Generator):
-    """A kernel of ``kind`` on ``x`` as a tile runs it, and its FLOPs over a tile's three passes."""
+def _kind_op(kind: str, x: torch.Tensor, generator: torch.Generator):
+    """A kernel of ``kind`` on ``x`` as a tile runs it, taking its tensors from the arena it is
+    given, and its FLOPs over a tile's three passes."""
     channels, options = x.shape[1], {"device": x.device, "dtype": x.dtype}
     if kind in ("conv", "conv1x1", "depthwise"):
         taps, groups = (1, 1) if kind == "conv1x1" else (3, channels if kind == "depthwise" else 1)
         w = torch.randn(channels, channels // groups, taps, taps, generator=generator).to(**options).requires_grad_()
         b = torch.zeros(channels, **options).requires_grad_()
         padding = [taps // 2] * 2
-        return (lambda: conv2d(x, w, b, [1, 1], padding, [1, 1], groups, arena),
+        return (lambda arena: conv2d(x, w, b, [1, 1], padding, [1, 1], groups, arena),
                 2 * (channels // groups) * taps * taps * x.numel() * (2 + 2))
     if kind == "pool":
-        return lambda: max_pool(arena, x, (3, 3), (2, 2), (1, 1), (1, 1)), 9 * (x.numel() // 4) * 3
+        return lambda arena: max_pool(arena, x, (3, 3), (2, 2), (1, 1), (1, 1)), 9 * (x.numel() // 4) * 3
     if kind == "norm":
         weight = torch.ones(channels, **options).requires_grad_()
         stats = torch.zeros(channels, **options)
-        return lambda: F.batch_norm(x, stats, stats + 1, weight, weight, False), 5 * x.numel() * 3
-    return lambda: torch.relu(x), x.numel() * 3
+        return lambda arena: F.batch_norm(x, stats, stats + 1, weight, weight, False), 5 * x.numel() * 3
+    return lambda arena: torch.relu(x), x.numel() * 3
 
 
-def _three_passes(op, arena, autocast: str | None) -> None:
-    """What a tile does with one op: forward without autograd, forward with it, backward."""
+def _three_passes(op, arena, fresh, autocast: str | None) -> None:
+    """What a tile does with one op: forward without autograd in the forward pass's ``arena``,
+    then forward with autograd and backward in an arena without a buffer, ``fresh``
+    (``tilec.runtime.sweeps``)."""
     device, dtype = autocast.split(":") if autocast else ("cpu", None)
     with torch.autocast(device, dtype=getattr(torch, dtype)) if autocast else nullcontext():
         arena.reset()
         with torch.no_grad():
-            op()
-        arena.reset()
-        y = op()
+            op(arena)
+        y = op(fresh)
     y.backward(torch.ones_like(y))
 
 
@@ -189,19 +195,16 @@ def _matrix_products_win(channels: int, dtype: torch.dtype, generator: torch.Gen
 
     x, w, g = tensor(1, channels, side, side), tensor(channels, channels, 3, 3), tensor(1, channels, side - 2, side - 2)
     kernels = kernels_for(device, channels)
-    arenas, grad = [Arena(x.device, kernels)], torch.zeros_like(w)
+    grad = torch.zeros_like(w)
 
-    def ours():  # as a tile's backward runs it: into the weight's gradient
-        arenas[-1].reset()
-        grad.add_(weight_grad(g, x, (3, 3), (1, 1), arenas[-1]))
+    def ours():  # as a tile's backward runs it: into the weight's gradient, its scratch fresh
+        grad.add_(weight_grad(g, x, (3, 3), (1, 1), Arena(x.device, kernels)))
         g.sum((0, 2, 3))
 
     def library():  # and autograd adds the result
         grad.add_(torch.ops.aten.convolution_backward(g, x, w, [channels], [1, 1], [0, 0], [1, 1], False, [0, 0],
                                                       1, [False, True, True])[1])
 
-    ours()
-    arenas.append(Arena(x.device, kernels, arenas[0].need))  # its scratch as a tile's backward finds it
     mine = _best(ours, device)
     return _best(library, device) > RACE_MARGIN * mine
 

@@ -187,19 +187,19 @@ def uses_gemm_weight_grad(kernels, dtype, groups, stride, taps, in_channels):
 
 
 class Arena:
-    """One buffer that every tile of a segment's pass reuses for its own tensors, where the
-    device's kernels use one (``Kernels.arena``: the CPU).
+    """One buffer that every tile of a segment's forward pass reuses for its own tensors, where
+    the device's kernels use one (``Kernels.arena``: the CPU).
 
     ``take`` hands out tensors one after the other from ``top``: a tile's input copies, the padded
     copies of its border tiles, its convolution and max-pooling results and max-pooling indices,
-    all of which live until the tile ends (autograd keeps them for the tile's backward), and on
-    top of them a convolution backward's scratch, given back by restoring ``top``. ``reset``
-    starts the next tile at 0. Fresh, every such tensor is a block of 128 KiB or more that the
-    pinned allocator maps and unmaps, and the kernel faults in again page by page, tile after
-    tile. The buffer holds ``capacity`` bytes (the most a tile of the segment's earlier passes
-    took, ``need``); past it, and without an arena, tensors are fresh. Tensors carved from the
-    buffer are not views, so autograd treats them as any fresh tensor; none of them is ever a
-    gradient. ``kernels``: the device's (``tilec.runtime.device.Kernels``)."""
+    all of which live until the tile ends, and on top of them a convolution's scratch, given back
+    by restoring ``top``. ``reset`` starts the next tile at 0. Fresh, every such tensor is a block
+    of 128 KiB or more that the pinned allocator maps and unmaps, and the kernel faults in again
+    page by page, tile after tile. The buffer holds ``capacity`` bytes (the most a tile of the
+    segment's earlier forward passes took, ``need``); past it, and without a capacity (a backward
+    pass's arena: ``tilec.runtime.sweeps``), tensors are fresh. Tensors carved from the buffer are
+    not views, so autograd treats them as any fresh tensor; none of them is ever a gradient.
+    ``kernels``: the device's (``tilec.runtime.device.Kernels``)."""
 
     def __init__(self, device, kernels, capacity=0, pack=False):
         self.top = self.need = 0
@@ -1052,15 +1052,14 @@ class TiledSegment:
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
 
-    def arena(self, run, autocast, backward, kernels):
-        """An arena for one pass (forward or ``backward``) of ``run`` (its device and dtype) with the
-        device's ``kernels``: as large as such passes needed before; the first one learns it with
-        fresh tensors."""
-        return Arena(run.device, kernels, self._capacity.get(pass_kind(run, autocast, backward), 0),
-                     pack=not backward)
+    def arena(self, run, autocast, kernels):
+        """An arena for one forward pass of ``run`` (its device and dtype) with the device's
+        ``kernels``: as large as such passes needed before; the first one learns it with fresh
+        tensors."""
+        return Arena(run.device, kernels, self._capacity.get(pass_kind(run, autocast), 0), pack=True)
 
-    def learn(self, run, autocast, backward, arena):
-        key = pass_kind(run, autocast, backward)
+    def learn(self, run, autocast, arena):
+        key = pass_kind(run, autocast)
         self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
     def tiles(self, group=None, xs=(), owned=False):
@@ -1120,9 +1119,9 @@ class TiledSegment:
         return [spec[1:] for spec in self.outputs if spec[0] == "image"]
 
 
-def pass_kind(run, autocast, backward):
-    """What an arena's capacity depends on: the device, dtype, autocast state and direction."""
-    return run.device, run.dtype, autocast, backward
+def pass_kind(run, autocast):
+    """What an arena's capacity depends on: the device, dtype and autocast state."""
+    return run.device, run.dtype, autocast
 
 
 def sum_over(group, tensors):
@@ -1293,7 +1292,10 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
    input gradient over each tile's owned slices; last, level 0's combine back-propagates into the
    broadcast inputs and the parameters.
 
-Each pass carves its tiles' tensors from one arena. Ranks of a process group share the tiles: they
+Each forward pass carves its tiles' tensors from one arena (``tilec.runtime.arena``). A backward pass
+takes fresh ones: an arena would keep every tensor of a tile's recompute until the tile's backward
+ends, where fresh ones go as autograd releases them (measured: a later step's peak 1.2-1.5x the
+first's with one), and the cost model counts the latter. Ranks of a process group share the tiles: they
 exchange the partials (every rank combines all of them the same way) and sum the leaves' gradients.
 """
 
@@ -1376,7 +1378,7 @@ class Tiled(torch.autograd.Function):
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
         device = run.device.type
         autocast = (device, *autocast_state(device))
-        arena = segment.arena(run, autocast, False, run.kernels(device))
+        arena = segment.arena(run, autocast, run.kernels(device))
         r, parts, active = {}, {}, {}
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
@@ -1387,7 +1389,7 @@ class Tiled(torch.autograd.Function):
                     parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
                 level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
             outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
-        segment.learn(run, autocast, False, arena)
+        segment.learn(run, autocast, arena)
         del arena
         ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
         ctx.r, ctx.parts, ctx.active = r, parts, active
@@ -1454,7 +1456,7 @@ class Tiled(torch.autograd.Function):
                 add_grad(totals, spec[1], [grad] if len(flat(r[spec[1]])) == 1 else list(grad))
         sums = [input_gradient(segment, k, x, group) if need else None
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
-        arena = segment.arena(run, ctx.autocast, True, run.kernels(run.device.type))
+        arena = Arena(run.device, run.kernels(run.device.type))  # fresh tensors: module docstring
         sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena)
         shares = {}  # per level, its partials' gradients per reduction over the tiles
         for level in reversed(segment.levels):
@@ -1472,7 +1474,6 @@ class Tiled(torch.autograd.Function):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
                 sweep.direct_inputs(r, share, sums)
-        segment.learn(run, ctx.autocast, True, arena)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
         del sums

@@ -9,19 +9,19 @@ from tilec.runtime.memory import HUGE_PAGE, advise_huge_pages
 
 
 class Arena:
-    """One buffer that every tile of a segment's pass reuses for its own tensors, where the
-    device's kernels use one (``Kernels.arena``: the CPU).
+    """One buffer that every tile of a segment's forward pass reuses for its own tensors, where
+    the device's kernels use one (``Kernels.arena``: the CPU).
 
     ``take`` hands out tensors one after the other from ``top``: a tile's input copies, the padded
     copies of its border tiles, its convolution and max-pooling results and max-pooling indices,
-    all of which live until the tile ends (autograd keeps them for the tile's backward), and on
-    top of them a convolution backward's scratch, given back by restoring ``top``. ``reset``
-    starts the next tile at 0. Fresh, every such tensor is a block of 128 KiB or more that the
-    pinned allocator maps and unmaps, and the kernel faults in again page by page, tile after
-    tile. The buffer holds ``capacity`` bytes (the most a tile of the segment's earlier passes
-    took, ``need``); past it, and without an arena, tensors are fresh. Tensors carved from the
-    buffer are not views, so autograd treats them as any fresh tensor; none of them is ever a
-    gradient. ``kernels``: the device's (``tilec.runtime.device.Kernels``)."""
+    all of which live until the tile ends, and on top of them a convolution's scratch, given back
+    by restoring ``top``. ``reset`` starts the next tile at 0. Fresh, every such tensor is a block
+    of 128 KiB or more that the pinned allocator maps and unmaps, and the kernel faults in again
+    page by page, tile after tile. The buffer holds ``capacity`` bytes (the most a tile of the
+    segment's earlier forward passes took, ``need``); past it, and without a capacity (a backward
+    pass's arena: ``tilec.runtime.sweeps``), tensors are fresh. Tensors carved from the buffer are
+    not views, so autograd treats them as any fresh tensor; none of them is ever a gradient.
+    ``kernels``: the device's (``tilec.runtime.device.Kernels``)."""
 
     def __init__(self, device, kernels, capacity=0, pack=False):
         self.top = self.need = 0

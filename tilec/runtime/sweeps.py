@@ -29,12 +29,16 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
    input gradient over each tile's owned slices; last, level 0's combine back-propagates into the
    broadcast inputs and the parameters.
 
-Each pass carves its tiles' tensors from one arena. Ranks of a process group share the tiles: they
+Each forward pass carves its tiles' tensors from one arena (``tilec.runtime.arena``). A backward pass
+takes fresh ones: an arena would keep every tensor of a tile's recompute until the tile's backward
+ends, where fresh ones go as autograd releases them (measured: a later step's peak 1.2-1.5x the
+first's with one), and the cost model counts the latter. Ranks of a process group share the tiles: they
 exchange the partials (every rank combines all of them the same way) and sum the leaves' gradients.
 """
 
 import torch
 
+from tilec.runtime.arena import Arena
 from tilec.runtime.kernels import copy_in, narrow
 from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import autocast_state, grad_channels_last, input_gradient, outputs, slices, sum_over
@@ -116,7 +120,7 @@ class Tiled(torch.autograd.Function):
         bs, p = rest[:segment.broadcast], rest[segment.broadcast:]
         device = run.device.type
         autocast = (device, *autocast_state(device))
-        arena = segment.arena(run, autocast, False, run.kernels(device))
+        arena = segment.arena(run, autocast, run.kernels(device))
         r, parts, active = {}, {}, {}
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
@@ -127,7 +131,7 @@ class Tiled(torch.autograd.Function):
                     parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
                 level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
             outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
-        segment.learn(run, autocast, False, arena)
+        segment.learn(run, autocast, arena)
         del arena
         ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
         ctx.r, ctx.parts, ctx.active = r, parts, active
@@ -194,7 +198,7 @@ class Tiled(torch.autograd.Function):
                 add_grad(totals, spec[1], [grad] if len(flat(r[spec[1]])) == 1 else list(grad))
         sums = [input_gradient(segment, k, x, group) if need else None
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
-        arena = segment.arena(run, ctx.autocast, True, run.kernels(run.device.type))
+        arena = Arena(run.device, run.kernels(run.device.type))  # fresh tensors: module docstring
         sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena)
         shares = {}  # per level, its partials' gradients per reduction over the tiles
         for level in reversed(segment.levels):
@@ -212,7 +216,6 @@ class Tiled(torch.autograd.Function):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
                 sweep.direct_inputs(r, share, sums)
-        segment.learn(run, ctx.autocast, True, arena)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
         del sums

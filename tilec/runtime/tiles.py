@@ -113,15 +113,14 @@ class TiledSegment:
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
 
-    def arena(self, run, autocast, backward, kernels):
-        """An arena for one pass (forward or ``backward``) of ``run`` (its device and dtype) with the
-        device's ``kernels``: as large as such passes needed before; the first one learns it with
-        fresh tensors."""
-        return Arena(run.device, kernels, self._capacity.get(pass_kind(run, autocast, backward), 0),
-                     pack=not backward)
+    def arena(self, run, autocast, kernels):
+        """An arena for one forward pass of ``run`` (its device and dtype) with the device's
+        ``kernels``: as large as such passes needed before; the first one learns it with fresh
+        tensors."""
+        return Arena(run.device, kernels, self._capacity.get(pass_kind(run, autocast), 0), pack=True)
 
-    def learn(self, run, autocast, backward, arena):
-        key = pass_kind(run, autocast, backward)
+    def learn(self, run, autocast, arena):
+        key = pass_kind(run, autocast)
         self._capacity[key] = max(self._capacity.get(key, 0), arena.need)
 
     def tiles(self, group=None, xs=(), owned=False):
@@ -181,9 +180,9 @@ class TiledSegment:
         return [spec[1:] for spec in self.outputs if spec[0] == "image"]
 
 
-def pass_kind(run, autocast, backward):
-    """What an arena's capacity depends on: the device, dtype, autocast state and direction."""
-    return run.device, run.dtype, autocast, backward
+def pass_kind(run, autocast):
+    """What an arena's capacity depends on: the device, dtype and autocast state."""
+    return run.device, run.dtype, autocast
 
 
 def sum_over(group, tensors):
