@@ -141,10 +141,11 @@ def test_a_tiled_forward_by_hand(estimator):
 
 
 def test_a_tiled_segment_program_by_hand(estimator):
-    """Tiled forward under autograd, then backward: the output's gradient (its tile's part), the
-    gradient conv2d_1 hands the ReLU (over its padded read), which the in-place ReLU hands on to
-    conv2d as it is; conv2d's input needs no gradient. Every event keeps its weight and weight
-    copies; the backward's carry the backward copies too."""
+    """Tiled forward under autograd on fresh tensors (no arena: each storage dies with its last
+    holder), then backward: the output's gradient (its tile's part), the gradient conv2d_1 hands
+    the ReLU (over its padded read), which the in-place ReLU hands on to conv2d as it is; conv2d's
+    input needs no gradient. Each op's saved tensors go after its backward. Every event keeps its
+    weight and weight copies; the backward's carry the backward copies too."""
     facts = estimator.facts.nodes
     simulated = program(estimator.facts, estimator.forward, 0, 3, True)
     assert (simulated.first, simulated.stop, simulated.slices) == (0, 3, (("input", ("conv2d",)),))
@@ -156,13 +157,13 @@ def test_a_tiled_segment_program_by_hand(estimator):
     changes = [(0, 1), (q(0, COPY), 1), (q(0, OUT), 1), (q(2, COPY), 1), (q(2, OUT), 1),  # forward
                (q(2, OUT), 1),      # the output gradient of the tile
                (q(2, PADDED), 1),   # conv2d_1's input gradient: the ReLU's, over the padded read
-               (q(2, OUT), -1)]     # the output gradient, once conv2d_1 back-propagated
-    if not HAS_ONEDNN:
-        changes.append((q(0, OUT), -1))  # the ReLU's result, saved for its backward, freed after it
-    changes.append((q(2, PADDED), -1))  # the ReLU's gradient, which it handed conv2d, after conv2d
+               (q(2, OUT), -1),     # the output gradient, once conv2d_1 back-propagated
+               (q(2, COPY), -1),    # conv2d_1's saved padded copy of its read
+               (q(0, OUT), -1),     # the ReLU's result (conv2d's storage), saved for its backward
+               (q(2, PADDED), -1),  # the ReLU's gradient, which it handed conv2d, after conv2d
+               (0, -1), (q(0, COPY), -1)]  # conv2d's saved input slice and padded copy
     assert list(zip(backward.change_quantity.tolist(), backward.change_sign.tolist(), strict=True)) == changes
-    after_relu = 8 if HAS_ONEDNN else 9
-    assert backward.events.tolist() == [3, 5, 7, 8, after_relu]
+    assert backward.events.tolist() == [3, 5, 7, 9, 10]
     forward_copies = [facts[0].weight_copies, facts[2].weight_copies]
     assert backward.constants.tolist() == [*forward_copies, facts[2].weights + facts[2].backward_weight_copies, 0.0,
                                            facts[0].weights + facts[0].backward_weight_copies]

@@ -7,7 +7,8 @@ computes in place are free), a padded copy where a border tile pads asymmetrical
 intermediates freed after their last use, except what the tile keeps in its arena (input
 copies, padded copies, max-pooling results and indices and float32 convolution results live
 until the tile ends, the weights of those convolutions in oneDNN's blocked layout until the
-pass ends). Its backward re-runs each tile under autograd, each op keeping what its backward
+pass ends). Its backward re-runs each tile under autograd on fresh tensors (no arena: each dies
+when neither a later op nor a backward reads it any more), each op keeping what its backward
 reads (``Op.saves``), then back-propagates the tile: gradients of the tile's tensors (an
 activation that back-propagates in place hands on its output's), and of its slice of each
 sliced input. A stored segment runs the same ops untiled. Convolutions take a kernel workspace
@@ -165,9 +166,10 @@ class Forward:
         graph, nodes, run = facts.graph, facts.nodes, self.run
         self.slices = tuple(graph.position[i.name] for i in graph.inputs_of(first, end) if i.sliced) if tiled else ()
         base = len(self.slices) - KINDS * first
+        arena = not autograd  # a backward pass's recompute takes fresh tensors
         last_reader = {}
         for quantity, source in enumerate(self.slices):  # each tile's channels-last copy of its slice
-            self.value[source] = run.new(quantity, pinned=True)
+            self.value[source] = run.new(quantity, pinned=arena)
             last_reader[source] = max(p for p in range(first, end) if source in nodes[p].inputs)
         for position in range(first, end):
             node = nodes[position]
@@ -179,9 +181,9 @@ class Forward:
                 if in_place and autograd and node.grad:
                     self.saved[position] = self._saves(op, position, inputs, None, None, base)
             else:
-                copied = run.new(base + KINDS * position + COPY, pinned=True) if tiled and op.padded_copy else None
-                self.value[position] = run.new(base + KINDS * position + OUT, pinned=tiled and node.in_arena)
-                indices = run.new(base + KINDS * position + INDEX, pinned=True) \
+                copied = run.new(base + KINDS * position + COPY, pinned=arena) if tiled and op.padded_copy else None
+                self.value[position] = run.new(base + KINDS * position + OUT, pinned=arena and tiled and node.in_arena)
+                indices = run.new(base + KINDS * position + INDEX, pinned=arena) \
                     if tiled and op.keeps_indices else None
                 if not op.convolution:
                     run.event()
@@ -207,9 +209,8 @@ class Forward:
                base: int) -> list:
         """Hold and return the storages autograd keeps for the node's backward (``None``: a tensor
         of another segment); ``copied`` and ``indices``: a tile's padded copy of the op's input
-        and its max-pool indices (in the tile's arena, alive anyway). The op keeps its input too
-        (border tiles keep only the copy, but the input is nearly always kept by another op or
-        in the arena)."""
+        and its max-pool indices. The op keeps its input too (border tiles keep only the copy, but
+        the input is nearly always kept by another op)."""
         if op.saves == "nothing":
             return []
         if op.saves == "output":

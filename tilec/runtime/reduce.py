@@ -33,14 +33,13 @@ def combine_sum(parts):
 
 
 def partial_moments(x, dims):
-    """``(count, mean, M2)`` of ``x`` over ``dims``: the count as a tensor of the mean's shape."""
+    """``(count, mean, M2)`` of ``x`` over ``dims`` in one pass (``var_mean``, whose backward keeps
+    only ``x``): the count as a tensor of the mean's shape."""
     count = 1
     for d in dims:
         count *= x.shape[d]
-    x = widened(x)
-    mean = x.mean(dims, keepdim=True)
-    m2 = (x - mean).square().sum(dims, keepdim=True)
-    return torch.full_like(mean, count, requires_grad=False), mean, m2
+    var, mean = torch.var_mean(widened(x), dims, correction=0, keepdim=True)
+    return torch.full_like(mean, count, requires_grad=False), mean, var * count
 
 
 def combine_moments(parts):
@@ -166,19 +165,21 @@ def batch_norm_stats(moments, running_mean, running_var, mode, eps, update):
 
 def norm_apply(x, stats, groups, weight, bias):
     """``x`` normalised with ``stats = (mean, 1 / std)`` (per channel where ``groups`` is ``None``,
-    else per sample and channel group), then scaled and shifted per channel; in ``x``'s layout."""
+    else per sample and channel group), then scaled and shifted per channel, in ``x``'s layout: as
+    PyTorch's CPU kernels compute it, ``x * a + b`` with ``a = weight / std`` and ``b = bias - mean
+    * a`` per (sample,) channel, one pass over ``x`` whose backward keeps ``x`` only."""
     mean, scale = stats
-    if groups is None:
-        y = (x - mean) * scale
-    else:
-        y = ((grouped(x, groups) - mean) * scale).reshape(x.shape)
-        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-            y = y.contiguous(memory_format=torch.channels_last)
+    trailing = (1,) * (x.dim() - 2)
+    if groups is not None:  # per (sample, group) -> per (sample, channel)
+        n, channels = x.shape[:2]
+        mean, scale = (t.reshape(n, groups, 1).expand(n, groups, channels // groups).reshape(n, channels, *trailing)
+                       for t in (mean, scale))
     if weight is not None:
-        y = y * weight.view(1, -1, 1, 1)
+        scale = scale * weight.view(1, -1, *trailing)
+    shift = -mean * scale
     if bias is not None:
-        y = y + bias.view(1, -1, 1, 1)
-    return y.to(x.dtype)
+        shift = shift + bias.view(1, -1, *trailing)
+    return torch.addcmul(shift, x, scale).to(x.dtype)
 
 
 def partial_class_loss(op, prediction, target, weight, ignore_index, *smoothing):
