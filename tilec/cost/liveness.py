@@ -166,10 +166,10 @@ class Forward:
         graph, nodes, run = facts.graph, facts.nodes, self.run
         self.slices = tuple(graph.position[i.name] for i in graph.inputs_of(first, end) if i.sliced) if tiled else ()
         base = len(self.slices) - KINDS * first
-        arena = not autograd  # a backward pass's recompute takes fresh tensors
+        carved = not autograd  # from the arena: a backward pass's recompute takes fresh tensors
         last_reader = {}
         for quantity, source in enumerate(self.slices):  # each tile's channels-last copy of its slice
-            self.value[source] = run.new(quantity, pinned=arena)
+            self.value[source] = run.new(quantity, pinned=carved)
             last_reader[source] = max(p for p in range(first, end) if source in nodes[p].inputs)
         for position in range(first, end):
             node = nodes[position]
@@ -181,9 +181,9 @@ class Forward:
                 if in_place and autograd and node.grad:
                     self.saved[position] = self._saves(op, position, inputs, None, None, base)
             else:
-                copied = run.new(base + KINDS * position + COPY, pinned=arena) if tiled and op.padded_copy else None
-                self.value[position] = run.new(base + KINDS * position + OUT, pinned=arena and tiled and node.in_arena)
-                indices = run.new(base + KINDS * position + INDEX, pinned=arena) \
+                copied = run.new(base + KINDS * position + COPY, pinned=carved) if tiled and op.padded_copy else None
+                self.value[position] = run.new(base + KINDS * position + OUT, pinned=carved and tiled and node.in_arena)
+                indices = run.new(base + KINDS * position + INDEX, pinned=carved) \
                     if tiled and op.keeps_indices else None
                 if not op.convolution:
                     run.event()
