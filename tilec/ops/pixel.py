@@ -57,7 +57,7 @@ class BatchNorm(Pixel):
     are read at run time: a plan compiled in training mode also runs in eval mode."""
 
     fresh_result = True
-    channels_last_backward_copy = True  # the gradient of its scale: the output gradient times the input
+    channels_last_backward_copy = True  # in a tile, its scale's gradient: the output gradient times the input
     flop_count = 5
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:

@@ -195,7 +195,7 @@ class Normalise(Op):
     per (sample, group); ``batch_norm`` with batch statistics is ``tilec.ops.pixel.BatchNorm``."""
 
     fresh_result = True
-    channels_last_backward_copy = True  # the gradient of its scale: the output gradient times the input
+    channels_last_backward_copy = True  # in a tile, its scale's gradient: the output gradient times the input
     flop_count = 5
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:

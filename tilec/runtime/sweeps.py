@@ -31,8 +31,8 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
 
 Each forward pass carves its tiles' tensors from one arena (``tilec.runtime.arena``). A backward pass
 takes fresh ones: an arena would keep every tensor of a tile's recompute until the tile's backward
-ends, where fresh ones go as autograd releases them (measured: a later step's peak 1.2-1.5x the
-first's with one), and the cost model counts the latter. Ranks of a process group share the tiles: they
+ends, where fresh ones go as autograd releases them (measured with one: later steps peaked 1.16-1.44x
+the prediction), and the cost model counts the latter. Ranks of a process group share the tiles: they
 exchange the partials (every rank combines all of them the same way) and sum the leaves' gradients.
 """
 
