@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -75,7 +76,6 @@ if str(ROOT) not in sys.path:
 from tilec.calibrate import cpu_stall_seconds, reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
-from tilec.pipeline import load_source  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402
 
 VARIANTS = ("plain", "checkpoint", "tilec", "auto")
@@ -262,7 +262,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | None, **how) -> nn.Module:
     """Compile as users do: ``tilec compile`` in a process of its own (so that its planning leaves
     no freed blocks in this process's heap for the measured steps to reuse), then import the
-    generated module and wrap ``model``; record the plan's segments and predicted peak.
+    generated module from its bytecode and wrap ``model``; record the plan's segments and predicted peak.
     ``autocast``: "DEVICE:DTYPE" the plan budgets for (``--autocast``); ``how``: one of ``grid``,
     ``segments`` or ``memory_budget`` (bytes). ``args.allocator``: "pinned" (the module's
     default), "as-is" (``return_freed_memory=False``) or "heap" (as-is, with glibc keeping every
@@ -277,13 +277,15 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
             message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
             raise (BudgetError if "no plan fits" in message else SystemExit)(f"step.py: tilec compile: {message}")
         plan = load_plan(Path(out) / "model.plan.json")
-        source = (Path(out) / "model_tiled.py").read_text(encoding="utf-8")
+        spec = importlib.util.spec_from_file_location("model_tiled", Path(out) / "model_tiled.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # from the bytecode tilec compile wrote, as `import` does
     if args.allocator == "heap":
         libc = ctypes.CDLL(None)
         if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
             raise SystemExit("step.py: --allocator heap needs glibc's mallopt")
     record["allocator"] = args.allocator
-    tiled = load_source(source, "model_tiled").TiledModel(model, return_freed_memory=args.allocator == "pinned")
+    tiled = module.TiledModel(model, return_freed_memory=args.allocator == "pinned")
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["kernel_state_bytes"] = plan.kernel_state_bytes

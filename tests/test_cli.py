@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import textwrap
 from pathlib import Path
@@ -79,6 +80,21 @@ def test_compile_writes_a_module_that_trains_exactly(compiled):
     expected = torch.autograd.grad(y, [x, *model.parameters()], g)
     got = torch.autograd.grad(module.TiledModel(model)(x), [x, *model.parameters()], g)
     assert max((a - b).abs().max().item() for a, b in zip(expected, got, strict=True)) < 1e-10
+
+
+def test_import_loads_the_bytecode_compile_wrote_unless_the_source_changed(compiled, tmp_path, monkeypatch):
+    _, _, module_path = compiled
+    compiled_on_import = []
+    source_to_code = importlib.machinery.SourceFileLoader.source_to_code
+    monkeypatch.setattr(importlib.machinery.SourceFileLoader, "source_to_code",
+                        lambda *args, **kwargs: compiled_on_import.append(1) or source_to_code(*args, **kwargs))
+    assert _import(module_path).TiledModel and not compiled_on_import
+    edited = tmp_path / module_path.name
+    edited.write_text(module_path.read_text(encoding="utf-8") + "EDITED = True\n", encoding="utf-8")
+    cache = Path(importlib.util.cache_from_source(str(edited)))
+    cache.parent.mkdir()
+    cache.write_bytes(Path(importlib.util.cache_from_source(str(module_path))).read_bytes())
+    assert _import(edited).EDITED and compiled_on_import
 
 
 def test_inspect_lists_segments_nodes_and_tiles(compiled):

@@ -1,4 +1,5 @@
-"""Compiling is deterministic: the same model gives byte-identical plan and module everywhere.
+"""Compiling is deterministic: the same model gives byte-identical plan, module and module
+bytecode everywhere (the bytecode: on one Python version).
 
 One test per property: the same inputs twice in one process; the CLI's output files, written
 twice into two directories; fresh interpreters with other hash seeds. (That a fresh compile
@@ -9,6 +10,7 @@ dict iteration order could leak into.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -64,7 +66,8 @@ MODEL = textwrap.dedent(
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+    return {path.relative_to(directory).as_posix(): path.read_bytes()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
 
 
 def _compile_in_process(model_file: Path, out: Path, grid=(3, 4)) -> dict[str, bytes]:
@@ -99,7 +102,8 @@ def test_the_cli_writes_the_same_files_twice_in_two_directories(model_file, tmp_
                       "--plan-dir", str(out)])
         assert result.exit_code == 0, result.output
         outputs.append(_files(out))
-    assert set(outputs[0]) == {"det.plan.json", "det_tiled.py"}
+    bytecode = Path(importlib.util.cache_from_source("det_tiled.py")).as_posix()
+    assert set(outputs[0]) == {"det.plan.json", "det_tiled.py", bytecode}
     assert outputs[0] == outputs[1]
 
 

@@ -17,7 +17,7 @@ from tilec.errors import GridError, ShapeError
 from tilec.graph import Graph
 from tilec.ir import Plan
 from tilec.modelfile import load_model
-from tilec.planio import dumps, write_files
+from tilec.planio import dumps, write_bytecode, write_files
 from tilec.planner import plan
 from tilec.recompute import recompute
 from tilec.search import choose
@@ -33,7 +33,8 @@ class CompileResult:
 
 
 def compile_model(config: CompileConfig, progress=None) -> CompileResult:
-    """Compile the model file named by ``config``; write its plan and generated module.
+    """Compile the model file named by ``config``; write its plan, generated module and the
+    module's bytecode (``tilec.planio.write_bytecode``).
 
     ``progress(done, total)``, if given, is called as the planner finishes each axis of a segment.
     """
@@ -52,6 +53,7 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     plan_path = config.plan_dir / f"{name}.plan.json"
     module_path = config.out_dir / f"{name}_tiled.py"
     write_files({plan_path: dumps(the_plan), module_path: source})
+    write_bytecode(module_path)
     return CompileResult(the_plan, plan_path, module_path)
 
 

@@ -1,9 +1,12 @@
-"""Plan files: deterministic JSON text, atomic writes, and validated loading."""
+"""Plan files: deterministic JSON text, atomic writes, validated loading, and the generated
+module's bytecode."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import py_compile
 import tempfile
 from pathlib import Path
 
@@ -104,6 +107,25 @@ def write_files(files: dict[Path, str | bytes]) -> None:
             except OSError:
                 pass
         raise OutputError(f"cannot write {path}: {_why(path, error)}") from None
+
+
+def write_bytecode(module_path: Path) -> None:
+    """Compile the generated module at ``module_path`` into the checked-hash .pyc (PEP 552) that
+    ``import`` finds beside it and loads without compiling; Python verifies it against the
+    source's hash (never its timestamp), and another Python version compiles the source instead.
+    The bytecode names the module by its file name, not its folder (``import`` puts in the path it
+    was loaded from): the same module gives the same bytes wherever it is written.
+
+    Compiling costs about 80 bytes of transient heap per byte of source (240 MiB for the 3 MB
+    module of a U-Net in 6x6 tiles with 18 levels of sweeps): here it is the compiler's, not the
+    training process's, whose steps would find it free and grow by less than they hold.
+    """
+    try:
+        py_compile.compile(str(module_path), dfile=module_path.name, doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    except (OSError, py_compile.PyCompileError) as error:
+        cache = importlib.util.cache_from_source(str(module_path))
+        raise OutputError(f"cannot write {cache}: {getattr(error, 'strerror', None) or error}") from None
 
 
 def loads(text: str, source: str = "plan") -> Plan:
