@@ -14,7 +14,9 @@ against a slide label, a second input:
             64 and 64 channels, global average pooling and a linear layer to two classes.
 
 The plan is chosen for ``--budget`` (or given by ``--segments``, e.g. to keep the tile size of
-another run). Measured over the step (forward, backward), as ``benchmarks/step.py`` measures a
+another run), and planned and compiled as ``tilec compile`` does, in a process of its own that
+writes the module and its bytecode; the measuring process imports them (``--write-module``).
+Measured over the step (forward, backward), as ``benchmarks/step.py`` measures a
 CPU step: ``peak_bytes``, the growth of resident memory (VmHWM after resetting it, minus VmRSS
 before), file-backed pages of the memory-mapped slide included (``file_growth_bytes``: the growth
 of RssFile at the end); ``step_s``; ``waited_s`` and ``read_s``: time the tiles waited for input
@@ -29,9 +31,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +51,10 @@ from step import Meter, parse_bytes, parse_segments  # noqa: E402
 from train_slide import SlideClassifier, _example, write_slide  # noqa: E402
 
 from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
-from tilec.codegen import load_source, render  # noqa: E402
+from tilec.codegen import render  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
+from tilec.planio import dumps, write_bytecode, write_files  # noqa: E402
+from tilec.planio import load as load_plan  # noqa: E402
 from tilec.trace import trace  # noqa: E402
 
 
@@ -79,26 +87,27 @@ def main(argv=None) -> int:
     parser.add_argument("--read-ahead", choices=("on", "off"), default="on")
     parser.add_argument("--dir", type=Path, default=Path("out/slides"))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--write-module", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    model = SlideClassifier(backbone(args.model))
+    if args.write_module:
+        write_module(args, model)
+        return 0
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / f"slide_{args.size}.npy"
     if not path.exists():
         write_slide(path, args.size)
-    torch.manual_seed(0)
-    model = SlideClassifier(backbone(args.model))
-    inputs = [((1, 3, args.size, args.size), "uint8"), ((1,), "int64")]
     start = time.perf_counter()
-    how = {"segments": [(a, b, grid, "tiled" if grid != (1, 1) else "stored") for a, b, grid in args.segments]} \
-        if args.segments else {"memory_budget": args.budget}
-    graph = trace(model, inputs)
-    target = target_for(graph, "float32")
-    if args.device == "cuda":
-        from dataclasses import replace
-
-        target = replace(target, device="cuda")
-    plan = plan_for(graph, target, "slide", **how)
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--write-module", out],
+                       check=True)
+        plan = load_plan(Path(out) / "slide.plan.json")
+        spec = importlib.util.spec_from_file_location("slide_tiled", Path(out) / "slide_tiled.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # from its bytecode, as `import` does
     model = model.to(args.device)
-    tiled = load_source(render(plan), "slide_tiled").TiledModel(model, read_ahead=args.read_ahead == "on")
+    tiled = module.TiledModel(model, read_ahead=args.read_ahead == "on")
     compile_s = time.perf_counter() - start
     slide = np.load(path, mmap_mode="r").transpose(2, 0, 1)[None]
     if args.source == "memory":
@@ -129,6 +138,21 @@ def main(argv=None) -> int:
     }
     print(json.dumps(record))
     return 0
+
+
+def write_module(args, model: nn.Module) -> None:
+    """Plan ``model`` for the slide and write its plan, module and bytecode into ``args.write_module``."""
+    inputs = [((1, 3, args.size, args.size), "uint8"), ((1,), "int64")]
+    how = {"segments": [(a, b, grid, "tiled" if grid != (1, 1) else "stored") for a, b, grid in args.segments]} \
+        if args.segments else {"memory_budget": args.budget}
+    graph = trace(model, inputs)
+    target = target_for(graph, "float32")
+    if args.device == "cuda":
+        target = replace(target, device="cuda")
+    plan = plan_for(graph, target, "slide", **how)
+    module_path = args.write_module / "slide_tiled.py"
+    write_files({args.write_module / "slide.plan.json": dumps(plan), module_path: render(plan)})
+    write_bytecode(module_path)
 
 
 if __name__ == "__main__":
