@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import tilec.pipeline
-from tilec.target import KERNEL_STATE_BYTES, REFERENCE_SPEED
+from tilec.target import REFERENCE_SPEED
+
+from support.zoo import reference_kernels
 
 torch.set_num_threads(1)
 
@@ -24,15 +26,13 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session", autouse=True)
 def reference_speed(tmp_path_factory):
     """In this process, budget searches rank plans at ``REFERENCE_SPEED`` and count
-    ``KERNEL_STATE_BYTES`` per kernel instead of this machine's measured rates and kernel state
-    (``tilec.clock``, ``tilec.calibrate.measure_kernels``), so that what they pick does not depend
-    on the machine; measurements (subprocesses measure) go to the session's own cache directory."""
+    ``KERNEL_STATE_BYTES`` per kernel (``support.zoo.reference_kernels``) instead of this
+    machine's measured rates and kernel state (``tilec.clock``, ``tilec.calibrate.measure_kernels``),
+    so that what they pick does not depend on the machine; measurements (subprocesses measure) go
+    to the session's own cache directory."""
 
     def at_reference(target, dtype, autocast):
         return dataclasses.replace(target, speed=REFERENCE_SPEED)
-
-    def reference_kernels(target, dtype):
-        return dataclasses.replace(target, kernel_state=KERNEL_STATE_BYTES)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))

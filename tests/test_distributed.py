@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-import tilec.pipeline
 from tilec.calibrate import search_device
 from tilec.codegen import render
 from tilec.distribute import distribute
@@ -17,7 +16,7 @@ from tilec.trace import trace
 
 from support import distributed
 from support.exactness import TOLERANCE
-from support.zoo import SHAPES, TRAIN_SHAPES, TRAIN_ZOO, ZOO
+from support.zoo import SHAPES, TRAIN_SHAPES, TRAIN_ZOO, ZOO, reference_kernels
 
 pytestmark = pytest.mark.slow
 
@@ -108,10 +107,10 @@ def test_ddp_over_tiled_models_averages_like_untiled(planning, tmp_path):
     name = "resnet_head"
     if planning == "grid":
         source = _source(tmp_path, name, grid=(2, 2))
-    else:  # the smallest feasible budget, with the kernel state the budget search counts
+    else:  # the smallest feasible budget, with the kernel state the budget search counts in tests
         graph = trace(ZOO[name](), SHAPES[name])
         device, dtype = search_device(graph.autocast, "float64")
-        target = tilec.pipeline.measure_kernels(replace(target_for(graph, "float64"), device=device), dtype)
+        target = reference_kernels(replace(target_for(graph, "float64"), device=device), dtype)
         budget = smallest_budget(graph, target, "float64")
         source = _source(tmp_path, name, memory_budget=budget)
     results = _results(distributed.launch(2, distributed.ddp, source, name, SHAPES[name], folder=tmp_path))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,7 +14,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import flop_floor  # noqa: E402
 
-from tilec.target import KERNEL_STATE_BYTES, REFERENCE  # noqa: E402
+from tilec.target import REFERENCE  # noqa: E402
+
+from support.zoo import reference_kernels  # noqa: E402
 
 MODEL = """
 from torch import nn
@@ -33,8 +34,7 @@ def model():
 def _floor(tmp_path, capsys, monkeypatch, budget: str) -> dict:
     """The floor with ``KERNEL_STATE_BYTES`` per kernel, not this machine's kernel state: the
     smallest feasible budget does not move with the machine."""
-    monkeypatch.setattr(flop_floor, "measure_kernels",
-                        lambda target, dtype: dataclasses.replace(target, kernel_state=KERNEL_STATE_BYTES))
+    monkeypatch.setattr(flop_floor, "measure_kernels", reference_kernels)
     path = tmp_path / "bn_chain.py"
     path.write_text(MODEL)
     assert flop_floor.main(["--model", str(path), "--size", "96", "--budget", budget]) == 0

@@ -18,12 +18,13 @@ that run inside tiled segments by sweeps (``tests/test_sweeps.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tilec.target import Target
+from tilec.target import KERNEL_STATE_BYTES, Target
 
 #: Bytes per kernel (``Target.kernel_state``) for tests of the budget search on tiny models, whose
 #: tensors take a few KiB: enough to steer the search between grids without drowning out the
@@ -31,6 +32,12 @@ from tilec.target import Target
 TINY_KERNEL_STATE = 256
 #: The reference target with ``TINY_KERNEL_STATE``.
 TINY = Target(kernel_state=TINY_KERNEL_STATE)
+
+
+def reference_kernels(target: Target, dtype: str) -> Target:
+    """``tilec.calibrate.measure_kernels`` as the tests stand it in: ``KERNEL_STATE_BYTES`` per
+    kernel, not this machine's measurement, so that smallest feasible budgets do not move with it."""
+    return replace(target, kernel_state=KERNEL_STATE_BYTES)
 
 # --------------------------------------------------------------------------------------------
 # helpers
