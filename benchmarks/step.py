@@ -277,9 +277,7 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
             message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
             raise (BudgetError if "no plan fits" in message else SystemExit)(f"step.py: tilec compile: {message}")
         plan = load_plan(Path(out) / "model.plan.json")
-        spec = importlib.util.spec_from_file_location("model_tiled", Path(out) / "model_tiled.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # from the bytecode tilec compile wrote, as `import` does
+        module = import_file(Path(out) / "model_tiled.py")
     if args.allocator == "heap":
         libc = ctypes.CDLL(None)
         if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
@@ -292,6 +290,15 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     record["plan_segments"] = [segment_text(s) for s in plan.segments]
     record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)
     return tiled
+
+
+def import_file(path: Path):
+    """The module at ``path``, imported as ``import`` does: from the bytecode ``tilec compile``
+    wrote beside it."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def compile_flags(grid=None, segments=None, memory_budget=None) -> list[str]:

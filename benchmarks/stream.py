@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 
-from step import Meter, parse_bytes, parse_segments  # noqa: E402
+from step import Meter, import_file, parse_bytes, parse_segments  # noqa: E402
 from train_slide import SlideClassifier, _example, write_slide  # noqa: E402
 
 from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
@@ -103,9 +102,7 @@ def main(argv=None) -> int:
         subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--write-module", out],
                        check=True)
         plan = load_plan(Path(out) / "slide.plan.json")
-        spec = importlib.util.spec_from_file_location("slide_tiled", Path(out) / "slide_tiled.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # from its bytecode, as `import` does
+        module = import_file(Path(out) / "slide_tiled.py")
     model = model.to(args.device)
     tiled = module.TiledModel(model, read_ahead=args.read_ahead == "on")
     compile_s = time.perf_counter() - start

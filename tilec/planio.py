@@ -124,8 +124,9 @@ def write_bytecode(module_path: Path) -> None:
         py_compile.compile(str(module_path), dfile=module_path.name, doraise=True,
                            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
     except (OSError, py_compile.PyCompileError) as error:
-        cache = importlib.util.cache_from_source(str(module_path))
-        raise OutputError(f"cannot write {cache}: {getattr(error, 'strerror', None) or error}") from None
+        cache = Path(importlib.util.cache_from_source(str(module_path)))
+        why = _why(cache, error) if isinstance(error, OSError) else error.msg
+        raise OutputError(f"cannot write {cache}: {why}") from None
 
 
 def loads(text: str, source: str = "plan") -> Plan:
