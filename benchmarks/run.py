@@ -64,11 +64,15 @@ def points(args, size: int, plain: dict | None) -> list[Point]:
 
 
 def table(records: list[dict]) -> str:
+    """One row per record; on CUDA the peak is ``max_memory_allocated``'s growth, and a column
+    after it gives ``max_memory_reserved``'s (first step / last step)."""
+    cuda = any(r.get("reserved_bytes") is not None for r in records)
     lines = [
-        "| image | variant | peak memory (MiB) | code paged in (MiB) | later step (MiB) | predicted (MiB) "
+        "| image | variant | peak memory (MiB) | " + ("reserved, first / last (MiB) | " if cuda else "")
+        + "code paged in (MiB) | later step (MiB) | predicted (MiB) "
         "| step wall (s) | step CPU (s) | memory / plain | wall / plain | CPU / plain | memory / checkpoint "
         "| wall / checkpoint | CPU / checkpoint | CPU stall | grads = plain's |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "|---|---|--:|" + ("--:|" if cuda else "") + "--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for size in sorted({r["size"] for r in records}):
         rows = [r for r in records if r["size"] == size]
@@ -81,14 +85,17 @@ def table(records: list[dict]) -> str:
             if "error" in r or "skipped" in r:
                 why = r.get("error") or r.get("skipped")
                 lines.append(f"| {size}² | {label} | {'failed' if 'error' in r else 'skipped'}: {why} "
-                             + "| " * 13 + "|")
+                             + "| " * (14 if cuda else 13) + "|")
                 continue
             mem, sec, cpu = r["peak_bytes"], r["step_s"], r.get("cpu_s")
             vs_plain = r["variant"] != "plain"
             vs_ckpt = r["variant"] in ("tilec", "auto")
             stall = r.get("cpu_stall_fraction")
+            reserved = f"{mebibytes(r.get('reserved_bytes'))} / {mebibytes(r.get('last_reserved_bytes'))}"
             cells = [
-                f"{size}²", label, f"{mem / MiB:,.0f}", mebibytes(r.get("code_paged_in_bytes")),
+                f"{size}²", label, f"{mem / MiB:,.0f}",
+                *([reserved] if cuda else []),
+                mebibytes(r.get("code_paged_in_bytes")),
                 mebibytes(r.get("last_peak_bytes")) if vs_ckpt and len(r.get("times_s", [])) > 1 else "", predicted(r),
                 f"{sec:.1f}",
                 f"{cpu:.1f}" if cpu is not None else "—",
@@ -149,6 +156,10 @@ def notes(records: list[dict]) -> str:
                f"with the kernel state it creates and keeps (oneDNN's compiled kernels); the first step is "
                f"compared with it, a later step with it less that state. Plain and checkpoint are shown by "
                f"their first step: their later steps reuse what glibc's heap kept from the first")
+    if "cuda-allocated" in methods:
+        out.append("- on CUDA, peak memory is the growth of torch.cuda.max_memory_allocated() during the step "
+                   "(memory_allocated() before it as the baseline), and reserved the same of "
+                   "max_memory_reserved(): the caching allocator's segments")
     repeats = sorted({len(r["times_s"]) for r in records if "times_s" in r})
     out.append(f"- step time: wall time, best of {'/'.join(map(str, repeats))} step(s); float32; "
                f"backward of {records[0].get('grad', 'out.sum()') if records else ''}")

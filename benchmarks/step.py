@@ -32,7 +32,8 @@ its state just before it (model, input and tilec module already built, warm-up d
         If the reset is not permitted, a thread samples VmRSS every millisecond during the step
         (method "rss-sampled", a lower bound on the true peak).
   CUDA  torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated(), after
-        torch.cuda.reset_peak_memory_stats() (method "cuda-allocated").
+        torch.cuda.reset_peak_memory_stats() (method "cuda-allocated"); "reserved_bytes" is the
+        same of max_memory_reserved() (the caching allocator's segments; None on CPU).
 Parameter gradients are created by the measured step (the warm-up's are set to None), so they
 count in every variant. On CPU the first step also pages in library code it runs for the first
 time ("code_paged_in_bytes": growth of RssFile, file-backed and shared, not data), and with
@@ -162,6 +163,7 @@ class Meter:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             self.baseline = torch.cuda.memory_allocated()
+            self.reserved_baseline = torch.cuda.memory_reserved()
             torch.cuda.reset_peak_memory_stats()
             self.method = "cuda-allocated"
         else:
@@ -184,6 +186,7 @@ class Meter:
             torch.cuda.synchronize()
             self.seconds = time.perf_counter() - self.start
             self.peak = torch.cuda.max_memory_allocated()
+            self.reserved_growth = torch.cuda.max_memory_reserved() - self.reserved_baseline
         else:
             self.seconds = time.perf_counter() - self.start
             self.peak = self.sampler.stop() if self.sampler else status_bytes("VmHWM")
@@ -442,7 +445,9 @@ def main(argv=None) -> int:
     record.update(
         peak_bytes=meter.growth,
         code_paged_in_bytes=getattr(meter, "file_growth", None),
+        reserved_bytes=getattr(meter, "reserved_growth", None),
         last_peak_bytes=meters[-1].growth,
+        last_reserved_bytes=getattr(meters[-1], "reserved_growth", None),
         step_s=min(times),
         first_step_s=times[0],
         cpu_s=best.cpu_seconds,

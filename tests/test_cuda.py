@@ -85,15 +85,26 @@ def test_a_tiled_model_on_cuda_runs_the_generic_kernels():
     assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters())
 
 
-def test_a_tile_max_pool_on_cuda_matches_aten_on_a_channels_last_map_with_a_small_batch_stride():
+def _small_batch_stride():
     # a size-1 batch dim's stride (4 here, as elementwise ops leave it) makes the map suggest the
-    # contiguous layout: aten's CUDA kernel writes in that layout whatever the result's strides
+    # contiguous layout to aten
     x = torch.randn(1, 4, 10, 10, dtype=torch.float64, device="cuda").as_strided((1, 4, 10, 10), (4, 1, 40, 4))
     assert x.is_contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def _narrowed():
+    # a tile pooling part of what it computed: not contiguous, but aten reads it channels-last
+    x = torch.randn(1, 4, 10, 12, dtype=torch.float64, device="cuda").contiguous(memory_format=torch.channels_last)
+    return x[:, :, :, 1:11]
+
+
+@pytest.mark.parametrize("make", [_small_batch_stride, _narrowed])
+def test_a_tile_max_pool_on_cuda_matches_aten_whatever_layout_aten_reads_its_input_in(make):
+    # aten's CUDA kernel writes in the layout it reads the input in, whatever the result's strides
+    x = make()
     got = max_pool(Arena(x.device, GENERIC, 0, False), x, (2, 2), (2, 2), (0, 0), (1, 1))
     assert torch.equal(got, F.max_pool2d(x.contiguous(), 2))
-
-
 
 
 def test_a_forward_on_cuda_puts_the_caching_allocator_on_expandable_segments():

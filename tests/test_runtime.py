@@ -37,10 +37,12 @@ from tilec.runtime.device import (
 )
 from tilec.runtime.kernels import (
     conv2d,
+    dense,
     gather,
     gemm_weight_grad,
     hardtanh_grad_,
     in_place,
+    layout_of,
     leaky_relu_grad_,
     lerp,
     max_pool,
@@ -342,15 +344,18 @@ def test_weight_grad_is_aten_weight_gradient_of_the_padded_input(kernel, dilatio
 @given(kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        padding=st.tuples(st.integers(0, 1), st.integers(0, 1)), size=st.tuples(st.integers(3, 9), st.integers(3, 9)),
        pads=st.tuples(*(st.integers(0, 2) for _ in range(4))), channels_last=st.booleans(),
-       kernels=st.sampled_from(sorted(KERNELS)))
-def test_tile_max_pooling_and_padding_equal_pytorch(kernel, stride, padding, size, pads, channels_last, kernels):
+       narrowed=st.booleans(), kernels=st.sampled_from(sorted(KERNELS)))
+def test_tile_max_pooling_and_padding_equal_pytorch(kernel, stride, padding, size, pads, channels_last, narrowed,
+                                                    kernels):
     """``pad_border`` then ``max_pool`` in the arena against ``F.pad`` then ``F.max_pool2d``, both
-    ways (float64, distinct values: no ties)."""
+    ways (float64, distinct values: no ties), on a map or a view of one narrowed by a column (as a
+    tile pools part of what it computed)."""
     assume(all(2 * p <= k for p, k in zip(padding, kernel, strict=True)))
-    x = torch.randperm(2 * 3 * size[0] * size[1], generator=torch.Generator().manual_seed(1))
-    x = x.double().view(2, 3, *size)
+    x = torch.randperm(2 * 3 * size[0] * (size[1] + narrowed), generator=torch.Generator().manual_seed(1))
+    x = x.double().view(2, 3, size[0], size[1] + narrowed)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
+    x = x[:, :, :, narrowed:]
     arena = Arena(CPU, KERNELS[kernels], 1 << 20)
     results = []
     for pad, pool in ((lambda t: pad_border(arena, t, pads, -1e9),
@@ -363,6 +368,44 @@ def test_tile_max_pooling_and_padding_equal_pytorch(kernel, stride, padding, siz
     for ours, theirs in zip(*results, strict=True):
         assert torch.equal(ours, theirs)
     assert (arena.buffer is not None) == (kernels == "cpu") and arena.need > 0
+
+
+def _one_sample_with_a_small_batch_stride(x):
+    """``x`` of one sample as elementwise ops leave a channels-last map: batch stride = channels."""
+    return x.as_strided(x.shape, (x.shape[1], *x.stride()[1:]))
+
+
+@pytest.mark.parametrize(("make", "layout", "copies"), [
+    (lambda x: x, torch.contiguous_format, False),
+    (lambda x: x[:, :, :, 1:], torch.contiguous_format, True),
+    (lambda x: x.contiguous(memory_format=torch.channels_last), torch.channels_last, False),
+    (lambda x: x.contiguous(memory_format=torch.channels_last)[:, :, :, 1:], torch.channels_last, True),
+    (lambda x: _one_sample_with_a_small_batch_stride(x[:1].contiguous(memory_format=torch.channels_last)),
+     torch.channels_last, False),
+])
+def test_dense_keeps_the_layout_aten_reads_and_gives_it_canonical_strides(make, layout, copies):
+    """``layout_of`` is the layout aten reads (a view of a channels-last map too) but for a one-sample
+    batch's stride; ``dense`` is contiguous in it with that layout's strides, a copy only of views."""
+    base = torch.arange(2 * 4 * 5 * 6, dtype=torch.float64).view(2, 4, 5, 6)
+    x = make(base)
+    assert layout_of(x) is layout
+    y = dense(x)
+    assert torch.equal(y, x) and y.is_contiguous(memory_format=layout)
+    assert y.stride() == torch.empty(y.shape, memory_format=layout).stride()
+    assert (y.data_ptr() != x.data_ptr()) == copies
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.tuples(*(st.integers(1, 4) for _ in range(4))), order=st.permutations(range(4)),
+       start=st.tuples(*(st.integers(0, 1) for _ in range(4))))
+def test_layout_of_reads_a_map_as_aten_does_but_for_a_one_sample_batch_stride(sizes, order, start):
+    """``layout_of`` against torch's own mirror of ``suggest_memory_format``, on views (permuted
+    storage order, a leading element dropped per dim) of maps of more than one sample."""
+    from torch._prims_common import suggest_memory_format
+    assume(sizes[0] > 1)
+    stored = torch.empty([sizes[d] + start[d] for d in order]).permute(*sorted(range(4), key=order.__getitem__))
+    x = stored[start[0]:, start[1]:, start[2]:, start[3]:]
+    assert layout_of(x) is suggest_memory_format(x)
 
 
 def _index_map(mode: str, in_size: int, out_size: int, align_corners: bool | None):

@@ -51,17 +51,34 @@ def narrow(t, spatial, rows, cols):
 
 
 def layout_of(x):
-    """The memory format of a tile tensor made from ``x``: channels-last where ``x`` is."""
-    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
-    return torch.channels_last if channels_last else torch.contiguous_format
+    """The memory format aten's kernels read ``x`` in (its ``suggest_memory_format``), and so the one
+    tile tensors made from it take: channels-last where the channels are innermost, views of a
+    channels-last map (a tile's narrowed part) included. A one-sample batch's stride does not
+    count: elementwise ops leave a small one, from which aten would guess the contiguous layout."""
+    if x.dim() != 4:
+        return torch.contiguous_format
+    sizes, strides = x.shape, list(x.stride())
+    if sizes[0] == 1:
+        strides[0] = sum(stride * size for stride, size in zip(strides[1:], sizes[1:], strict=True))
+    # aten's rule: each of channels, width, height, batch strides at least as far as the one inside
+    # it spans; ties in the ambiguous cases (size-1 dims) go to the contiguous layout
+    if strides[1] == 0:
+        return torch.contiguous_format
+    span = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < span or (d == 0 and span == strides[1]):
+            return torch.contiguous_format
+        span = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return torch.channels_last
 
 
-def canonical(x):
-    """``x`` with the strides of its layout (``layout_of``) on its size-1 dims too. Elementwise
-    ops leave a channels-last map of one sample with a small batch stride, whose layout aten's
-    kernels then guess as contiguous: its CUDA max pooling writes that layout into whatever
-    tensors it is given to fill."""
-    if layout_of(x) is not torch.channels_last:
+def dense(x):
+    """``x`` contiguous in its layout (``layout_of``), with that layout's strides on its size-1 dims
+    too: what aten's kernels that fill given tensors assume of their input. CUDA's max pooling
+    writes in the layout it reads ``x`` in, whatever the strides of the tensors it fills."""
+    layout = layout_of(x)
+    x = x.contiguous(memory_format=layout)
+    if layout is not torch.channels_last:
         return x
     n, c, h, w = x.shape
     return x.as_strided(x.shape, (h * w * c, 1, w * c, c))
@@ -131,7 +148,7 @@ class MaxPool2d(torch.autograd.Function):
         layout = layout_of(x)
         y = arena.take(shape, x.dtype, x.device, layout)
         indices = arena.take(shape, torch.int64, x.device, layout)
-        aten.max_pool2d_with_indices.out(canonical(x), kernel, stride, padding, dilation, False, out=y, indices=indices)
+        aten.max_pool2d_with_indices.out(dense(x), kernel, stride, padding, dilation, False, out=y, indices=indices)
         ctx.save_for_backward(x, indices)
         ctx.args = kernel, stride, padding, dilation
         return y
