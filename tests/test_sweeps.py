@@ -20,14 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tilec.codegen import load_source, render
 from tilec.cone import axis_tiles
 from tilec.cost.arrays import AxisArrays
+from tilec.cost.constants import PARTIAL_TENSOR_BYTES
 from tilec.cost.estimator import Estimator
 from tilec.errors import TilecError
 from tilec.ops import rule
 from tilec.pipeline import build, plan_for
 from tilec.planio import dumps, loads
-from tilec.planner import default_segments
+from tilec.planner import default_segments, plan
 from tilec.search import choose, smallest_budget
 from tilec.sweeps import dependents, levels, prefix, role
 from tilec.target import REFERENCE
@@ -209,6 +211,36 @@ class Losses(nn.Module):
 @pytest.mark.parametrize("model", [Statistics, Losses])
 def test_statistics_and_losses(model, grid):
     check_exact(model(), (2, 3, 9, 11), grid=grid)
+
+
+@pytest.mark.parametrize("name", ["resnet_head", "groupnorm_resnet", "basic_unet", "convnext_head", "max_heads",
+                                  "segmentation_loss", "statistics", "losses"])
+def test_the_estimate_counts_the_partials_every_tile_keeps(name):
+    """What the step keeps of the tiles' partials for its backward (their elements at 8 bytes in
+    float64, and ``PARTIAL_TENSOR_BYTES`` per tensor), recorded from every tiled segment's forward
+    of a 3x2 plan, is what the estimate counts (``Estimator.partials``: per tile, and once for sums)."""
+    models = {"statistics": (Statistics, (2, 3, 9, 11)), "losses": (Losses, (2, 3, 9, 11))}
+    make, shape = models.get(name, (TRAIN_ZOO.get(name), TRAIN_SHAPES.get(name)))
+    model = make().double()
+    graph = trace(model, shape)
+    the_plan = plan(graph, REFERENCE, name=name, grid=(3, 2), dtype="float64")
+    module = load_source(render(the_plan)).__dict__
+    kept = []
+    forward = module["Tiled"].forward
+
+    def recorded(ctx, *args):
+        found = forward(ctx, *args)
+        kept.extend(t for level in ctx.parts.values() for reduction in level for part in reduction for t in part)
+        return found
+
+    module["Tiled"].forward = staticmethod(recorded)
+    module["TiledModel"](model)(torch.randn(shape, dtype=torch.float64))
+    estimator = Estimator(graph, REFERENCE, "float64")
+    expected = 0
+    for segment in (s for s in the_plan.segments if s.mode == "tiled"):
+        each, once = estimator.partials(segment.first, segment.stop)
+        expected += len(segment.rows) * len(segment.cols) * each + once
+    assert kept and sum(8 * t.numel() + PARTIAL_TENSOR_BYTES for t in kept) == expected
 
 
 def test_per_pixel_cross_entropy_with_ignored_pixels_in_one_segment():

@@ -72,6 +72,7 @@ class LevelView:
     results: tuple
     combine: str
     prefix: list[tuple[int, int, str]]
+    summed: tuple
 
 
 @dataclass
@@ -351,7 +352,8 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                 level.index, level.direct, level.swept, first, len(level.reductions),
                 tuple(dict.fromkeys(switches)) if switches and None not in switches else (),
                 (*level.reductions, *level.small), combines[-1].name,
-                [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")]))
+                [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")],
+                tuple(rule(graph.nodes[n]).combine(graph.nodes[n]) == "combine_sum" for n in level.reductions)))
             if level.direct:
                 direct = _direct_function(segment, graph, slots, level)
                 reduced = repr(tuple((first + k, tuple(sliced_names.index(i) for i in rule(graph.nodes[name]).reduced(

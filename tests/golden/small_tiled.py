@@ -1032,7 +1032,9 @@ class LevelSpec:
     many; ``switches``: the BatchNorm modules whose training mode makes it compute batch statistics
     (empty: always); ``results``: the names of the leaves it makes; ``combine``: its combine
     function ``(parts, r, like, bs, p, train, update)``; ``prefix``: per (row class, column class),
-    the tile function computing its partials (a level neither direct nor 0)."""
+    the tile function computing its partials (a level neither direct nor 0); ``summed``: per
+    reduction, whether its combine is a sum (``combine_sum``), whose partials the step need not keep
+    tile by tile (``tilec.runtime.sweeps.kept``)."""
 
     index: int
     direct: bool
@@ -1043,6 +1045,7 @@ class LevelSpec:
     results: tuple
     combine: object
     prefix: dict
+    summed: tuple = ()
 
     def active(self, train):
         """Whether the level computes batch statistics in this step (``train``: the modes)."""
@@ -1380,6 +1383,20 @@ def exchange(group, segment, tiled, like):
     return [tuple(tuple(stacks[k][j][t] for j in range(len(like[k]))) for k in range(len(like))) for t in range(count)]
 
 
+def kept(parts, summed):
+    """What the step keeps of a level's partials (per reduction over the tiles) for its backward:
+    of a summed reduction one partial, their sum (a sum's gradient is the same for every part, so
+    the combine, run again from it, gives every tile's), of the others every tile's."""
+    return [[combine_sum(reduction)] if is_sum and len(reduction) > 1 else reduction
+            for reduction, is_sum in zip(parts, summed or [False] * len(parts), strict=True)]
+
+
+def by_tile(shares, tiles):
+    """The partials' gradients of a level's reductions over its ``tiles``: a summed reduction's one
+    gradient (``kept``) is every tile's."""
+    return [reduction * tiles if len(reduction) == 1 else reduction for reduction in shares]
+
+
 def by_reduction(tiles):
     """Per reduction, its partials over the tiles (from per tile, its partials per reduction)."""
     return [list(column) for column in zip(*tiles, strict=True)] if tiles else []
@@ -1397,7 +1414,7 @@ class Tiled(torch.autograd.Function):
         device = run.device.type
         autocast = (device, *autocast_state(device))
         arena = segment.arena(run, autocast, run.kernels(device))
-        r, parts, active = {}, {}, {}
+        r, parts, active, tiles = {}, {}, {}, {}
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
         with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
@@ -1406,11 +1423,14 @@ class Tiled(torch.autograd.Function):
                 if active[level.index]:
                     parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
                 level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
+                if parts.get(level.index):
+                    tiles[level.index] = len(parts[level.index][0])
+                    parts[level.index] = kept(parts[level.index], level.summed)
             outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
         segment.learn(run, autocast, arena)
         del arena
         ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
-        ctx.r, ctx.parts, ctx.active = r, parts, active
+        ctx.r, ctx.parts, ctx.active, ctx.tiles = r, parts, active, tiles
         ctx.sources = [x if isinstance(x, Source) else None for x in tensors]  # read again by region
         ctx.save_for_backward(*(t for t in tensors if not isinstance(t, Source)))
         images = iter(outs)
@@ -1461,7 +1481,7 @@ class Tiled(torch.autograd.Function):
     def backward(ctx, *grads):
         segment, run, saved = ctx.segment, ctx.run, iter(ctx.saved_tensors)
         tensors = [source if source is not None else next(saved) for source in ctx.sources]
-        group, r, parts = run.group, ctx.r, ctx.parts
+        group, r, parts, tiles = run.group, ctx.r, ctx.parts, ctx.tiles
         needs = ctx.needs_input_grad[2:]
         count = len(segment.sliced)
         xs = tensors[:count]
@@ -1483,13 +1503,14 @@ class Tiled(torch.autograd.Function):
             if level.swept:
                 for name, grads_of in sweep.leaf_grads(r, level.results, shares).items():
                     add_grad(totals, name, grads_of)
-            shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
+            shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals,
+                                                         tiles)
         later = [level for level in segment.levels if level.index == 0 or (level.direct and ctx.active[level.index])]
         collected = sweep.last(r, [name for level in later for name in level.results], shares, sums)
         for name, grads_of in collected.items():
             add_grad(totals, name, grads_of)
         for level in reversed(later):
-            share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
+            share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals, tiles)
             if level.direct:
                 sweep.direct_inputs(r, share, sums)
         del arena, sweep
@@ -1503,17 +1524,19 @@ class Tiled(torch.autograd.Function):
         return (None, None, *gx, *gp)
 
     @staticmethod
-    def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals):
+    def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals, tiles):
         """Back-propagate the gradients ``totals`` of ``level``'s results through its combine, run
-        again from its partials as leaves (under the forward's ``autocast`` state): the partials'
-        gradients, per reduction over the tiles;
+        again from its kept partials (``kept``) as leaves (under the forward's ``autocast`` state):
+        the partials' gradients, per reduction over the level's ``tiles`` (``by_tile``);
         the lower leaves' gradients are added to ``totals``, and the parameters' and broadcast
         inputs' to their ``grad`` (on one rank of a group: every rank combines alike)."""
         wanted = [(name, k, t) for name in level.results for k, t in enumerate(flat(r[name]))
                   if name in totals and totals[name][k] is not None and t.is_floating_point()]
         level_parts = parts.get(level.index)
+        count = tiles.get(level.index, 0)
         if not wanted:
-            return [[tuple(None for _ in part) for part in reduction] for reduction in level_parts or []]
+            nothing = [[tuple(None for _ in part) for part in reduction] for reduction in level_parts or []]
+            return by_tile(nothing, count)
         with torch.enable_grad(), torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1]):
             sources = [[grad_leaf(part) for part in reduction] for reduction in level_parts or []]
             lower = {name: grad_leaf(value) for name, value in r.items() if name not in level.results}
@@ -1534,7 +1557,7 @@ class Tiled(torch.autograd.Function):
                 grad = got[id(t)]
                 if grad is not None:
                     t.grad = grad if t.grad is None else t.grad + grad
-        return [[tuple(got.get(id(t)) for t in part) for part in reduction] for reduction in sources]
+        return by_tile([[tuple(got.get(id(t)) for t in part) for part in reduction] for reduction in sources], count)
 
 
 def _detached(value):

@@ -36,10 +36,12 @@ from functools import cache
 import numpy as np
 
 from tilec.cost.arrays import AxisArrays
+from tilec.cost.constants import PARTIAL_TENSOR_BYTES
 from tilec.cost.facts import Facts
 from tilec.cost.liveness import COPY, KINDS, Forward, Program, program
 from tilec.graph import Graph
 from tilec.ir import AxisTile
+from tilec.ops import rule
 from tilec.sweeps import dependents, levels, may_roll, prefix
 from tilec.target import Target
 
@@ -86,6 +88,7 @@ class Estimator:
         self.gradients = cache(self._gradients)
         self.boundary = cache(self._boundary)
         self.rollable = cache(self._rollable)
+        self.partials = cache(self._partials)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool) -> SegmentCost:
@@ -143,10 +146,12 @@ class Estimator:
         rolls = tuple((name, self.full[name] - self.full[name] * band // self.graph.size(name, 0))
                       for name, band in bands if band is not None)
         staging = self.staging(simulated, sizes)
-        return SegmentCost(
-            forward_local=outputs + packed + staging + simulated.forward.peak(sizes),
-            backward_local=fixed + staging + simulated.backward.peak(sizes),
-            kept=outputs,
+        each, once = self.partials(first, stop)
+        partials = rows.parts * cols.parts * each + once
+        return SegmentCost(  # in backward, the partials' gradients per tile too (``tilec.runtime.sweeps``)
+            forward_local=outputs + partials + packed + staging + simulated.forward.peak(sizes),
+            backward_local=fixed + 2 * partials + staging + simulated.backward.peak(sizes),
+            kept=outputs + partials,
             flops=round(flops),
             flop_overhead=halo - 1,
             calls=calls,
@@ -157,6 +162,24 @@ class Estimator:
             rolls=rolls,
             staging=staging,
         )
+
+    def _partials(self, first: int, stop: int) -> tuple[int, int]:
+        """Bytes of the partials of the reductions of segment ``[first, stop)`` that the step keeps
+        from the forward sweep computing them until the segment's backward ends
+        (``tilec.runtime.sweeps.kept``; ``Op.partial_elements``, half-precision ones in float32):
+        per tile, of those not combined by a sum, and once, of the sums. The backward also holds
+        their gradients, tile by tile, until each tile's sweep has used them."""
+        element = max(self.facts.element, 4)
+        each = once = 0
+        for level in levels(self.graph, first, stop):
+            for node in (self.graph.nodes[name] for name in level.reductions):
+                found = sum(count * element + PARTIAL_TENSOR_BYTES
+                            for count in rule(node).partial_elements(node, self.graph))
+                if rule(node).combine(node) == "combine_sum":
+                    once += found
+                else:
+                    each += found
+        return each, once
 
     def staging(self, program: Program, sizes: np.ndarray) -> int:
         """Twice the most bytes any tile of ``program`` reads of the model inputs (``sizes``: per

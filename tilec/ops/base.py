@@ -169,6 +169,11 @@ class Op:
         """Whether ``node`` is a reduction a tiled segment computes by sweeps (module docstring)."""
         return False
 
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        """Elements of each tensor of a tile's partial (``partial``), which a step keeps for every
+        tile from the forward sweep that computes it until the segment's backward ends."""
+        return ()
+
     def reduced(self, node: NodeSpec, shapes: Shapes) -> tuple[str, ...]:
         """The image inputs whose owned parts a reduction's partials cover (several: a loss's
         prediction and target, of one extent)."""

@@ -56,6 +56,9 @@ class Loss(Op):
         rest = [tile.arg(a) for i, a in enumerate(node.args[2:], 2) if i != self.reduction_arg]
         return f"partial_loss({node.target}, {prediction}, {target}, {self.reduction_arg}, {', '.join(rest) or ''})"
 
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return (1, 1) if self.weighted else (1,)  # the summed loss (and what its mean divides by)
+
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         if const(node, self.reduction_arg) == SUM:
             value = f"{combined}[0]"

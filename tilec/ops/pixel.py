@@ -74,6 +74,9 @@ class BatchNorm(Pixel):
     def partial(self, node: NodeSpec, tile) -> str:
         return f"partial_moments({tile.owned(node.inputs[0])}, (0, 2, 3))"
 
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return (shapes.shape(node.inputs[0])[1],) * 3  # (count, mean, M2) per channel
+
     def combine(self, node: NodeSpec) -> str:
         return "combine_moments"
 
@@ -143,6 +146,9 @@ class ChannelReduction(Pixel):
 
     def partial(self, node: NodeSpec, tile) -> str:
         return self.statistic.partial(node, tile)
+
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return self.statistic.partial_elements(node, shapes)
 
     def combine(self, node: NodeSpec) -> str:
         return self.statistic.combine(node)
@@ -248,6 +254,9 @@ class LayerNorm(Pixel):
 
     def partial(self, node: NodeSpec, tile) -> str:
         return self.normalise.partial(node, tile)
+
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return self.normalise.partial_elements(node, shapes)
 
     def combine(self, node: NodeSpec) -> str:
         return self.normalise.combine(node)

@@ -104,6 +104,9 @@ class Pool(Reduce):
     def partial(self, node: NodeSpec, tile) -> str:
         return f"partial_sum({tile.owned(node.inputs[0])}, (2, 3))"
 
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return (prod(shapes.shape(node.inputs[0])[:2]),)
+
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         return f"({combined}[0] / {count(node, view.shapes, (2, 3))}).to({view.dtype(node)})"
 
@@ -125,6 +128,9 @@ class MaxPool(Reduce):
 
     def combine(self, node: NodeSpec) -> str:
         return "combine_argmax"
+
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return (prod(shapes.shape(node.inputs[0])[:2]),) * 2  # maxima and their indices
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         return combined
@@ -162,6 +168,11 @@ class Statistic(Reduce):
         if node.op in ("var", "std", "var_mean"):
             return f"partial_moments({source}, {dims!r})"
         return f"partial_sum({source}, {dims!r})"
+
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        dims, shape = self.dims(node, shapes), shapes.shape(node.inputs[0])
+        kept = prod(size for d, size in enumerate(shape) if d not in dims)
+        return (kept,) * {"amax": 2, "max": 2, "var": 3, "std": 3, "var_mean": 3}.get(node.op, 1)
 
     def combine(self, node: NodeSpec) -> str:
         return {"amax": "combine_max", "max": "combine_max", "var": "combine_moments", "std": "combine_moments",
@@ -226,6 +237,9 @@ class Normalise(Op):
 
     def combine(self, node: NodeSpec) -> str:
         return "combine_moments"
+
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return (shapes.shape(node.inputs[0])[0] * self.groups(node, shapes),) * 3  # (count, mean, M2)
 
     def eps(self, node: NodeSpec) -> float:
         return const(node, {"group_norm": 4, "instance_norm": 7, "layer_norm": 4}[node.op])
