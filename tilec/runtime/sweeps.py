@@ -19,8 +19,9 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
    each tile is recomputed with ``r_l`` requiring grad, and the gradient of its outputs (with
    ``g_t``) and of its higher partials (with their ``H``) with respect to ``r_l`` is summed over the
    tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
-   again, from its partials as leaves, and back-propagates ``G_l``: that gives ``H_l`` and the
-   gradients of the lower leaves the combine read (added to theirs) and of its parameters;
+   again, from its kept partials as leaves (``kept``: a summed reduction's sum, the others' every
+   tile's), and back-propagates ``G_l``: that gives ``H_l`` (``by_tile``) and the gradients of the
+   lower leaves the combine read (added to theirs) and of its parameters;
 2. the last sweep recomputes each tile and back-propagates ``g_t`` and every ``H`` into the
    parameters and the segment's inputs; it also sums the gradients of the leaves of level 0 and of
    a direct level 1, which need no sweep of their own (nothing in the tiles depends on their
