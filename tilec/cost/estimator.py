@@ -167,15 +167,16 @@ class Estimator:
         """Bytes of the partials of the reductions of segment ``[first, stop)`` that the step keeps
         from the forward sweep computing them until the segment's backward ends
         (``tilec.runtime.sweeps.kept``; ``Op.partial_elements``, half-precision ones in float32):
-        per tile, of those not combined by a sum, and once, of the sums. The backward also holds
-        their gradients, tile by tile, until each tile's sweep has used them."""
+        per tile, of those not combined by a sum, and once, of the sums (a running sum over the
+        tiles; every tile's where ranks share the tiles and exchange their partials). The backward
+        also holds their gradients, tile by tile, until each tile's sweep has used them."""
         element = max(self.facts.element, 4)
         each = once = 0
         for level in levels(self.graph, first, stop):
             for node in (self.graph.nodes[name] for name in level.reductions):
                 found = sum(count * element + PARTIAL_TENSOR_BYTES
                             for count in rule(node).partial_elements(node, self.graph))
-                if rule(node).combine(node) == "combine_sum":
+                if rule(node).combine(node) == "combine_sum" and not self.target.shared_tiles:
                     once += found
                 else:
                     each += found

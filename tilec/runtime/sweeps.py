@@ -106,6 +106,15 @@ def exchange(group, segment, tiled, like):
     return [tuple(tuple(stacks[k][j][t] for j in range(len(like[k]))) for k in range(len(like))) for t in range(count)]
 
 
+def accumulate(sums, found, summed):
+    """Add one tile's partials ``found`` of the reductions ``summed`` says are sums into ``sums`` (by
+    reduction); the tile's own are then ``None``."""
+    for k, is_sum in enumerate(summed):
+        if is_sum:
+            sums[k] = found[k] if k not in sums else tuple(a + b for a, b in zip(sums[k], found[k], strict=True))
+    return tuple(None if summed and summed[k] else part for k, part in enumerate(found))
+
+
 def kept(parts, summed):
     """What the step keeps of a level's partials (per reduction over the tiles) for its backward:
     of a summed reduction one partial, their sum (a sum's gradient is the same for every part, so
@@ -137,7 +146,7 @@ class Tiled(torch.autograd.Function):
         device = run.device.type
         autocast = (device, *autocast_state(device))
         arena = segment.arena(run, autocast, run.kernels(device))
-        r, parts, active, tiles = {}, {}, {}, {}
+        r, parts, active = {}, {}, {}
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
         with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
@@ -147,13 +156,12 @@ class Tiled(torch.autograd.Function):
                     parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
                 level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
                 if parts.get(level.index):
-                    tiles[level.index] = len(parts[level.index][0])
                     parts[level.index] = kept(parts[level.index], level.summed)
             outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
         segment.learn(run, autocast, arena)
         del arena
         ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
-        ctx.r, ctx.parts, ctx.active, ctx.tiles = r, parts, active, tiles
+        ctx.r, ctx.parts, ctx.active = r, parts, active
         ctx.sources = [x if isinstance(x, Source) else None for x in tensors]  # read again by region
         ctx.save_for_backward(*(t for t in tensors if not isinstance(t, Source)))
         images = iter(outs)
@@ -161,21 +169,24 @@ class Tiled(torch.autograd.Function):
 
     @staticmethod
     def partials(segment, level, run, xs, bs, p, arena, r):
-        """One forward sweep: every tile's partials of ``level``, per reduction over all tiles."""
+        """One forward sweep: the tiles' partials of ``level``, per reduction over all tiles; in
+        one process, a summed reduction's as their running sum, one partial (``kept``)."""
         def partial(row, col):
             arena.reset()
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
             return run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
 
-        tiled, total = {}, segment.count(run.group)
+        summed = level.summed if run.group is None and any(level.summed) else ()
+        tiled, sums, total = {}, {}, segment.count(run.group)
         for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
-            tiled[index] = partial(row, col)
+            tiled[index] = accumulate(sums, partial(row, col), summed)
             run.report(f"{segment.label} level {level.index}", done + 1, total)
         if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
             like = next(iter(tiled.values())) if tiled else partial(*next(segment.tiles())[1:])
             return by_reduction(exchange(run.group, segment, tiled, like))
-        return by_reduction([tiled[index] for index in sorted(tiled)])
+        columns = by_reduction([tiled[index] for index in sorted(tiled)])
+        return [[sums[k]] if k in sums else column for k, column in enumerate(columns)]
 
     @staticmethod
     def images(segment, run, xs, bs, p, arena, r):
@@ -204,7 +215,7 @@ class Tiled(torch.autograd.Function):
     def backward(ctx, *grads):
         segment, run, saved = ctx.segment, ctx.run, iter(ctx.saved_tensors)
         tensors = [source if source is not None else next(saved) for source in ctx.sources]
-        group, r, parts, tiles = run.group, ctx.r, ctx.parts, ctx.tiles
+        group, r, parts = run.group, ctx.r, ctx.parts
         needs = ctx.needs_input_grad[2:]
         count = len(segment.sliced)
         xs = tensors[:count]
@@ -226,14 +237,13 @@ class Tiled(torch.autograd.Function):
             if level.swept:
                 for name, grads_of in sweep.leaf_grads(r, level.results, shares).items():
                     add_grad(totals, name, grads_of)
-            shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals,
-                                                         tiles)
+            shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
         later = [level for level in segment.levels if level.index == 0 or (level.direct and ctx.active[level.index])]
         collected = sweep.last(r, [name for level in later for name in level.results], shares, sums)
         for name, grads_of in collected.items():
             add_grad(totals, name, grads_of)
         for level in reversed(later):
-            share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals, tiles)
+            share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
                 sweep.direct_inputs(r, share, sums)
         del arena, sweep
@@ -247,16 +257,16 @@ class Tiled(torch.autograd.Function):
         return (None, None, *gx, *gp)
 
     @staticmethod
-    def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals, tiles):
+    def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals):
         """Back-propagate the gradients ``totals`` of ``level``'s results through its combine, run
         again from its kept partials (``kept``) as leaves (under the forward's ``autocast`` state):
-        the partials' gradients, per reduction over the level's ``tiles`` (``by_tile``);
+        the partials' gradients, per reduction over the segment's tiles (``by_tile``);
         the lower leaves' gradients are added to ``totals``, and the parameters' and broadcast
         inputs' to their ``grad`` (on one rank of a group: every rank combines alike)."""
         wanted = [(name, k, t) for name in level.results for k, t in enumerate(flat(r[name]))
                   if name in totals and totals[name][k] is not None and t.is_floating_point()]
         level_parts = parts.get(level.index)
-        count = tiles.get(level.index, 0)
+        count = segment.count()
         if not wanted:
             nothing = [[tuple(None for _ in part) for part in reduction] for reduction in level_parts or []]
             return by_tile(nothing, count)
