@@ -353,7 +353,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                 tuple(dict.fromkeys(switches)) if switches and None not in switches else (),
                 (*level.reductions, *level.small), combines[-1].name,
                 [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")],
-                tuple(rule(graph.nodes[n]).combine(graph.nodes[n]) == "combine_sum" for n in level.reductions)))
+                tuple(rule(graph.nodes[name]).summed(graph.nodes[name]) for name in level.reductions)))
             if level.direct:
                 direct = _direct_function(segment, graph, slots, level)
                 reduced = repr(tuple((first + k, tuple(sliced_names.index(i) for i in rule(graph.nodes[name]).reduced(

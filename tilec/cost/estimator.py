@@ -176,7 +176,7 @@ class Estimator:
             for node in (self.graph.nodes[name] for name in level.reductions):
                 found = sum(count * element + PARTIAL_TENSOR_BYTES
                             for count in rule(node).partial_elements(node, self.graph))
-                if rule(node).combine(node) == "combine_sum" and not self.target.shared_tiles:
+                if rule(node).summed(node) and not self.target.shared_tiles:
                     once += found
                 else:
                     each += found

@@ -169,6 +169,11 @@ class Op:
         """Whether ``node`` is a reduction a tiled segment computes by sweeps (module docstring)."""
         return False
 
+    def summed(self, node: NodeSpec) -> bool:
+        """Whether the tiles' partials combine by a sum (``combine``): then a step keeps only their
+        sum, whose gradient is every tile's (``tilec.runtime.sweeps``)."""
+        return self.combine(node) == "combine_sum"
+
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         """Elements of each tensor of a tile's partial (``partial``), which a step keeps for every
         tile from the forward sweep that computes it until the segment's backward ends."""

@@ -19,8 +19,8 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
    each tile is recomputed with ``r_l`` requiring grad, and the gradient of its outputs (with
    ``g_t``) and of its higher partials (with their ``H``) with respect to ``r_l`` is summed over the
    tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
-   again, from its kept partials as leaves (``kept``: a summed reduction's sum, the others' every
-   tile's), and back-propagates ``G_l``: that gives ``H_l`` (``by_tile``) and the gradients of the
+   again, from its kept partials as leaves (``Tiled.partials``: a summed reduction's sum, the
+   others' every tile's), and back-propagates ``G_l``: that gives ``H_l`` (``by_tile``) and the gradients of the
    lower leaves the combine read (added to theirs) and of its parameters;
 2. the last sweep recomputes each tile and back-propagates ``g_t`` and every ``H`` into the
    parameters and the segment's inputs; it also sums the gradients of the leaves of level 0 and of
@@ -120,7 +120,7 @@ def kept(parts, summed):
     of a summed reduction one partial, their sum (a sum's gradient is the same for every part, so
     the combine, run again from it, gives every tile's), of the others every tile's."""
     return [[combine_sum(reduction)] if is_sum and len(reduction) > 1 else reduction
-            for reduction, is_sum in zip(parts, summed or [False] * len(parts), strict=True)]
+            for reduction, is_sum in zip(parts, summed, strict=True)]
 
 
 def by_tile(shares, tiles):
@@ -155,8 +155,6 @@ class Tiled(torch.autograd.Function):
                 if active[level.index]:
                     parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
                 level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
-                if parts.get(level.index):
-                    parts[level.index] = kept(parts[level.index], level.summed)
             outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
         segment.learn(run, autocast, arena)
         del arena
@@ -169,22 +167,23 @@ class Tiled(torch.autograd.Function):
 
     @staticmethod
     def partials(segment, level, run, xs, bs, p, arena, r):
-        """One forward sweep: the tiles' partials of ``level``, per reduction over all tiles; in
-        one process, a summed reduction's as their running sum, one partial (``kept``)."""
+        """One forward sweep: the tiles' partials of ``level``, per reduction over all tiles, as the
+        step keeps them for its backward: a summed reduction's as one partial, their sum (a running
+        sum in one process; ``kept`` of the ranks' exchanged ones)."""
         def partial(row, col):
             arena.reset()
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
             return run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
 
-        summed = level.summed if run.group is None and any(level.summed) else ()
+        running = level.summed if run.group is None else ()
         tiled, sums, total = {}, {}, segment.count(run.group)
         for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
-            tiled[index] = accumulate(sums, partial(row, col), summed)
+            tiled[index] = accumulate(sums, partial(row, col), running)
             run.report(f"{segment.label} level {level.index}", done + 1, total)
         if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
             like = next(iter(tiled.values())) if tiled else partial(*next(segment.tiles())[1:])
-            return by_reduction(exchange(run.group, segment, tiled, like))
+            return kept(by_reduction(exchange(run.group, segment, tiled, like)), level.summed)
         columns = by_reduction([tiled[index] for index in sorted(tiled)])
         return [[sums[k]] if k in sums else column for k, column in enumerate(columns)]
 
@@ -259,7 +258,7 @@ class Tiled(torch.autograd.Function):
     @staticmethod
     def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals):
         """Back-propagate the gradients ``totals`` of ``level``'s results through its combine, run
-        again from its kept partials (``kept``) as leaves (under the forward's ``autocast`` state):
+        again from its kept partials (``Tiled.partials``) as leaves (under the forward's ``autocast`` state):
         the partials' gradients, per reduction over the segment's tiles (``by_tile``);
         the lower leaves' gradients are added to ``totals``, and the parameters' and broadcast
         inputs' to their ``grad`` (on one rank of a group: every rank combines alike)."""

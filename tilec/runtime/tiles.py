@@ -77,7 +77,7 @@ class LevelSpec:
     function ``(parts, r, like, bs, p, train, update)``; ``prefix``: per (row class, column class),
     the tile function computing its partials (a level neither direct nor 0); ``summed``: per
     reduction, whether its combine is a sum (``combine_sum``), whose partials the step need not keep
-    tile by tile (``tilec.runtime.sweeps.kept``)."""
+    tile by tile (``tilec.runtime.sweeps.Tiled.partials``)."""
 
     index: int
     direct: bool
@@ -88,7 +88,7 @@ class LevelSpec:
     results: tuple
     combine: object
     prefix: dict
-    summed: tuple = ()
+    summed: tuple
 
     def active(self, train):
         """Whether the level computes batch statistics in this step (``train``: the modes)."""
