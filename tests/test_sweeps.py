@@ -215,32 +215,34 @@ def test_statistics_and_losses(model, grid):
 
 @pytest.mark.parametrize("name", ["resnet_head", "groupnorm_resnet", "basic_unet", "convnext_head", "max_heads",
                                   "segmentation_loss", "statistics", "losses"])
-def test_the_estimate_counts_the_partials_every_tile_keeps(name):
+def test_the_estimate_counts_the_partials_the_step_keeps(name):
     """What the step keeps of the tiles' partials for its backward (their elements at 8 bytes in
     float64, and ``PARTIAL_TENSOR_BYTES`` per tensor), recorded from every tiled segment's forward
-    of a 3x2 plan, is what the estimate counts (``Estimator.partials``: per tile, and once for sums)."""
+    of a 3x2 plan, is what the estimate counts (``Estimator.partials``): one merged partial per
+    reduction, as many as a 1x2 plan keeps."""
     models = {"statistics": (Statistics, (2, 3, 9, 11)), "losses": (Losses, (2, 3, 9, 11))}
     make, shape = models.get(name, (TRAIN_ZOO.get(name), TRAIN_SHAPES.get(name)))
     model = make().double()
     graph = trace(model, shape)
     the_plan = plan(graph, REFERENCE, name=name, grid=(3, 2), dtype="float64")
-    module = load_source(render(the_plan)).__dict__
-    kept = []
-    forward = module["Tiled"].forward
 
-    def recorded(ctx, *args):
-        found = forward(ctx, *args)
-        kept.extend(t for level in ctx.parts.values() for reduction in level for part in reduction for t in part)
-        return found
+    def kept_by(grid):
+        kept = []
+        module = load_source(render(plan(graph, REFERENCE, name=name, grid=grid, dtype="float64"))).__dict__
+        forward = module["Tiled"].forward
 
-    module["Tiled"].forward = staticmethod(recorded)
-    module["TiledModel"](model)(torch.randn(shape, dtype=torch.float64))
+        def recorded(ctx, *args):
+            found = forward(ctx, *args)
+            kept.extend(t for level in ctx.parts.values() for part in level for t in part)
+            return found
+
+        module["Tiled"].forward = staticmethod(recorded)
+        module["TiledModel"](model)(torch.randn(shape, dtype=torch.float64))
+        return sum(8 * t.numel() + PARTIAL_TENSOR_BYTES for t in kept)
+
     estimator = Estimator(graph, REFERENCE, "float64")
-    expected = 0
-    for segment in (s for s in the_plan.segments if s.mode == "tiled"):
-        each, once = estimator.partials(segment.first, segment.stop)
-        expected += len(segment.rows) * len(segment.cols) * each + once
-    assert kept and sum(8 * t.numel() + PARTIAL_TENSOR_BYTES for t in kept) == expected
+    expected = sum(estimator.partials(s.first, s.stop) for s in the_plan.segments if s.mode == "tiled")
+    assert expected and kept_by((3, 2)) == expected == kept_by((1, 2))
 
 
 def test_per_pixel_cross_entropy_with_ignored_pixels_in_one_segment():

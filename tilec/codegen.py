@@ -72,7 +72,7 @@ class LevelView:
     results: tuple
     combine: str
     prefix: list[tuple[int, int, str]]
-    summed: tuple
+    merges: tuple
 
 
 @dataclass
@@ -254,7 +254,7 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
             combined = "None"
             if rule(node).reduced(node, graph):
                 k = level.reductions.index(name)
-                statements.append(Statement(f"c_{name}", f"{rule(node).combine(node)}(parts[{k}]) if parts else None"))
+                statements.append(Statement(f"c_{name}", f"parts[{k}] if parts else None"))
                 combined = f"c_{name}"
             view.focus(node, None, None, None)
             expr = rule(node).finish(node, combined, view)
@@ -353,7 +353,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                 tuple(dict.fromkeys(switches)) if switches and None not in switches else (),
                 (*level.reductions, *level.small), combines[-1].name,
                 [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")],
-                tuple(rule(graph.nodes[name]).summed(graph.nodes[name]) for name in level.reductions)))
+                tuple(rule(graph.nodes[name]).merge(graph.nodes[name]) for name in level.reductions)))
             if level.direct:
                 direct = _direct_function(segment, graph, slots, level)
                 reduced = repr(tuple((first + k, tuple(sliced_names.index(i) for i in rule(graph.nodes[name]).reduced(

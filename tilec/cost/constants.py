@@ -23,6 +23,6 @@ ARENA_WEIGHT_BACKWARD_COPIES = 2.0
 #: taps instead of oneDNN's weight copies.
 ARENA_GEMM_WEIGHT_BACKWARD_COPIES = 1.0
 
-#: Bytes a process holds per tensor of a tile's kept partial besides its elements (the tensor's
+#: Bytes a process holds per tensor of a kept partial besides its elements (the tensor's
 #: objects and the allocator's chunk; measured about 620 bytes for a one-element tensor).
 PARTIAL_TENSOR_BYTES = 640

@@ -146,9 +146,8 @@ class Estimator:
         rolls = tuple((name, self.full[name] - self.full[name] * band // self.graph.size(name, 0))
                       for name, band in bands if band is not None)
         staging = self.staging(simulated, sizes)
-        each, once = self.partials(first, stop)
-        partials = rows.parts * cols.parts * each + once
-        return SegmentCost(  # in backward, the partials' gradients per tile too (``tilec.runtime.sweeps``)
+        partials = self.partials(first, stop)
+        return SegmentCost(  # in backward, the merged partials' gradients too (``tilec.runtime.sweeps``)
             forward_local=outputs + partials + packed + staging + simulated.forward.peak(sizes),
             backward_local=fixed + 2 * partials + staging + simulated.backward.peak(sizes),
             kept=outputs + partials,
@@ -163,24 +162,16 @@ class Estimator:
             staging=staging,
         )
 
-    def _partials(self, first: int, stop: int) -> tuple[int, int]:
-        """Bytes of the partials of the reductions of segment ``[first, stop)`` that the step keeps
-        from the forward sweep computing them until the segment's backward ends
-        (``tilec.runtime.sweeps.kept``; ``Op.partial_elements``, half-precision ones in float32):
-        per tile, of those not combined by a sum, and once, of the sums (a running sum over the
-        tiles; every tile's where ranks share the tiles and exchange their partials). The backward
-        also holds their gradients, tile by tile, until each tile's sweep has used them."""
+    def _partials(self, first: int, stop: int) -> int:
+        """Bytes of the merged partials of the reductions of segment ``[first, stop)``, which the
+        step keeps from the forward sweep computing them until the segment's backward ends
+        (``tilec.runtime.sweeps``; ``Op.partial_elements``, half-precision ones in float32): one per
+        reduction, whatever the number of tiles. The backward holds their gradients as well."""
         element = max(self.facts.element, 4)
-        each = once = 0
-        for level in levels(self.graph, first, stop):
-            for node in (self.graph.nodes[name] for name in level.reductions):
-                found = sum(count * element + PARTIAL_TENSOR_BYTES
-                            for count in rule(node).partial_elements(node, self.graph))
-                if rule(node).summed(node) and not self.target.shared_tiles:
-                    once += found
-                else:
-                    each += found
-        return each, once
+        return sum(count * element + PARTIAL_TENSOR_BYTES
+                   for level in levels(self.graph, first, stop)
+                   for node in (self.graph.nodes[name] for name in level.reductions)
+                   for count in rule(node).partial_elements(node, self.graph))
 
     def staging(self, program: Program, sizes: np.ndarray) -> int:
         """Twice the most bytes any tile of ``program`` reads of the model inputs (``sizes``: per

@@ -19,7 +19,8 @@ A rule object answers, for a node of its op (a ``NodeSpec``) and the graph's sha
 A *reduction* (``reduces``: global pooling, means and maxima over the image, normalisation with
 batch statistics, losses) runs inside a tiled segment in three parts: a ``partial`` each tile
 computes over the part of the ``reduced`` inputs it owns (the owned parts partition them), a
-``combine`` of the tiles' partials into the node's small result, once per sweep (``finish``), and
+``merge`` of the tiles' partials, then the node's small result from the merged one, once per sweep
+(``finish``), and
 for normalisations an ``apply`` that each tile computes from its input and that result, read as
 a leaf (``tilec.runtime.tiles``). A reduction of nothing (a dropout mask over channels) has no
 reduced inputs: its result is drawn once per step.
@@ -169,14 +170,9 @@ class Op:
         """Whether ``node`` is a reduction a tiled segment computes by sweeps (module docstring)."""
         return False
 
-    def summed(self, node: NodeSpec) -> bool:
-        """Whether the tiles' partials combine by a sum (``combine``): then a step keeps only their
-        sum, whose gradient is every tile's (``tilec.runtime.sweeps``)."""
-        return self.combine(node) == "combine_sum"
-
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
-        """Elements of each tensor of a tile's partial (``partial``), which a step keeps for every
-        tile from the forward sweep that computes it until the segment's backward ends."""
+        """Elements of each tensor of a partial (``partial``): a step keeps the tiles' merged one
+        from the forward sweep that computes it until the segment's backward ends."""
         return ()
 
     def reduced(self, node: NodeSpec, shapes: Shapes) -> tuple[str, ...]:
@@ -188,9 +184,9 @@ class Op:
         """The expression of a tile's partial, a tuple of tensors, over ``tile.owned(input)``."""
         raise NotImplementedError(f"{self!r} has no partial")
 
-    def combine(self, node: NodeSpec) -> str:
-        """The runtime function merging the tiles' partials (``tilec.runtime.reduce``)."""
-        return "combine_sum"
+    def merge(self, node: NodeSpec) -> str:
+        """The kind the tiles' partials merge by (``tilec.runtime.reduce.MERGES``)."""
+        return "sum"
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         """The expression of the node's result (its value, or what ``apply`` reads) from

@@ -77,8 +77,8 @@ class BatchNorm(Pixel):
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         return (shapes.shape(node.inputs[0])[1],) * 3  # (count, mean, M2) per channel
 
-    def combine(self, node: NodeSpec) -> str:
-        return "combine_moments"
+    def merge(self, node: NodeSpec) -> str:
+        return "moments"
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         mode = view.mode(node.path) if is_batch_norm_module(node) else f"(True, {const(node, 6)!r})"
@@ -150,8 +150,8 @@ class ChannelReduction(Pixel):
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         return self.statistic.partial_elements(node, shapes)
 
-    def combine(self, node: NodeSpec) -> str:
-        return self.statistic.combine(node)
+    def merge(self, node: NodeSpec) -> str:
+        return self.statistic.merge(node)
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         return self.statistic.finish(node, combined, view)
@@ -258,8 +258,8 @@ class LayerNorm(Pixel):
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         return self.normalise.partial_elements(node, shapes)
 
-    def combine(self, node: NodeSpec) -> str:
-        return self.normalise.combine(node)
+    def merge(self, node: NodeSpec) -> str:
+        return self.normalise.merge(node)
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         return self.normalise.finish(node, combined, view)

@@ -126,8 +126,8 @@ class MaxPool(Reduce):
         source = node.inputs[0]
         return f"partial_argmax({tile.owned(source)}, {tile.origin(node.name)}, {tile.shapes.size(source, 1)})"
 
-    def combine(self, node: NodeSpec) -> str:
-        return "combine_argmax"
+    def merge(self, node: NodeSpec) -> str:
+        return "argmax"
 
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         return (prod(shapes.shape(node.inputs[0])[:2]),) * 2  # maxima and their indices
@@ -174,9 +174,9 @@ class Statistic(Reduce):
         kept = prod(size for d, size in enumerate(shape) if d not in dims)
         return (kept,) * {"amax": 2, "max": 2, "var": 3, "std": 3, "var_mean": 3}.get(node.op, 1)
 
-    def combine(self, node: NodeSpec) -> str:
-        return {"amax": "combine_max", "max": "combine_max", "var": "combine_moments", "std": "combine_moments",
-                "var_mean": "combine_moments"}.get(node.op, "combine_sum")
+    def merge(self, node: NodeSpec) -> str:
+        return {"amax": "max", "max": "max", "var": "moments", "std": "moments",
+                "var_mean": "moments"}.get(node.op, "sum")
 
     def correction(self, node: NodeSpec) -> float:
         """The variance's correction: ``unbiased`` (``.dim``) or ``correction`` (``None``: 1)."""
@@ -235,8 +235,8 @@ class Normalise(Op):
     def partial(self, node: NodeSpec, tile) -> str:
         return f"partial_moments(grouped({tile.owned(node.inputs[0])}, {self.groups(node, tile.shapes)}), (2, 3, 4))"
 
-    def combine(self, node: NodeSpec) -> str:
-        return "combine_moments"
+    def merge(self, node: NodeSpec) -> str:
+        return "moments"
 
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         return (shapes.shape(node.inputs[0])[0] * self.groups(node, shapes),) * 3  # (count, mean, M2)

@@ -1,18 +1,26 @@
-"""Reductions inside tiled segments: partials per tile, combines across tiles.
+"""Reductions inside tiled segments: partials per tile, merged across tiles.
 
 A tile computes a *partial* over the part of a reduction's input it owns (the owned parts of the
-tiles partition the input); a *combine* merges the tiles' partials into the reduction's result.
-Both are differentiable torch code, so autograd derives the backward of every reduction from
-them. Partials and results keep the reduced dims (``keepdim``), so that they broadcast.
+tiles partition the input). Partials of one kind *merge* two at a time, associatively: the step
+merges each tile's into a running one as the tiles run, and keeps only that. Its backward needs a
+tile's share of the merged partial's gradient, which depends on every other tile's partial; merged
+too, they are the *rest*: the merged partial less the tile's, which each kind solves for. So a tile's
+partial merged with its rest (held constant) is the merged partial again, and autograd through that
+one merge gives the tile's share exactly as through a merge of all the tiles'. Both are
+differentiable torch code: autograd derives every reduction's backward. Partials keep the reduced
+dims (``keepdim``), so that they broadcast.
 
-* ``partial_sum`` / ``combine_sum``: sums (means divide by a count known when compiling).
-* ``partial_moments`` / ``combine_moments``: ``(count, mean, M2)`` per reduced group, merged with
-  Chan's parallel formula, which stays accurate where ``E[x²] - E[x]²`` cancels.
-* ``partial_max`` / ``combine_max``: maxima with the number of elements tied at them; the
-  combined gradient goes to each tile in proportion to its ties, as ``amax`` spreads it evenly.
-* ``partial_argmax`` / ``combine_argmax``: the first maximum in row-major order and its flat
-  index, as max pooling picks it; the gradient goes to the tile holding it.
+* ``sum``: sums (means divide by a count known when compiling); the rest is the difference.
+* ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
+  stays accurate where ``E[x²] - E[x]²`` cancels; the rest solves it for the other part.
+* ``max``: maxima with the number of elements tied at them; the merged gradient goes to each part
+  in proportion to its ties, as ``amax`` spreads it evenly over all maxima of the whole input.
+* ``argmax``: the first maximum in row-major order and its flat index, as max pooling picks it; the
+  gradient goes to the part holding it.
 """
+
+import functools
+from typing import NamedTuple
 
 import torch
 
@@ -23,13 +31,22 @@ def widened(x):
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
+def lowest(like):
+    """A tensor like ``like`` holding the lowest value of its dtype (``-inf`` for floating ones)."""
+    low = float("-inf") if like.is_floating_point() else torch.iinfo(like.dtype).min
+    return torch.full_like(like, low)
+
+
 def partial_sum(x, dims):
     return (widened(x).sum(dims, keepdim=True),)
 
 
-def combine_sum(parts):
-    """The sums of the tiles' partials, element by element."""
-    return tuple(torch.stack(values).sum(0) for values in zip(*parts, strict=True))
+def merge_sum(a, b):
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def rest_sum(merged, part):
+    return tuple(m - p for m, p in zip(merged, part, strict=True))
 
 
 def partial_moments(x, dims):
@@ -42,49 +59,98 @@ def partial_moments(x, dims):
     return torch.full_like(mean, count, requires_grad=False), mean, var * count
 
 
-def combine_moments(parts):
-    """Chan's merge of ``(count, mean, M2)`` over the tiles: for two parts a and b,
-    ``n = na + nb``, ``d = mean_b - mean_a``, ``mean = mean_a + d * nb / n``,
-    ``M2 = M2_a + M2_b + d² * na * nb / n``."""
-    count, mean, m2 = parts[0]
-    for other_count, other_mean, other_m2 in parts[1:]:
-        total = count + other_count
-        delta = other_mean - mean
-        mean = mean + delta * (other_count / total)
-        m2 = m2 + other_m2 + delta.square() * (count * other_count / total)
-        count = total
-    return count, mean, m2
+def merge_moments(a, b):
+    """Chan's merge of two ``(count, mean, M2)``: ``n = na + nb``, ``d = mean_b - mean_a``,
+    ``mean = mean_a + d * nb / n``, ``M2 = M2_a + M2_b + d² * na * nb / n``."""
+    count, mean, m2 = a
+    other_count, other_mean, other_m2 = b
+    total = count + other_count
+    delta = other_mean - mean
+    return total, mean + delta * (other_count / total), m2 + other_m2 + delta.square() * (count * other_count / total)
+
+
+def rest_moments(merged, part):
+    """Chan's merge solved for ``b``: ``nb = n - na``, ``mean_b = mean + (mean - mean_a) * na / nb``,
+    ``M2_b = M2 - M2_a - (mean_a - mean_b)² * na * nb / n``; an empty part (count 0) where ``part``
+    is all of it."""
+    count, mean, m2 = merged
+    own_count, own_mean, own_m2 = part
+    others = count - own_count
+    some = others > 0
+    other_mean = torch.where(some, mean + (mean - own_mean) * (own_count / torch.where(some, others, 1)), mean)
+    other_m2 = m2 - own_m2 - (own_mean - other_mean).square() * (own_count * others / count)
+    return others, other_mean, torch.where(some, other_m2, torch.zeros_like(other_m2))
 
 
 def partial_max(x, dims):
     """The maxima of ``x`` over ``dims`` and how many elements equal them."""
     top = x.amax(dims, keepdim=True)
-    return top, (x == top).sum(dims, keepdim=True).to(x.dtype)
+    return top, (x == top).sum(dims, keepdim=True).to(widened(x).dtype)
 
 
-class MaxCombine(torch.autograd.Function):
-    """The maximum over the tiles' maxima; its gradient goes to each tile whose maximum it is,
-    in proportion to the elements the tile holds at it (``amax`` spreads its gradient evenly over
-    all maxima of the whole input)."""
-
-    @staticmethod
-    def forward(ctx, counts, *tops):
-        stacked = torch.stack(tops)
-        top = stacked.amax(0)
-        hits = torch.where(stacked == top, counts, torch.zeros_like(counts))
-        ctx.save_for_backward(hits / hits.sum(0))
-        return top
+class MaxMerge(torch.autograd.Function):
+    """The larger of two maxima with the elements tied at it; its gradient goes to each part whose
+    maximum it is, in proportion to the elements the part holds at it."""
 
     @staticmethod
-    def backward(ctx, grad):
-        shares, = ctx.saved_tensors
-        return (None, *(grad * share for share in shares))
+    def forward(ctx, count_a, count_b, top_a, top_b):
+        top = torch.maximum(top_a, top_b)
+        hits_a = torch.where(top_a == top, count_a, torch.zeros_like(count_a))
+        hits_b = torch.where(top_b == top, count_b, torch.zeros_like(count_b))
+        hits = hits_a + hits_b
+        ctx.save_for_backward(hits_a / hits, hits_b / hits)
+        ctx.mark_non_differentiable(hits)
+        return top, hits
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        share_a, share_b = ctx.saved_tensors
+        return None, None, (grad * share_a).to(grad.dtype), (grad * share_b).to(grad.dtype)
 
 
-def combine_max(parts):
-    tops = [top for top, _ in parts]
-    counts = torch.stack([count.detach() for _, count in parts])
-    return (MaxCombine.apply(counts, *tops),)
+def merge_max(a, b):
+    return MaxMerge.apply(a[1].detach(), b[1].detach(), a[0], b[0])
+
+
+def rest_max(merged, part):
+    """The other parts' maximum and ties: the merged ones less this part's ties where it holds the
+    maximum; none (the lowest value) where it holds all of them."""
+    top, hits = merged
+    mine = part[0] == top
+    others = torch.where(mine, hits - part[1], hits)
+    return torch.where(mine & (others == 0), lowest(top), top), others
+
+
+class ArgMaxMerge(torch.autograd.Function):
+    """The larger of two maxima, at the smaller flat index among ties, as max pooling picks; its
+    gradient goes to the part holding it."""
+
+    @staticmethod
+    def forward(ctx, index_a, index_b, top_a, top_b):
+        top = torch.maximum(top_a, top_b)
+        first = (top_a == top) & ((top_b != top) | (index_a < index_b))
+        ctx.save_for_backward(first)
+        index = torch.where(first, index_a, index_b)
+        ctx.mark_non_differentiable(index)
+        return top, index
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        first, = ctx.saved_tensors
+        zero = torch.zeros_like(grad)
+        return None, None, torch.where(first, grad, zero), torch.where(first, zero, grad)
+
+
+def merge_argmax(a, b):
+    return ArgMaxMerge.apply(a[1], b[1], a[0], b[0])
+
+
+def rest_argmax(merged, part):
+    """The other parts' first maximum: the merged one, or none (the lowest value, the largest
+    index) where this part holds it."""
+    top, index = merged
+    mine = part[1] == index
+    return torch.where(mine, lowest(top), top), torch.where(mine, torch.iinfo(index.dtype).max, index)
 
 
 def partial_argmax(x, origin, width):
@@ -96,29 +162,27 @@ def partial_argmax(x, origin, width):
     return top, row * width + col
 
 
-class ArgMaxCombine(torch.autograd.Function):
-    """The tiles' maxima merged as max pooling picks: the largest, the one at the smallest flat
-    index among ties; its gradient goes to that tile alone."""
+class Merge(NamedTuple):
+    """How partials of one kind merge, and the rest of a merged one without one part."""
 
-    @staticmethod
-    def forward(ctx, indices, *tops):
-        stacked = torch.stack(tops)
-        top = stacked.amax(0)
-        candidates = torch.where(stacked == top, indices, torch.full_like(indices, torch.iinfo(indices.dtype).max))
-        first = candidates.argmin(0, keepdim=True)
-        ctx.save_for_backward(first)
-        ctx.tiles = len(tops)
-        return top, indices.gather(0, first).squeeze(0)
-
-    @staticmethod
-    def backward(ctx, grad, _):
-        first, = ctx.saved_tensors
-        chosen = torch.arange(ctx.tiles, device=grad.device).view(-1, *[1] * grad.dim()) == first
-        return (None, *(torch.where(mask, grad, torch.zeros_like(grad)) for mask in chosen))
+    merge: object
+    rest: object
 
 
-def combine_argmax(parts):
-    return ArgMaxCombine.apply(torch.stack([index for _, index in parts]), *[top for top, _ in parts])
+MERGES = {"sum": Merge(merge_sum, rest_sum), "moments": Merge(merge_moments, rest_moments),
+          "max": Merge(merge_max, rest_max), "argmax": Merge(merge_argmax, rest_argmax)}
+
+
+def merged(kind, parts):
+    """Partials ``parts`` of one ``kind`` merged, in order."""
+    return functools.reduce(MERGES[kind].merge, parts)
+
+
+def own_share(kind, merged_part, part):
+    """``part`` merged with the rest of ``merged_part`` held constant: ``merged_part`` again, whose
+    gradient back-propagates into ``part`` the part's share of it."""
+    rest = MERGES[kind].rest(tuple(t.detach() for t in merged_part), tuple(t.detach() for t in part))
+    return MERGES[kind].merge(part, rest)
 
 
 def autocast_dtype(like):

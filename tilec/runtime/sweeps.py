@@ -17,31 +17,36 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
 
 1. from the top level down, a level whose results tiles read (``swept``, not direct) gets a sweep:
    each tile is recomputed with ``r_l`` requiring grad, and the gradient of its outputs (with
-   ``g_t``) and of its higher partials (with their ``H``) with respect to ``r_l`` is summed over the
-   tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
-   again, from its kept partials as leaves (``Tiled.partials``: a summed reduction's sum, the
-   others' every tile's), and back-propagates ``G_l``: that gives ``H_l`` (``by_tile``) and the gradients of the
-   lower leaves the combine read (added to theirs) and of its parameters;
+   ``g_t``) and of its higher partials (their shares of ``H``) with respect to ``r_l`` is summed over
+   the tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
+   again, from its merged partials as leaves, and back-propagates ``G_l``: that gives ``H_l``, the
+   gradient of the merged partials, and the gradients of the lower leaves the combine read (added
+   to theirs) and of its parameters. A tile's partials get their share of ``H_l`` through one merge
+   with the rest of the merged ones held constant (``tilec.runtime.reduce.own_share``), in the
+   sweeps that recompute the tile;
 2. the last sweep recomputes each tile and back-propagates ``g_t`` and every ``H`` into the
    parameters and the segment's inputs; it also sums the gradients of the leaves of level 0 and of
    a direct level 1, which need no sweep of their own (nothing in the tiles depends on their
    partials);
-3. a direct level's combine back-propagates its ``G``, and its partials' gradients are added to the
+3. a direct level's combine back-propagates its ``G``, and its partials' shares are added to the
    input gradient over each tile's owned slices; last, level 0's combine back-propagates into the
    broadcast inputs and the parameters.
 
 Each forward pass carves its tiles' tensors from one arena (``tilec.runtime.arena``). A backward pass
 takes fresh ones: an arena would keep every tensor of a tile's recompute until the tile's backward
 ends, where fresh ones go as autograd releases them (measured with one: later steps peaked 1.16-1.44x
-the prediction), and the cost model counts the latter. Ranks of a process group share the tiles: they
-exchange the partials (every rank combines all of them the same way) and sum the leaves' gradients.
+the prediction), and the cost model counts the latter. The step keeps one merged partial per
+reduction, whatever the number of tiles: each tile's is merged into it as the tile runs. Ranks of a
+process group share the tiles: they exchange their merged partials (every rank merges them in rank
+order) and sum the leaves' gradients.
 """
 
 import torch
+import torch.distributed as dist
 
 from tilec.runtime.arena import Arena
 from tilec.runtime.kernels import copy_in, narrow
-from tilec.runtime.reduce import combine_sum
+from tilec.runtime.reduce import merged, own_share
 from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import autocast_state, grad_channels_last, input_gradient, outputs, slices, sum_over
 
@@ -93,45 +98,40 @@ def run_tile(fn, segment, xs, bs, p, arena, r, row, col):
     return fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col))
 
 
-def exchange(group, segment, tiled, like):
-    """Every tile's partials on every rank of ``group`` (``tiled``: index -> partials of the tiles
-    this rank ran, perhaps none; ``like``: one tile's, for their shapes), in tile order: each rank
-    fills its tiles' and zeros elsewhere; sums them."""
-    count = len(segment.rows) * len(segment.cols)
-    stacks = []
-    for k, partial in enumerate(like):
-        stacks.append([torch.stack([tiled[t][k][j] if t in tiled else torch.zeros_like(partial[j])
-                                    for t in range(count)]) for j in range(len(partial))])
-    sum_over(group, [stack for stacks_k in stacks for stack in stacks_k])
-    return [tuple(tuple(stacks[k][j][t] for j in range(len(like[k]))) for k in range(len(like))) for t in range(count)]
+def merge_tile(found, part, kinds):
+    """A tile's partials ``part`` (per reduction, merged by ``kinds``) merged into ``found``, those
+    of the tiles before it (``None``: none)."""
+    if found is None:
+        return part
+    return tuple(merged(kind, (a, b)) for kind, a, b in zip(kinds, found, part, strict=True))
 
 
-def accumulate(sums, found, summed):
-    """Add one tile's partials ``found`` of the reductions ``summed`` says are sums into ``sums`` (by
-    reduction); the tile's own are then ``None``."""
-    for k, is_sum in enumerate(summed):
-        if is_sum:
-            sums[k] = found[k] if k not in sums else tuple(a + b for a, b in zip(sums[k], found[k], strict=True))
-    return tuple(None if summed and summed[k] else part for k, part in enumerate(found))
+def exchange(group, found, like, kinds):
+    """The merged partials of every rank of ``group``, merged in rank order on every rank
+    (``found``: this rank's, ``None`` where it ran no tile; ``like``: one tile's, for their shapes):
+    each rank fills its row of a stack of them, zeros elsewhere, and the stacks are summed."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    ran = torch.zeros(world, device=like[0][0].device)
+    stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) for t in part] for part in like]
+    if found is not None:
+        ran[rank] = 1
+        for stack, part in zip(stacks, found, strict=True):
+            for rows, t in zip(stack, part, strict=True):
+                rows[rank] = t
+    sum_over(group, [ran, *(rows for stack in stacks for rows in stack)])
+    ranks = [k for k in range(world) if ran[k] > 0]
+    return tuple(merged(kind, [tuple(rows[k] for rows in stack) for k in ranks])
+                 for kind, stack in zip(kinds, stacks, strict=True))
 
 
-def kept(parts, summed):
-    """What the step keeps of a level's partials (per reduction over the tiles) for its backward:
-    of a summed reduction one partial, their sum (a sum's gradient is the same for every part, so
-    the combine, run again from it, gives every tile's), of the others every tile's."""
-    return [[combine_sum(reduction)] if is_sum and len(reduction) > 1 else reduction
-            for reduction, is_sum in zip(parts, summed, strict=True)]
-
-
-def by_tile(shares, tiles):
-    """The partials' gradients of a level's reductions over its ``tiles``: a summed reduction's one
-    gradient (``kept``) is every tile's."""
-    return [reduction * tiles if len(reduction) == 1 else reduction for reduction in shares]
-
-
-def by_reduction(tiles):
-    """Per reduction, its partials over the tiles (from per tile, its partials per reduction)."""
-    return [list(column) for column in zip(*tiles, strict=True)] if tiles else []
+def share_pairs(kind, merged_part, grads, part):
+    """(tensor, gradient) pairs that back-propagate one tile's share of the gradients ``grads`` of a
+    merged partial into the tile's ``part`` (``tilec.runtime.reduce.own_share``)."""
+    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
+        return []
+    with torch.enable_grad():
+        own = own_share(kind, merged_part, part)
+    return [(t, g) for t, g in zip(own, grads, strict=True) if g is not None and t.requires_grad]
 
 
 class Tiled(torch.autograd.Function):
@@ -167,25 +167,22 @@ class Tiled(torch.autograd.Function):
 
     @staticmethod
     def partials(segment, level, run, xs, bs, p, arena, r):
-        """One forward sweep: the tiles' partials of ``level``, per reduction over all tiles, as the
-        step keeps them for its backward: a summed reduction's as one partial, their sum (a running
-        sum in one process; ``kept`` of the ranks' exchanged ones)."""
+        """One forward sweep: per reduction of ``level``, the tiles' partials merged as the tiles run
+        (and over the ranks of a group), which the step keeps for its backward."""
         def partial(row, col):
             arena.reset()
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
             return run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
 
-        running = level.summed if run.group is None else ()
-        tiled, sums, total = {}, {}, segment.count(run.group)
-        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
-            tiled[index] = accumulate(sums, partial(row, col), running)
+        found, total = None, segment.count(run.group)
+        for done, (_, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+            found = merge_tile(found, partial(row, col), level.merges)
             run.report(f"{segment.label} level {level.index}", done + 1, total)
         if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
-            like = next(iter(tiled.values())) if tiled else partial(*next(segment.tiles())[1:])
-            return kept(by_reduction(exchange(run.group, segment, tiled, like)), level.summed)
-        columns = by_reduction([tiled[index] for index in sorted(tiled)])
-        return [[sums[k]] if k in sums else column for k, column in enumerate(columns)]
+            like = found if found is not None else partial(*next(segment.tiles())[1:])
+            found = exchange(run.group, found, like, level.merges)
+        return found
 
     @staticmethod
     def images(segment, run, xs, bs, p, arena, r):
@@ -229,7 +226,7 @@ class Tiled(torch.autograd.Function):
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
         arena = Arena(run.device, run.kernels(run.device.type))  # fresh tensors: module docstring
         sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena)
-        shares = {}  # per level, its partials' gradients per reduction over the tiles
+        shares = {}  # per level, per reduction its merged partial and their gradients
         for level in reversed(segment.levels):
             if level.index == 0 or not ctx.active[level.index] or level.direct:
                 continue
@@ -244,7 +241,7 @@ class Tiled(torch.autograd.Function):
         for level in reversed(later):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
             if level.direct:
-                sweep.direct_inputs(r, share, sums)
+                sweep.direct_inputs(r, level, share, sums)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
         del sums
@@ -258,25 +255,23 @@ class Tiled(torch.autograd.Function):
     @staticmethod
     def combine_backward(segment, level, run, autocast, xs, bs, p, r, parts, totals):
         """Back-propagate the gradients ``totals`` of ``level``'s results through its combine, run
-        again from its kept partials (``Tiled.partials``) as leaves (under the forward's ``autocast`` state):
-        the partials' gradients, per reduction over the segment's tiles (``by_tile``);
-        the lower leaves' gradients are added to ``totals``, and the parameters' and broadcast
-        inputs' to their ``grad`` (on one rank of a group: every rank combines alike)."""
+        again from its merged partials (``Tiled.partials``) as leaves (under the forward's
+        ``autocast`` state): per reduction, its merged partial and their gradients (none where
+        nothing is wanted); the lower leaves' gradients are added to ``totals``, and the parameters'
+        and broadcast inputs' to their ``grad`` (on one rank of a group: every rank combines alike)."""
         wanted = [(name, k, t) for name in level.results for k, t in enumerate(flat(r[name]))
                   if name in totals and totals[name][k] is not None and t.is_floating_point()]
-        level_parts = parts.get(level.index)
-        count = segment.count()
+        level_parts = parts.get(level.index) or ()
         if not wanted:
-            nothing = [[tuple(None for _ in part) for part in reduction] for reduction in level_parts or []]
-            return by_tile(nothing, count)
+            return []
         with torch.enable_grad(), torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1]):
-            sources = [[grad_leaf(part) for part in reduction] for reduction in level_parts or []]
+            sources = [grad_leaf(part) for part in level_parts]
             lower = {name: grad_leaf(value) for name, value in r.items() if name not in level.results}
             again = {**r, **lower}  # the level's random results are read back, the others made again
             level.combine(sources, again, run.like(), bs, p, run.train, False)
             wanted = [(name, k, t) for name, k, t in wanted if flat(again[name])[k].requires_grad]  # not random ones
             results = [flat(again[name])[k] for name, k, _ in wanted]
-            ins = [t for reduction in sources for part in reduction for t in part if t.requires_grad]
+            ins = [t for part in sources for t in part if t.requires_grad]
             ins += [t for value in lower.values() for t in flat(value) if t.requires_grad]
             params = [t for t in (*bs, *p) if t.requires_grad]
             found = torch.autograd.grad(results, ins + params, [totals[name][k] for name, k, _ in wanted],
@@ -289,7 +284,8 @@ class Tiled(torch.autograd.Function):
                 grad = got[id(t)]
                 if grad is not None:
                     t.grad = grad if t.grad is None else t.grad + grad
-        return by_tile([[tuple(got.get(id(t)) for t in part) for part in reduction] for reduction in sources], count)
+        return [(part, tuple(got.get(id(t)) for t in source))
+                for part, source in zip(level_parts, sources, strict=True)]
 
 
 def _detached(value):
@@ -320,18 +316,16 @@ class Sweep:
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
         return tile, outs, partials
 
-    def pairs(self, row, col, index, outs, partials, shares):
-        """(tensor, gradient) to back-propagate from one tile: its owned outputs and the partials
-        of the levels in ``shares``."""
+    def pairs(self, row, col, outs, partials, shares):
+        """(tensor, gradient) to back-propagate from one tile: its owned outputs and its shares of
+        the merged partials' gradients of the levels in ``shares``."""
         pairs = [(part, narrow(g, spatial, rows, cols))
                  for part, g, (_, spatial, _), rows, cols in zip(outs, self.image_grads, self.segment.images, row[1],
                                                                   col[1], strict=True)
                  if part.requires_grad and g is not None]
         for level in self.segment.levels:
-            for k, grads in enumerate(shares.get(level.index, ())):
-                for t, g in zip(partials[level.first + k], grads[index], strict=True):
-                    if g is not None and t.requires_grad:
-                        pairs.append((t, g))
+            for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
+                pairs += share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
         return pairs
 
     def leaf_grads(self, r, names, shares):
@@ -342,9 +336,9 @@ class Sweep:
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals, done = [None] * len(wanted), 0
-        for index, row, col in self.segment.tiles(run.group, self.xs):
+        for _, row, col in self.segment.tiles(run.group, self.xs):
             _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs), frozen=True)
-            pairs = self.pairs(row, col, index, outs, partials, shares)
+            pairs = self.pairs(row, col, outs, partials, shares)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
                 totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
@@ -363,12 +357,12 @@ class Sweep:
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
         total = self.segment.count(run.group)
-        for done, (index, row, col) in enumerate(self.segment.tiles(run.group, self.xs)):
+        for done, (_, row, col) in enumerate(self.segment.tiles(run.group, self.xs)):
             for accumulated, (start, stop) in zip(sums, row[0], strict=True):
                 if accumulated is not None and stop > start:
                     accumulated.move(start)
             tile, outs, partials = self.recompute(row, col, with_leaves, needs)
-            pairs = self.pairs(row, col, index, outs, partials, shares)
+            pairs = self.pairs(row, col, outs, partials, shares)
             wanted = [t for t in (*tile, *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
@@ -381,19 +375,20 @@ class Sweep:
             sum_over(run.group, grads)
         return by_name(collect, chosen, grads)
 
-    def direct_inputs(self, r, share, sums):
-        """A direct level's partials back-propagated into the input gradients, tile by tile over
-        the owned slices (module docstring, step 3)."""
+    def direct_inputs(self, r, level, share, sums):
+        """A direct ``level``'s partials' shares of their merged ones' gradients ``share``
+        back-propagated into the input gradients, tile by tile over the owned slices (module
+        docstring, step 3)."""
         needs = [s is not None for s in sums]
-        if not any(needs):
+        if not any(needs) or not share:
             return
         segment = self.segment
-        for index, row, col in segment.tiles(self.run.group, self.xs, owned=True):
+        for _, row, col in segment.tiles(self.run.group, self.xs, owned=True):
             owned = segment.owned(self.xs, row, col, needs)
             with torch.enable_grad():
                 partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
-            pairs = [(t, g) for partial, grads in zip(partials, share, strict=True)
-                     for t, g in zip(partial, grads[index], strict=True) if g is not None and t.requires_grad]
+                pairs = [pair for kind, partial, (merged_part, grads) in zip(level.merges, partials, share, strict=True)
+                         for pair in share_pairs(kind, merged_part, grads, partial)]
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
             if pairs and leaves:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=leaves)

@@ -75,9 +75,8 @@ class LevelSpec:
     many; ``switches``: the BatchNorm modules whose training mode makes it compute batch statistics
     (empty: always); ``results``: the names of the leaves it makes; ``combine``: its combine
     function ``(parts, r, like, bs, p, train, update)``; ``prefix``: per (row class, column class),
-    the tile function computing its partials (a level neither direct nor 0); ``summed``: per
-    reduction, whether its combine is a sum (``combine_sum``), whose partials the step need not keep
-    tile by tile (``tilec.runtime.sweeps.Tiled.partials``)."""
+    the tile function computing its partials (a level neither direct nor 0); ``merges``: per
+    reduction, the kind its partials merge by (``tilec.runtime.reduce.MERGES``)."""
 
     index: int
     direct: bool
@@ -88,7 +87,7 @@ class LevelSpec:
     results: tuple
     combine: object
     prefix: dict
-    summed: tuple
+    merges: tuple
 
     def active(self, train):
         """Whether the level computes batch statistics in this step (``train``: the modes)."""
