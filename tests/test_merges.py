@@ -1,0 +1,110 @@
+"""The merges of reductions' partials (``tilec.runtime.reduce``), against untiled PyTorch.
+
+The image is cut into horizontal bands, one partial each. Merged in order, the partials give the
+untiled reduction; and a band's share of the merged partial's gradient, from one merge with the
+rest held constant (``own_share``), equals its gradient through the merge of all the bands.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tilec.runtime.reduce import merged, own_share, partial_argmax, partial_max, partial_moments, partial_sum
+
+KINDS = ("sum", "moments", "max", "argmax")
+
+
+def partial(kind, band, row, width):
+    if kind == "sum":
+        return partial_sum(band, (2, 3))
+    if kind == "moments":
+        return partial_moments(band, (0, 2, 3))
+    if kind == "max":
+        return partial_max(band, (2, 3))
+    return partial_argmax(band, (row, 0), width)
+
+
+def bands_of(image, cuts):
+    """``image`` cut along its rows at ``cuts``, each band a leaf requiring grad, and their first rows."""
+    edges = [0, *cuts, image.shape[2]]
+    return [image[:, :, a:b].detach().clone().requires_grad_(True)
+            for a, b in zip(edges, edges[1:], strict=False)], edges[:-1]
+
+
+def weighted(values, weights):
+    """A scalar of the differentiable tensors of ``values``, each times its fixed weights."""
+    return sum((t * w).sum() for t, w in zip(values, weights, strict=True) if t.requires_grad)
+
+
+@st.composite
+def cases(draw):
+    kind = draw(st.sampled_from(KINDS))
+    rows = draw(st.integers(1, 9))
+    cuts = sorted(draw(st.sets(st.integers(1, rows - 1), max_size=rows - 1))) if rows > 1 else []
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), rows, draw(st.integers(1, 4)))
+    seed = draw(st.integers(0, 2**16))
+    ties = draw(st.booleans())  # few distinct values, and all-zero channels as after a ReLU
+    generator = torch.Generator().manual_seed(seed)
+    image = torch.randn(shape, dtype=torch.float64, generator=generator)
+    if ties:
+        image = image.round().clamp(min=0)
+        image[:, 0] = 0
+    return kind, image, cuts, seed
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_merged_partials_are_the_untiled_reduction(case):
+    kind, image, cuts, _ = case
+    bands, starts = bands_of(image, cuts)
+    got = merged(kind, [partial(kind, band, row, image.shape[3]) for band, row in zip(bands, starts, strict=True)])
+    if kind == "sum":
+        torch.testing.assert_close(got[0], image.sum((2, 3), keepdim=True), rtol=1e-12, atol=1e-12)
+    elif kind == "moments":
+        var, mean = torch.var_mean(image, (0, 2, 3), correction=0, keepdim=True)
+        count = image.numel() // image.shape[1]
+        assert (got[0] == count).all()
+        torch.testing.assert_close(got[1], mean, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got[2], var * count, rtol=1e-12, atol=1e-12)
+    elif kind == "max":
+        top = image.amax((2, 3), keepdim=True)
+        assert torch.equal(got[0], top) and torch.equal(got[1], (image == top).sum((2, 3), keepdim=True).double())
+    else:
+        top, index = torch.nn.functional.adaptive_max_pool2d(image, 1, return_indices=True)
+        assert torch.equal(got[0], top) and torch.equal(got[1], index)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_a_bands_share_of_the_merged_gradient_is_its_gradient_through_all(case):
+    kind, image, cuts, seed = case
+    bands, starts = bands_of(image, cuts)
+    width = image.shape[3]
+    whole = merged(kind, [partial(kind, band, row, width) for band, row in zip(bands, starts, strict=True)])
+    generator = torch.Generator().manual_seed(seed + 1)
+    weights = [torch.randn(t.shape, dtype=torch.float64, generator=generator) for t in whole]
+    want = torch.autograd.grad(weighted(whole, weights), bands)
+    kept = tuple(t.detach() for t in whole)
+    for band, row, grad in zip(bands, starts, want, strict=True):
+        own = own_share(kind, kept, partial(kind, band, row, width))
+        for t, k in zip(own, kept, strict=True):  # the merged partial again
+            torch.testing.assert_close(t.detach(), k, rtol=1e-12, atol=1e-12)
+        got, = torch.autograd.grad(weighted(own, weights), band, allow_unused=True)
+        torch.testing.assert_close(torch.zeros_like(band) if got is None else got, grad, rtol=1e-10, atol=1e-12)
+
+
+def test_ties_across_bands_share_the_gradient_evenly():
+    """A constant image: every element is a maximum, and each gets 1/numel of the gradient, as
+    ``amax`` gives it; max pooling gives it all to the first."""
+    image = torch.zeros(1, 1, 6, 3, dtype=torch.float64)
+    bands, starts = bands_of(image, [1, 4])
+    for kind, want in (("max", torch.full_like(image, 1 / 18)), ("argmax", torch.zeros_like(image))):
+        parts = [partial(kind, b, r, 3) for b, r in zip(bands, starts, strict=True)]
+        kept = tuple(t.detach() for t in merged(kind, parts))
+        got = torch.cat([torch.autograd.grad(own_share(kind, kept, partial(kind, b, r, 3))[0].sum(), b)[0]
+                         for b, r in zip(bands, starts, strict=True)], dim=2)
+        if kind == "argmax":
+            want[0, 0, 0, 0] = 1
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
