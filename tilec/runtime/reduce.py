@@ -6,9 +6,10 @@ merges each tile's into a running one as the tiles run, and keeps only that. Its
 tile's share of the merged partial's gradient, which depends on every other tile's partial; merged
 too, they are the *rest*: the merged partial less the tile's, which each kind solves for. So a tile's
 partial merged with its rest (held constant) is the merged partial again, and autograd through that
-one merge gives the tile's share exactly as through a merge of all the tiles'. Both are
-differentiable torch code: autograd derives every reduction's backward. Partials keep the reduced
-dims (``keepdim``), so that they broadcast.
+one merge gives the tile's share exactly as through a merge of all the tiles'. Partials and merges
+are differentiable torch code, so autograd derives every reduction's backward (the maxima's merges
+say how a tie's gradient is shared). Partials keep the reduced dims (``keepdim``), so that they
+broadcast.
 
 * ``sum``: sums (means divide by a count known when compiling); the rest is the difference.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
