@@ -119,7 +119,7 @@ def exchange(group, found, like, kinds):
             for rows, t in zip(stack, part, strict=True):
                 rows[rank] = t
     sum_over(group, [ran, *(rows for stack in stacks for rows in stack)])
-    ranks = [k for k in range(world) if ran[k] > 0]
+    ranks = [k for k, flag in enumerate(ran.tolist()) if flag > 0]  # one read of the flags off the device
     return tuple(merged(kind, [tuple(rows[k] for rows in stack) for k in ranks])
                  for kind, stack in zip(kinds, stacks, strict=True))
 
