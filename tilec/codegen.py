@@ -281,9 +281,14 @@ def _direct_function(segment: Segment, graph: Graph, slots: dict[str, int], leve
     return _tuple(partials)
 
 
-def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int]) -> list[Statement]:
+def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int],
+                       in_place: dict[str, str | None]) -> list[Statement]:
+    """A stored segment's statements: each node's aten call on whole tensors, the modules' modes read
+    from ``train``; an activation of ``in_place`` whose input is made in the segment runs in place on
+    it, as the model's own in-place activations do (``tilec.ops.in_place``)."""
     view = TileView(graph, slots, Constants(), {})
     statements = []
+    inside = set(graph.order[segment.first:segment.stop])
     for node in graph.members(segment.first, segment.stop):
         view.focus(node, None, None, None)
         flag = rule(node).training_flag
@@ -297,7 +302,11 @@ def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int]) ->
                 args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
             else:
                 args[flag] = f"train[{node.path!r}]"
-        statement = view.whole(node, args)
+        if node.name in in_place and node.inputs[0] in inside:
+            args = [view.arg(a) for a in node.args]
+            statement = view.whole(node, args, expr=view.call(node, args, rule(node).in_place))
+        else:
+            statement = view.whole(node, args)
         if updates_buffer(node):
             statement.expr = f"{statement.expr} if train[{node.path!r}] else None"
         statements.append(statement)
@@ -358,7 +367,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                 direct = _direct_function(segment, graph, slots, level)
                 reduced = repr(tuple((first + k, tuple(sliced_names.index(i) for i in rule(graph.nodes[name]).reduced(
                     graph.nodes[name], graph))) for k, name in enumerate(level.reductions)))
-    stored = _stored_statements(segment, graph, slots) if segment.mode == "stored" else []
+    stored = _stored_statements(segment, graph, slots, in_place) if segment.mode == "stored" else []
     rolled = tuple(name in segment.rolled for name, _ in sliced)
     return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
                        costs, repr(segment.shares), repr(rolled), functions, stored, prefixes, combines, levels,

@@ -1994,10 +1994,12 @@ class TiledModule(torch.nn.Module):
     ``progress=True`` reports per-tile progress on standard error during each pass.
     ``process_group``: a torch.distributed group whose ranks call this model on the same input
     together and share the tiles; ``None`` runs every tile here.
-    ``return_freed_memory``: on the first forward on a CPU input, pin glibc's mmap threshold for
-    the process (``tilec.runtime.memory``), so that resident memory stays within the plan's
-    budget; ``False`` leaves the allocator as it is (faster, but resident memory may reach about
-    twice the budget). On CUDA, put the caching allocator on expandable segments (unless
+    ``return_freed_memory``: on the first forward on a CPU input of a plan with a tiled segment, pin
+    glibc's mmap threshold for the process (``tilec.runtime.memory``), so that resident memory
+    stays within the plan's budget; ``False`` leaves the allocator as it is (faster, but resident
+    memory may reach about twice the budget). A plan of stored segments only runs as plain
+    PyTorch does and leaves the allocator alone: its blocks are not tile-sized, and a pinned
+    threshold would fault every block of 128 KiB or more in afresh (measured: 1.3x the step). On CUDA, put the caching allocator on expandable segments (unless
     ``PYTORCH_CUDA_ALLOC_CONF`` is set), so that what it reserves stays near what tiles allocate.
     ``kernels``: ``"auto"``, each device's own tile kernels, or ``"generic"``, aten's kernels on
     fresh tensors everywhere, as CUDA runs (``tilec.runtime.device``).
@@ -2032,6 +2034,11 @@ class TiledModule(torch.nn.Module):
     def output(self, values):
         raise NotImplementedError
 
+    @property
+    def tiled(self):
+        """Whether the plan has a tiled segment."""
+        return any(isinstance(step.run, TiledSegment) for step in self.steps)
+
     def forward(self, *inputs):
         plan = self.plan
         modules = dict(self.model.named_modules())
@@ -2045,7 +2052,7 @@ class TiledModule(torch.nn.Module):
         run = Run(plan.name, self.progress, self.process_group, self.kernels == "generic", plan.gemm_min_channels,
                   device=device, dtype=dtype)
         kernels = run.kernels(device.type)
-        if self.return_freed_memory and kernels.pin_allocator:
+        if self.return_freed_memory and kernels.pin_allocator and self.tiled:
             return_freed_memory()
         if self.return_freed_memory and kernels.expand_segments:
             expand_cuda_segments()
