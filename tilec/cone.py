@@ -6,9 +6,10 @@ consumers to producers (reverse execution order), a node's output interval is th
 its consumers read and, for an output, of its owned part. The node's rule (``tilec.ops``) gives
 what it needs of each sliced input; that is clipped to the real input, and what was clipped is
 the border padding the tile applies itself where the rule says so (the op then runs without its
-own padding). A reduction's partial covers the tile's owned part of its reduced inputs; a positional
-reduction of nothing's (element-wise dropout) is its own output interval. An empty output interval reads nothing. A tensor read by several consumers gets
-the hull of their non-empty reads (the first empty read where all are empty).
+own padding). An empty output interval reads nothing. A tensor read by several consumers gets
+the hull of their non-empty reads (the first empty read where all are empty). A reduction's partial
+covers the tile's owned part of its reduced inputs; a positional reduction of nothing's (element-wise
+dropout) is its own output interval.
 
 ``cone`` computes this for the tiles of several grids at once, as arrays of interval bounds:
 the budget search evaluates every grid of a run in one pass, and the planner one grid
