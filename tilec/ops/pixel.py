@@ -129,9 +129,9 @@ class Dropout(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if const(node, 2, False) and const(node, 1, 0) and not self.reduces(node, shapes):
-            fail(node, "Dropout in training mode on a tensor that is not 4-D (N, C, H, W) image draws a mask over "
-                       "the whole image, which no tile can reproduce; call .eval() on it (Dropout2d, one value per "
-                       "channel, tiles exactly)")
+            what = "alpha dropout" if "alpha" in node.op else "element-wise Dropout on a 3-D image"
+            fail(node, f"{what} in training mode draws a mask over the whole image, which no tile can reproduce; "
+                       "call .eval() on it (Dropout on (N, C, H, W) images and Dropout2d tile exactly)")
         return super().check(node, shapes)
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
