@@ -62,7 +62,7 @@ FILES = {
     "indices.py": HEADER + "model = nn.Sequential(nn.MaxPool2d(2, return_indices=True))\nINPUT_SHAPE = (1, 3, 8, 8)\n",
     "bntrain.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3))\n"
                            "INPUT_SHAPE = (1, 3, 8, 8)\n",
-    "droptrain.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.Dropout(0.5))\n"
+    "droptrain.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.AlphaDropout(0.5))\n"
                              "INPUT_SHAPE = (1, 3, 8, 8)\n",
     "bnstats.py": HEADER + "model = nn.Sequential(nn.BatchNorm2d(3, track_running_stats=False)).eval()\n"
                            "INPUT_SHAPE = (1, 3, 8, 8)\n",
@@ -94,10 +94,10 @@ COMPILE_CASES = [
                                                                     "max_pool2d_with_indices"]),
     ("cat along H", ["compile", "cath.py", "--grid", "1x1"], ["aten.cat", "image axis"]),
     ("in place through a view", ["compile", "viewinplace.py", "--grid", "1x1"], ["in place through an aten.view"]),
-    ("Dropout training", ["compile", "droptrain.py", "--grid", "1x1"],
-     ["module 1 (Dropout)", "training mode", "eval()"]),
-    ("Dropout training tiled", ["compile", "droptrain.py", "--grid", "2x2"],
-     ["aten.dropout", "module 1 (Dropout)", "training mode", "eval()", "Dropout2d"]),
+    ("AlphaDropout training", ["compile", "droptrain.py", "--grid", "1x1"],
+     ["module 1 (AlphaDropout)", "training mode", "eval()"]),
+    ("AlphaDropout training tiled", ["compile", "droptrain.py", "--grid", "2x2"],
+     ["aten.alpha_dropout", "module 1 (AlphaDropout)", "training mode", "eval()", "Dropout2d"]),
     ("channels inside the model", ["compile", "chain.py", "--grid", "1x1"],
      ["does not run on input shape (1, 3, 8, 8)", "5 channels"]),
     ("no input shape", ["compile", "noshape.py", "--grid", "1x1"], ["--input-shape", "INPUT_SHAPE"]),
@@ -211,7 +211,7 @@ def test_library_raises_typed_errors(tmp_path):
     with pytest.raises(ShapeError, match="does not run"):
         trace(nn.Sequential(nn.Linear(3, 3)), (1, 3, 8, 8))
     with pytest.raises(UnsupportedLayerError, match="training mode"):
-        trace(nn.Sequential(nn.Conv2d(3, 3, 3), nn.Dropout(0.5)), (1, 3, 8, 8))
+        trace(nn.Sequential(nn.Conv2d(3, 3, 3), nn.AlphaDropout(0.5)), (1, 3, 8, 8))
     with pytest.raises(ShapeError, match="does not run"):
         trace(small_model(), (1, 3, 4, 4))
     with pytest.raises(ShapeError, match="positive"):

@@ -246,14 +246,15 @@ def test_one_training_mode_batch_norm_in_an_eval_body_is_exact(grid):
     assert "buffer layer1.bn2.running_var" in errors and "buffer layer1.bn2.num_batches_tracked" in errors
 
 
-def test_element_wise_dropout_in_training_mode_in_the_body_is_refused():
-    """Element-wise Dropout draws a mask over the whole image, which no tile can reproduce."""
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Dropout(0.3), nn.Conv2d(4, 2, 3)).train()
+def test_alpha_dropout_in_training_mode_in_the_body_is_refused():
+    """Alpha dropout draws a mask over the whole image from PyTorch's stream, which no tile can
+    reproduce (element-wise Dropout draws tilec's counter-based masks: ``tests/test_dropout.py``)."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AlphaDropout(0.3), nn.Conv2d(4, 2, 3)).train()
     with pytest.raises(UnsupportedLayerError) as error:
         build(model, (1, 3, 11, 9), (2, 2))
     message = str(error.value)
     assert "\n" not in message
-    assert "aten.dropout" in message and "module 2 (Dropout)" in message and "training mode" in message
+    assert "aten.alpha_dropout" in message and "module 2 (AlphaDropout)" in message and "training mode" in message
     assert ".eval()" in message and "Dropout2d" in message
 
 

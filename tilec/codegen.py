@@ -261,7 +261,7 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
         elif node.op == "getitem":
             expr = f"{view.var(node.args[0].value)}[{node.args[1].value}]"
         else:
-            expr = view.whole(node).expr
+            expr = rule(node).untiled(node, _mode_args(node, view), graph) or view.whole(node).expr
         if rule(node).random:
             expr = f"{expr} if update else r[{name!r}]"
         statements.append(Statement(f"r[{name!r}]", expr))
@@ -281,6 +281,18 @@ def _direct_function(segment: Segment, graph: Graph, slots: dict[str, int], leve
     return _tuple(partials)
 
 
+def _mode_args(node: NodeSpec, view: TileView) -> list[str]:
+    """The argument expressions of ``node`` on whole tensors, its training flag (BatchNorm's mode
+    and momentum) read from the step's ``train``."""
+    args = [view.arg(a) for a in node.args]
+    flag = rule(node).training_flag
+    if is_batch_norm_module(node):
+        args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
+    elif flag is not None and flag < len(args):
+        args[flag] = f"train[{node.path!r}]"
+    return args
+
+
 def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int],
                        in_place: dict[str, str | None]) -> list[Statement]:
     """A stored segment's statements: each node's aten call on whole tensors, the modules' modes read
@@ -297,16 +309,13 @@ def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int],
             statements.append(view.whole(node, expr=f"{view.var(node.args[0].value)}[{node.args[1].value}]"))
             continue
         if is_batch_norm_module(node) or flag is not None:
-            args = [view.arg(a) for a in node.args]
-            if is_batch_norm_module(node):
-                args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
-            else:
-                args[flag] = f"train[{node.path!r}]"
+            args = _mode_args(node, view)
         if node.name in in_place and node.inputs[0] in inside:
             args = [view.arg(a) for a in node.args]
             statement = view.whole(node, args, expr=view.call(node, args, rule(node).in_place))
         else:
-            statement = view.whole(node, args)
+            untiled = rule(node).untiled(node, args, graph) if args else None
+            statement = view.whole(node, args, untiled)
         if updates_buffer(node):
             statement.expr = f"{statement.expr} if train[{node.path!r}] else None"
         statements.append(statement)

@@ -7,7 +7,9 @@ its consumers read and, for an output, of its owned part. The node's rule (``til
 what it needs of each sliced input; that is clipped to the real input, and what was clipped is
 the border padding the tile applies itself where the rule says so (the op then runs without its
 own padding). An empty output interval reads nothing. A tensor read by several consumers gets
-the hull of their non-empty reads (the first empty read where all are empty).
+the hull of their non-empty reads (the first empty read where all are empty). A reduction's partial
+covers the tile's owned part of its reduced inputs; a positional reduction of nothing's (element-wise
+dropout) is its own output interval.
 
 ``cone`` computes this for the tiles of several grids at once, as arrays of interval bounds:
 the budget search evaluates every grid of a run in one pass, and the planner one grid
@@ -123,6 +125,8 @@ def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int]) -> 
             partial = _split(graph.size(reduced[0], axis), grids)
             for name in reduced:
                 region[name] = _merged(region.get(name), *partial)
+        elif role(graph, node.name) == "reduction" and rule(node).positional(node, graph):
+            partial = start, stop_
         steps.append(Step(node.name, start, stop_, tuple(reads), partial))
     return Cone(low, stop, tiles, owned, tuple(steps[::-1]), region)
 

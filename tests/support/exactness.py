@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from tilec.pipeline import build
+from tilec.runtime.dropout import counter_dropout
 
 TOLERANCE = 1e-10
 #: Largest difference of a float32 result from untiled float32, relative to the largest magnitude
@@ -53,9 +54,19 @@ def randomise_buffers(model: nn.Module, generator: torch.Generator) -> None:
                     module.bias.copy_(torch.randn(module.bias.shape, generator=generator))
 
 
+def counted(model: nn.Module):
+    """``model``'s forward run under tilec's counter-based dropout masks (``counter_dropout``)."""
+    def forward(*inputs):
+        with counter_dropout(model):
+            return model(*inputs)
+
+    return forward
+
+
 def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), seed: int = 0,
                tiled: nn.Module | None = None, kernels: str = "auto", dtype: torch.dtype = torch.float64,
-               device: str = "cpu", relative: bool = False, noise_floor: float | None = None) -> dict[str, float]:
+               device: str = "cpu", relative: bool = False, noise_floor: float | None = None,
+               counter: bool = False) -> dict[str, float]:
     """Max abs difference per tensor: every output leaf, the input gradient, each parameter
     gradient (``grad NAME``) and each buffer after the step (``buffer NAME``).
 
@@ -64,7 +75,8 @@ def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=
     ``TiledModel`` of ``model``; else one is built with ``kernels``. ``relative``: each difference
     divided by the largest magnitude of the untiled tensor (1 where that is 0). ``noise_floor``
     (with ``relative``): the divisor is at least ``noise_floor`` times the max difference of the
-    untiled step from the same step in float64 (run on another deep copy, converted).
+    untiled step from the same step in float64 (run on another deep copy, converted). ``counter``:
+    the untiled step draws element-wise dropout masks as tiles do (``counted``).
     """
     generator = torch.Generator().manual_seed(seed)
     model = model.to(dtype)
@@ -77,7 +89,8 @@ def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=
     model, reference = model.to(device), reference.to(device)
     x = torch.randn(shape, dtype=dtype, generator=generator).to(device)
     named = [name for name, p in model.named_parameters() if p.requires_grad]
-    want, want_spec, grads_out, want_grads = _run(reference, x, _parameters(reference, named), seed)
+    want, want_spec, grads_out, want_grads = _run(counted(reference) if counter else reference, x,
+                                                  _parameters(reference, named), seed)
     got, got_spec, _, got_grads = _run(tiled, x, _parameters(model, named), seed, grads_out)
     assert got_spec == want_spec, f"tiled output structure {got_spec} != untiled {want_spec}"
     floors = [0.0] * (len(want) + len(want_grads))
@@ -153,10 +166,11 @@ def _assert_within(errors: dict[str, float], tolerance: float, what: str) -> Non
 
 
 def check_exact(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), tolerance: float = TOLERANCE,
-                seed: int = 0, kernels: str = "auto", device: str = "cpu") -> dict[str, float]:
-    """Assert tiled == untiled within ``tolerance`` (float64) for outputs, every gradient and every buffer."""
+                seed: int = 0, kernels: str = "auto", device: str = "cpu", counter: bool = False) -> dict[str, float]:
+    """Assert tiled == untiled within ``tolerance`` (float64) for outputs, every gradient and every
+    buffer (``counter``: ``max_errors``'s)."""
     errors = max_errors(model, shape, grid=grid, segments=segments, recomputed=recomputed, seed=seed,
-                        kernels=kernels, device=device)
+                        kernels=kernels, device=device, counter=counter)
     _assert_within(errors, tolerance, "abs")
     return errors
 

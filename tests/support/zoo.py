@@ -921,6 +921,50 @@ class SegmentationLoss(nn.Module):
         return loss + 0.01 * F.cross_entropy(logits, target, reduction="sum")
 
 
+class ASPP(nn.Module):
+    """torchvision's DeepLabV3 ``ASPP``, small: a 1x1 branch, two dilated 3x3 branches and a global
+    pooling branch (pooled, 1x1 conv, BatchNorm, ReLU, upsampled back), concatenated, then projected by
+    1x1 conv, BatchNorm, ReLU and element-wise ``Dropout(0.5)``."""
+
+    def __init__(self, inputs: int, width: int, pooling: bool = True):
+        super().__init__()
+        self.convs = nn.ModuleList([conv_bn(inputs, width, 1), *(
+            nn.Sequential(nn.Conv2d(inputs, width, 3, padding=rate, dilation=rate, bias=False), nn.BatchNorm2d(width),
+                          nn.ReLU()) for rate in (2, 3))])
+        self.pooling = nn.Sequential(nn.AdaptiveAvgPool2d(1), conv_bn(inputs, width, 1)) if pooling else None
+        self.project = nn.Sequential(conv_bn(width * (len(self.convs) + pooling), width, 1), nn.Dropout(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        branches = [conv(x) for conv in self.convs]
+        if self.pooling is not None:
+            branches.append(F.interpolate(self.pooling(x), size=x.shape[-2:], mode="bilinear", align_corners=False))
+        return self.project(torch.cat(branches, dim=1))
+
+
+class DropoutSegmenter(nn.Module):
+    """A segmentation network with the training-mode element-wise Dropout of published heads: a
+    stride-2 trunk, DeepLabV3's ASPP head (Dropout 0.5), FCN's head (3x3 conv, BatchNorm, ReLU,
+    ``Dropout(0.1)``, 1x1 classifier) and an ``F.dropout`` in the model's own forward, upsampled
+    bilinearly to the input's size. Not in ``TRAIN_ZOO``: its masks are tilec's counter-based ones,
+    which plain PyTorch draws only under ``tilec.runtime.dropout.counter_dropout``."""
+
+    def __init__(self, classes: int = 3, pooling: bool = True):
+        super().__init__()
+        self.backbone = nn.Sequential(conv_bn(3, 6, 3, stride=2), conv_bn(6, 8, 3))
+        self.aspp = ASPP(8, 6, pooling)
+        self.fcn = nn.Sequential(conv_bn(6, 6, 3), nn.Dropout(0.1), nn.Conv2d(6, classes, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fcn(F.dropout(self.aspp(self.backbone(x)), 0.2, self.training))
+        return F.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+
+def dropout_segmenter(pooling: bool = True) -> nn.Module:
+    """``DropoutSegmenter`` in training mode (BatchNorm with batch statistics, Dropout drawing)."""
+    torch.manual_seed(0)
+    return _finish(DropoutSegmenter(pooling=pooling)).train()
+
+
 def _train_builder(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         torch.manual_seed(0)

@@ -23,7 +23,9 @@ computes over the part of the ``reduced`` inputs it owns (the owned parts partit
 (``finish``), and
 for normalisations an ``apply`` that each tile computes from its input and that result, read as
 a leaf (``tilec.runtime.tiles``). A reduction of nothing (a dropout mask over channels) has no
-reduced inputs: its result is drawn once per step.
+reduced inputs: its result is drawn once per step. A *positional* one (element-wise dropout) has
+its tiles draw by their position: its ``AxisTile.partials`` interval is the tile's own output
+interval at it, whose start the tile reads as its origin ``o``.
 
 Intervals are half-open ``[start, stop)`` in the coordinates of the full (untiled) tensor.
 """
@@ -179,6 +181,15 @@ class Op:
         """The image inputs whose owned parts a reduction's partials cover (several: a loss's
         prediction and target, of one extent)."""
         return shapes.sliced_inputs(node)
+
+    def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
+        """Whether a reduction of nothing draws by position (module docstring)."""
+        return False
+
+    def untiled(self, node: NodeSpec, args: list[str], shapes: Shapes) -> str | None:
+        """The expression computing ``node`` on whole tensors from its arguments' expressions
+        ``args`` (in a stored segment or a combine), where that is not its aten call; ``None``: it is."""
+        return None
 
     def partial(self, node: NodeSpec, tile) -> str:
         """The expression of a tile's partial, a tuple of tensors, over ``tile.owned(input)``."""

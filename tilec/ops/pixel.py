@@ -13,6 +13,7 @@ from tilec.ir import NodeSpec
 from tilec.ops.base import Need, Op, const, dim, fail
 from tilec.ops.reduce import Normalise, Statistic, image_dims
 from tilec.regions import Interval
+from tilec.runtime.dropout import op_key
 
 
 class Pixel(Op):
@@ -93,12 +94,32 @@ class BatchNorm(Pixel):
         return node.path if is_batch_norm_module(node) else None
 
 
+def is_element_dropout(node: NodeSpec, shapes: Shapes) -> bool:
+    """Element-wise ``dropout`` on a 4-D tensor, traced in training mode: its masks come from the
+    counter-based generator (``tilec.runtime.dropout``), not from PyTorch's stream."""
+    return node.op == "dropout" and bool(const(node, 2, False)) and len(node.shape) == 4
+
+
+def dropout_key(node: NodeSpec, shapes: Shapes) -> int:
+    """The key of an element-wise dropout (``tilec.runtime.dropout.op_key``): its module path and how
+    many dropouts on 4-D tensors that module ran before it."""
+    count = 0
+    for other in shapes.nodes.values():
+        if other.name == node.name:
+            return op_key(node.path, count)
+        count += other.op == "dropout" and other.path == node.path and len(other.shape) == 4
+    raise KeyError(node.name)
+
+
 class Dropout(Pixel):
     """Dropout in eval mode is the identity. In training mode, ``feature_dropout`` (``Dropout2d``)
     draws one mask value per sample and channel: a reduction of nothing, drawn once per step in the
     model's op order (so a seeded tiled step draws what a seeded untiled one does) and multiplied
-    into every tile; element-wise dropout draws a mask over the whole image, which no tile can
-    reproduce from PyTorch's random stream: refused."""
+    into every tile. Element-wise ``dropout`` on a 4-D tensor is a reduction of nothing too: its
+    result is the step's stream of the op (``tilec.runtime.dropout``), and each tile draws its own
+    elements' keep decisions from it, their absolute indices and its origin at the node (its
+    ``AxisTile.partials`` interval, the node's own output interval: ``positional``). Element-wise
+    dropout on a 3-D image and alpha dropout in training mode are refused."""
 
     view = True
     pass_through = True
@@ -108,22 +129,40 @@ class Dropout(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if const(node, 2, False) and const(node, 1, 0) and not self.reduces(node, shapes):
-            fail(node, "Dropout in training mode draws a mask over the whole image, which no tile can reproduce; "
-                       "call .eval() on it (Dropout2d, one value per channel, tiles exactly)")
+            what = "alpha dropout" if "alpha" in node.op else "element-wise Dropout on a 3-D image"
+            fail(node, f"{what} in training mode draws a mask over the whole image, which no tile can reproduce; "
+                       "call .eval() on it (Dropout on (N, C, H, W) images and Dropout2d tile exactly)")
         return super().check(node, shapes)
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
-        return node.op == "feature_dropout" and bool(const(node, 2, False)) and image_dims(node, shapes) is not None
+        return node.op in ("feature_dropout", "dropout") and bool(const(node, 2, False)) and image_dims(
+            node, shapes) is not None
+
+    def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return is_element_dropout(node, shapes)
 
     def reduced(self, node: NodeSpec, shapes: Shapes) -> tuple[str, ...]:
         return ()
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
+        if node.op == "dropout":
+            return f"step_stream(train, {dropout_key(node, view.shapes)}, {view.train(node.path)})"
         flag = view.train(node.path) if node.path else "True"
         return f"channel_dropout(like, {tuple(node.shape[:2]) + (1, 1)!r}, {const(node, 1)!r}, {flag})"
 
     def apply(self, node: NodeSpec, tile) -> str:
+        if node.op == "dropout":
+            origin = tile.origin(node.name)
+            starts = [f"{origin}[{node.spatial.index(d)}]" if d in node.spatial else "0" for d in range(4)]
+            return (f"element_dropout({tile.read(node.inputs[0])}, {tile.leaf(node.name)}, {const(node, 1)!r}, "
+                    f"({', '.join(starts)}), {tuple(node.shape)!r})")
         return f"{tile.read(node.inputs[0])} * {tile.leaf(node.name)}"
+
+    def untiled(self, node: NodeSpec, args: list[str], shapes: Shapes) -> str | None:
+        if not is_element_dropout(node, shapes):
+            return None
+        return (f"element_dropout({args[0]}, step_stream(train, {dropout_key(node, shapes)}, {args[2]}), "
+                f"{args[1]}, (0, 0, 0, 0), {tuple(node.shape)!r})")
 
 
 def reduced_dims(node: NodeSpec, ndim: int) -> set[int]:
