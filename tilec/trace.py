@@ -401,13 +401,25 @@ def _in_mode(model: nn.Module, training: bool):
 
 def _mode_free(graph: Graph) -> tuple:
     """``graph`` without what the modules' flags decide at run time: the training-flag argument of
-    the ops that follow a module's flag (``batch_norm``, ``dropout``), and tileability."""
-    def node(spec: NodeSpec) -> dict:
-        flag = rule(spec).training_flag
-        args = tuple(arg if k != flag else None for k, arg in enumerate(spec.args))
-        return spec.model_copy(update={"args": args, "tileable": None}).model_dump()
+    the ops that follow a module's flag (``batch_norm``, ``dropout``) and tileability; nodes are
+    named by position (export numbers in-place ops after BatchNorm's batch counters, which only
+    training mode has)."""
+    position = {name: k for k, name in enumerate(graph.order)}
 
-    return tuple(map(node, graph)), graph.output, graph.tensors, graph.inputs
+    def renamed(value):
+        return position.get(value, value) if isinstance(value, str) else tuple(map(renamed, value))
+
+    def node(spec: NodeSpec) -> tuple:
+        flag = rule(spec).training_flag
+        args = tuple(None if k == flag else (a.kind, renamed(a.value) if a.kind in ("node", "nodes") else a.value,
+                                             a.keyword) for k, a in enumerate(spec.args))
+        return (spec.op, spec.target, spec.path, spec.module_type, args, renamed(spec.inputs), spec.shape,
+                spec.spatial, spec.autocast_dtype)
+
+    def tree(output: OutputTree) -> tuple:
+        return output.kind, renamed(output.node or ""), output.keys, tuple(map(tree, output.items))
+
+    return tuple(map(node, graph)), tree(graph.output), graph.tensors, graph.inputs
 
 
 def trace_modes(model: nn.Module, inputs, autocast: str | None = None) -> Traced:

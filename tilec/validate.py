@@ -426,6 +426,17 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         check_version({"schema_version": plan.schema_version}, source)
     try:
         _check_modes(plan)
+    except _Inconsistent as error:
+        raise PlanError(f"{source} is inconsistent: {error}") from None
+    _check_one(plan, source)
+    if plan.other is not None:
+        _check_one(plan.other, f"{source} (its {plan.other.mode}-mode plan)")
+    return plan
+
+
+def _check_one(plan: Plan, source: str) -> None:
+    """Raise one ``PlanError`` line unless one mode's plan is internally consistent."""
+    try:
         _check_input(plan)
         _check_predictions(plan)
         _check_nodes(plan)
@@ -444,6 +455,3 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         _check_grid(plan, graph)
     except _Inconsistent as error:
         raise PlanError(f"{source} is inconsistent: {error}") from None
-    if plan.other is not None:
-        validate(plan.other, f"{source} (its {plan.other.mode}-mode plan)")
-    return plan
