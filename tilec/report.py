@@ -94,7 +94,7 @@ def describe_plan(plan: Plan) -> Table:
         ranks = (f"; {plan.ranks} ranks share the tiles: predicted peak per rank {_mib(plan.predicted_peak_bytes)}, "
                  f"est. {seconds:.3f} s per rank (without communication)")
     table = Table(
-        title=f"plan {plan.name}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
+        title=f"plan {plan.name}{f' ({plan.mode} mode)' if plan.mode else ''}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
         f"{len(plan.model.nodes)} nodes, "
         f"{plan.dtype}{autocast}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}{ranks}"
     )
@@ -114,6 +114,7 @@ def describe_plan(plan: Plan) -> Table:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
             f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))
     captions += clipped_grids(plan)
+    captions += modes(plan)
     captions += [f"segment {s.index} reduces by sweeps: " + "; ".join(_level(level) for level in s.levels)
                  for s in plan.segments if s.levels]
     table.caption = "\n".join(captions) or None
@@ -135,6 +136,20 @@ def describe_plan(plan: Plan) -> Table:
             *_rank_cells(plan, segment),
         )
     return table
+
+
+def modes(plan: Plan) -> list[str]:
+    """A line on the modes a plan runs in, where it does not serve both."""
+    if plan.mode is None:
+        return []
+    mode, other = ("training", "eval") if plan.mode == "train" else ("eval", "training")
+    flipped = f" (modules in {other} mode: {', '.join(plan.flipped)})" if plan.flipped else ""
+    if plan.other is not None:
+        return [f"runs in {mode} mode only{flipped}: the model's forward takes another path in {other} mode, which "
+                f"has its own plan"]
+    if plan.refused is not None:
+        return [f"runs in {mode} mode only{flipped}; {other} mode is refused: {plan.refused}"]
+    return [f"runs in {mode} mode only{flipped}"]
 
 
 def sweeps(segment: Segment) -> str:
