@@ -88,13 +88,14 @@ def describe_plan(plan: Plan) -> Table:
     """One row per segment: nodes, mode, grid, shape classes, largest slice, outputs, predicted cost."""
     budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
     autocast = f" (autocast {plan.autocast})" if plan.autocast else ""
+    mode = f" ({plan.mode} mode)" if plan.mode else ""
     ranks = ""
     if plan.ranks is not None:
         seconds = sum(s.rank_seconds or 0.0 for s in plan.segments)
         ranks = (f"; {plan.ranks} ranks share the tiles: predicted peak per rank {_mib(plan.predicted_peak_bytes)}, "
                  f"est. {seconds:.3f} s per rank (without communication)")
     table = Table(
-        title=f"plan {plan.name}{f' ({plan.mode} mode)' if plan.mode else ''}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
+        title=f"plan {plan.name}{mode}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
         f"{len(plan.model.nodes)} nodes, "
         f"{plan.dtype}{autocast}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}{ranks}"
     )
