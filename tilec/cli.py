@@ -110,7 +110,9 @@ def compile_command(model_file, attr, inputs, input_shape, grid, segments, memor
         with planning_progress() as progress:
             result = compile_model(config, progress=progress)
     console = _console()
-    console.print(describe_plan(result.plan))
+    for one in (result.plan, result.plan.other):
+        if one is not None:
+            console.print(describe_plan(one))
     console.print(f"wrote {result.plan_path} and {result.module_path}")
 
 
@@ -131,7 +133,9 @@ def inspect_command(plan_file, tile, node, segment, list_nodes) -> None:
         if list_nodes:
             tables.insert(0, node_table(plan))
     console = _console()
-    console.print(describe_plan(plan))
+    for one in (plan, plan.other):
+        if one is not None:
+            console.print(describe_plan(one))
     for table in tables:
         console.print(table)
 

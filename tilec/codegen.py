@@ -77,6 +77,10 @@ class LevelView:
 
 @dataclass
 class SegmentView:
+    """A segment as the template renders it; ``name``: its function's (``_S0``; another mode's
+    plan prefixes its names with the mode, ``_eval_S0``)."""
+
+    name: str
     segment: Segment
     tensors: list[int]
     sliced: list[tuple[str, tuple[int, int]]]
@@ -160,7 +164,7 @@ def _overwriting(segment: Segment, graph: Graph, in_place: dict[str, str | None]
 
 
 def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
-                    in_place: dict[str, bool], rows: AxisTile, cols: AxisTile) -> list[TileFunction]:
+                    in_place: dict[str, bool], rows: AxisTile, cols: AxisTile, prefix: str) -> list[TileFunction]:
     """The full tile function of one shape class and its levels' prefixes (``TileFunction``)."""
     sliced = [i.name for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
@@ -195,7 +199,7 @@ def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], const
                                          local(own_c, held_c)))
     partials = [f"q_{name}" if name in computed else "None" for name in reductions]
     classes = f"{rows.shape_class}_{cols.shape_class}"
-    functions = [_function(f"_s{segment.index}_{classes}", rows, cols, sliced, broadcast, statements,
+    functions = [_function(f"{prefix}_s{segment.index}_{classes}", rows, cols, sliced, broadcast, statements,
                            kept | {f"q_{name}" for name in computed}, f"({_tuple(returns)}, {_tuple(partials)})",
                            f"Segment {segment.index}, shape class ({rows.shape_class}, {cols.shape_class}).")]
     for level in segment.levels:
@@ -203,7 +207,7 @@ def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], const
             continue
         wanted = [f"q_{name}" for name in level.reductions if name in computed]
         functions.append(_function(
-            f"_s{segment.index}_l{level.index}_{classes}", rows, cols, sliced, broadcast,
+            f"{prefix}_s{segment.index}_l{level.index}_{classes}", rows, cols, sliced, broadcast,
             _needed(statements, set(wanted)), kept | set(wanted), _tuple(wanted),
             f"Segment {segment.index}, shape class ({rows.shape_class}, {cols.shape_class}): the partials of "
             f"level {level.index}."))
@@ -241,7 +245,7 @@ def _leaves(segment: Segment, graph: Graph) -> frozenset[str]:
 
 
 def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
-                      level) -> CombineFunction:
+                      level, prefix: str) -> CombineFunction:
     """The combine of one level: each reduction's merged partials and result, each small op."""
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     view = CombineView(graph, slots, constants, _leaves(segment, graph) | set(level.reductions), broadcast)
@@ -265,7 +269,7 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
         if rule(node).random:
             expr = f"{expr} if update else r[{name!r}]"
         statements.append(Statement(f"r[{name!r}]", expr))
-    return CombineFunction(f"_S{segment.index}_c{level.index}", level.index, statements)
+    return CombineFunction(f"{prefix}_S{segment.index}_c{level.index}", level.index, statements)
 
 
 def _direct_function(segment: Segment, graph: Graph, slots: dict[str, int], level) -> str:
@@ -342,7 +346,7 @@ def _channels_last(plan: Plan, graph: Graph) -> frozenset[str]:
 
 
 def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], constants: Constants,
-                  in_place: dict[str, str | None], channels_last: frozenset[str]) -> SegmentView:
+                  in_place: dict[str, str | None], channels_last: frozenset[str], prefix: str) -> SegmentView:
     tensors = _slots(segment, graph, all_tensors)
     slots = {all_tensors[index]: position for position, index in enumerate(tensors)}
     sliced = [(i.name, graph.spatial(i.name)) for i in segment.inputs if i.sliced]
@@ -355,7 +359,8 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
         overwriting = _overwriting(segment, graph, in_place)
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
-                full, *level_functions = _tile_functions(segment, graph, slots, constants, overwriting, rows, cols)
+                full, *level_functions = _tile_functions(segment, graph, slots, constants, overwriting, rows, cols,
+                                                             prefix)
                 functions.append(full)
                 prefixes += level_functions
         members = graph.members(segment.first, segment.stop)
@@ -363,14 +368,15 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                       tuple(axis_weights(graph, members, segment.cols, 1))))
         sliced_names = [name for name, _ in sliced]
         for level in segment.levels:
-            combines.append(_combine_function(segment, graph, slots, constants, level))
+            level_prefix = f"{prefix}_s{segment.index}_l{level.index}_"
+            combines.append(_combine_function(segment, graph, slots, constants, level, prefix))
             first = sum(len(other.reductions) for other in segment.levels if other.index < level.index)
             switches = [rule(graph.nodes[name]).switch(graph.nodes[name]) for name in level.reductions]
             levels.append(LevelView(
                 level.index, level.direct, level.swept, first, len(level.reductions),
                 tuple(dict.fromkeys(switches)) if switches and None not in switches else (),
                 (*level.reductions, *level.small), combines[-1].name,
-                [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(f"_s{segment.index}_l{level.index}_")],
+                [(f.row, f.col, f.name) for f in prefixes if f.name.startswith(level_prefix)],
                 tuple(rule(graph.nodes[name]).merge(graph.nodes[name]) for name in level.reductions)))
             if level.direct:
                 direct = _direct_function(segment, graph, slots, level)
@@ -378,9 +384,9 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                     graph.nodes[name], graph))) for k, name in enumerate(level.reductions)))
     stored = _stored_statements(segment, graph, slots, in_place) if segment.mode == "stored" else []
     rolled = tuple(name in segment.rolled for name, _ in sliced)
-    return SegmentView(segment, tensors, sliced, broadcast, outputs, _table(segment.rows), _table(segment.cols),
-                       costs, repr(segment.shares), repr(rolled), functions, stored, prefixes, combines, levels,
-                       direct, reduced)
+    return SegmentView(f"{prefix}_S{segment.index}", segment, tensors, sliced, broadcast, outputs,
+                       _table(segment.rows), _table(segment.cols), costs, repr(segment.shares), repr(rolled), functions,
+                       stored, prefixes, combines, levels, direct, reduced)
 
 
 def _tree(tree: OutputTree) -> str:
@@ -428,14 +434,30 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render(plan: Plan) -> str:
-    """Source of the generated module for ``plan``; the same plan gives the same bytes."""
+@dataclass
+class ProgramView:
+    """One mode's plan as the template renders it: its ``PlanSpec`` variable (``PLAN``; another
+    mode's plan ``EVAL_PLAN`` or ``TRAIN_PLAN``), the prefix of its names, its segments, the
+    expression of its return value, and the modules whose flags it follows or checks."""
+
+    plan: Plan
+    var: str
+    prefix: str
+    segments: list[SegmentView]
+    output: str
+    tensors: list[tuple[str, tuple[int, ...], bool]]
+    modules: list[tuple[str, str]]
+    eval_only: tuple[str, ...]
+    train_paths: tuple[str, ...]
+    batch_norm_paths: tuple[str, ...]
+
+
+def _program(plan: Plan, prefix: str, constants: Constants) -> ProgramView:
     graph = Graph.of_plan(plan)
     all_tensors = [t.name for t in plan.model.tensors]
-    constants = Constants()
     in_place = activations_in_place(plan.model.nodes, graph.outputs)
     channels_last = _channels_last(plan, graph)
-    views = [_segment_view(segment, graph, all_tensors, constants, in_place, channels_last)
+    views = [_segment_view(segment, graph, all_tensors, constants, in_place, channels_last, prefix)
              for segment in plan.segments]
     tiled_nodes = [node for s in plan.segments if s.mode == "tiled" for node in graph.members(s.first, s.stop)]
     eval_only = tuple(sorted({n.path for n in tiled_nodes if rule(n).training_flag is not None
@@ -443,6 +465,19 @@ def render(plan: Plan) -> str:
     batch_norm_paths = tuple(sorted({n.path for n in plan.model.nodes if is_batch_norm_module(n)}))
     train_paths = tuple(sorted({n.path for n in plan.model.nodes
                                 if rule(n).training_flag is not None or updates_buffer(n)} - set(batch_norm_paths)))
+    return ProgramView(plan, f"{prefix.strip('_').upper()}_PLAN" if prefix else "PLAN", prefix, views,
+                       _tree(plan.model.output), [(t.name, tuple(t.shape), t.buffer) for t in plan.model.tensors],
+                       sorted({(n.path, n.module_type) for n in plan.model.nodes}),
+                       eval_only, train_paths, batch_norm_paths)
+
+
+def render(plan: Plan) -> str:
+    """Source of the generated module for ``plan`` (and its other mode's, ``Plan.other``); the
+    same plan gives the same bytes."""
+    constants = Constants()
+    programs = [_program(plan, "", constants)]
+    if plan.other is not None:
+        programs.append(_program(plan.other, f"_{plan.other.mode}", constants))
     imports, runtime = runtime_source()
     return _environment().get_template("module.py.j2").render(
         plan=plan,
@@ -451,14 +486,8 @@ def render(plan: Plan) -> str:
         version=__version__,
         imports=imports,
         runtime=runtime,
-        tensors=[(t.name, tuple(t.shape), t.buffer) for t in plan.model.tensors],
-        modules=sorted({(n.path, n.module_type) for n in plan.model.nodes}),
-        eval_only=eval_only,
-        train_paths=train_paths,
-        batch_norm_paths=batch_norm_paths,
+        programs=programs,
         constants=constants.items(),
-        segments=views,
-        output=_tree(plan.model.output),
         pyrepr=repr,
     )
 

@@ -24,7 +24,8 @@ def distribute(plan: Plan, ranks: int | None) -> Plan:
         raise GridError(f"--ranks must be at least 1, got {ranks}")
     graph = Graph.of_plan(plan)
     segments = [_shared(segment, graph, ranks) for segment in plan.segments]
-    return plan.model_copy(update={"segments": tuple(segments), "ranks": ranks})
+    other = distribute(plan.other, ranks) if plan.other is not None else None
+    return plan.model_copy(update={"segments": tuple(segments), "ranks": ranks, "other": other})
 
 
 def _shared(segment: Segment, graph: Graph, ranks: int) -> Segment:

@@ -79,11 +79,14 @@ class Graph(Shapes):
     model's tensors; the runs, cuts and boundaries of its execution order."""
 
     def __init__(self, nodes: Iterable[NodeSpec], *, tensors: Iterable[TensorSpec], output: OutputTree,
-                 inputs: Iterable[InputSpec], autocast: str | None = None):
+                 inputs: Iterable[InputSpec], autocast: str | None = None, mode: str | None = None,
+                 flipped: tuple[str, ...] = ()):
         super().__init__({node.name: node for node in nodes}, tensors, inputs)
         self.order = tuple(self.nodes)
         self.output = output
         self.autocast = autocast
+        self.mode = mode
+        self.flipped = flipped
         self.position = {name: index for index, name in enumerate(self.order)}
         self.position.update({spec.name: -1 - k for k, spec in enumerate(self.inputs)})
         self.input_names = tuple(spec.name for spec in self.inputs)
@@ -92,11 +95,18 @@ class Graph(Shapes):
     def of_plan(cls, plan: Plan) -> Graph:
         """The graph a plan's model fingerprint describes."""
         return cls(plan.model.nodes, tensors=plan.model.tensors, output=plan.model.output, inputs=plan.inputs,
-                   autocast=plan.autocast)
+                   autocast=plan.autocast, mode=plan.mode, flipped=plan.flipped)
 
     def with_nodes(self, nodes: Iterable[NodeSpec]) -> Graph:
         """The same model with other nodes (a rewritten graph, ``tilec.recompute``)."""
-        return Graph(nodes, tensors=self.tensors, output=self.output, inputs=self.inputs, autocast=self.autocast)
+        return Graph(nodes, tensors=self.tensors, output=self.output, inputs=self.inputs, autocast=self.autocast,
+                     mode=self.mode, flipped=self.flipped)
+
+    def in_mode(self, mode: str, flipped: tuple[str, ...] = ()) -> Graph:
+        """The same graph, as traced in ``mode`` ("train" or "eval") with the modules ``flipped`` in
+        the other, which it runs only in (``Plan.mode``)."""
+        return Graph(self.nodes.values(), tensors=self.tensors, output=self.output, inputs=self.inputs,
+                     autocast=self.autocast, mode=mode, flipped=flipped)
 
     def name_at(self, position: int) -> str:
         """The tensor at ``position``: a node, or (negative) a model input."""

@@ -17,6 +17,13 @@ Conventions:
   recomputed: its producers are copied before its late readers (``NodeSpec.recomputes``).
 * A plan stores a segment's tiles per axis: tile ``(i, j)`` is the product of ``rows[i]`` and
   ``cols[j]``. This keeps a 64x64 grid at 128 axis entries, not 4096 tiles.
+* Modes: ``torch.export`` traces one path through the model's Python, in the modes its modules
+  are in. Ops that follow a module's flag at run time (BatchNorm, Dropout modules) serve either
+  mode; a forward that branches on ``self.training`` does not. A plan whose graph is the same in
+  both modes has ``mode`` null and serves both. Otherwise it is the plan of the mode it was
+  traced in (``mode``, the root module's flag; ``flipped``, the other modules in the other
+  mode), and ``other`` is the other mode's plan, or ``refused`` says why there is none. A module
+  runs a plan only with its modules in the plan's modes (BatchNorm and Dropout modules free).
 * Backward regions follow the owned-output strategy the generated code runs: a tile
   back-propagates only its owned output gradient, so every node's output-gradient interval is
   its forward output interval and every input-gradient interval is the interval it read
@@ -31,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 Shape = tuple[int, ...]
 #: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
@@ -272,6 +279,18 @@ class Plan(Frozen):
     ranks: int | None = Field(
         default=None, description="ranks of a process group sharing each tiled segment's tiles (compile "
         "--ranks); every rank holds the full boundary tensors, so its peak is predicted_peak_bytes")
+
+    mode: Literal["train", "eval"] | None = Field(
+        default=None, description="null: the graph is the same in training and eval mode (up to the ops that follow "
+                                  "a module's flag at run time), and the plan serves both; else the mode of the model "
+                                  "(its root module's flag) it was traced in, which it runs only in")
+    flipped: tuple[str, ...] = Field(
+        default=(), description="with mode: the modules (paths) that were in the other mode than the root when the "
+                                "plan was traced, BatchNorm and Dropout modules aside")
+    other: Plan | None = Field(
+        default=None, description="with mode: the plan of the other mode, whose graph differs (its own other null)")
+    refused: str | None = Field(
+        default=None, description="with mode and no other: why the other mode has no plan (a run in it is refused)")
 
     def node(self, name: str) -> NodeSpec:
         return next(n for n in self.model.nodes if n.name == name)

@@ -13,7 +13,7 @@ from tilec.clock import clock
 from tilec.codegen import load_source, render
 from tilec.config import CompileConfig
 from tilec.distribute import distribute
-from tilec.errors import GridError, ShapeError
+from tilec.errors import GridError, ShapeError, TilecError
 from tilec.graph import Graph
 from tilec.ir import Plan
 from tilec.modelfile import load_model
@@ -22,7 +22,7 @@ from tilec.planner import plan
 from tilec.recompute import recompute
 from tilec.search import choose
 from tilec.target import Target
-from tilec.trace import trace
+from tilec.trace import Traced, trace_modes
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,11 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
         raise ShapeError(f"give --input-shape N,C,H,W or --input SHAPE:DTYPE per input: {config.model_path} "
                          f"defines neither INPUTS nor INPUT_SHAPE")
     name = config.name or config.model_path.stem
-    graph = recompute(trace(model, inputs, config.autocast), config.recompute)
-    target = target_for(graph, config.dtype, shared=bool(config.ranks))
-    the_plan = plan_for(graph, target, name, grid=config.grid, segments=config.segments,
-                        memory_budget=config.memory_budget, dtype=config.dtype, progress=progress)
+    traced = trace_modes(model, inputs, config.autocast)
+    target = target_for(traced.graphs[0], config.dtype, shared=bool(config.ranks))
+    the_plan = plan_modes(traced, target, name, grid=config.grid, segments=config.segments,
+                          recomputed=config.recompute, memory_budget=config.memory_budget, dtype=config.dtype,
+                          progress=progress)
     the_plan = distribute(the_plan, config.ranks)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
@@ -87,6 +88,33 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
                 progress=progress)
 
 
+def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments=None, recomputed=(),
+               memory_budget=None, dtype="float32", progress=None) -> Plan:
+    """``plan_for`` each mode's graph of ``traced``, ``recomputed`` nodes recomputed for their late
+    readers (``tilec.recompute``): the plan of the model's mode, carrying the other mode's where its
+    graph differs (``Plan.other``), or why the other mode has none (``Plan.refused``: it does not
+    trace, or cannot be planned). ``segments`` and ``recomputed`` name positions and nodes of the
+    first graph: the other mode's plan takes the largest grid of the first's tiled segments instead,
+    and recomputes those of the nodes it has."""
+    first = traced.graphs[0]
+    the_plan = plan_for(recompute(first, recomputed), target, name, grid=grid, segments=segments,
+                        memory_budget=memory_budget, dtype=dtype, progress=progress)
+    if first.mode is None:
+        return the_plan
+    other, refused = None, traced.refused
+    if len(traced.graphs) == 2:
+        graph = traced.graphs[1]
+        if segments is not None:
+            grid = max((s.grid for s in the_plan.segments if s.mode == "tiled"), key=lambda g: (g[0] * g[1], g),
+                       default=(1, 1))
+        try:
+            other = plan_for(recompute(graph, [n for n in recomputed if n in graph.nodes]), target, name,
+                             grid=grid, memory_budget=memory_budget, dtype=dtype, progress=progress)
+        except TilecError as error:
+            refused = f"its {graph.mode}-mode graph cannot be planned: {error}"
+    return the_plan.model_copy(update={"other": other, "refused": refused})
+
+
 def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, recomputed=(),
           dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None,
           kernels="auto"):
@@ -102,9 +130,10 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
-    graph = recompute(trace(model, inputs, autocast), recomputed)
-    target = target_for(graph, dtype, shared=bool(ranks) or process_group is not None)
-    the_plan = plan_for(graph, target, name, grid=grid, segments=segments, memory_budget=memory_budget, dtype=dtype)
+    traced = trace_modes(model, inputs, autocast)
+    target = target_for(traced.graphs[0], dtype, shared=bool(ranks) or process_group is not None)
+    the_plan = plan_modes(traced, target, name, grid=grid, segments=segments, recomputed=recomputed,
+                          memory_budget=memory_budget, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
     return tiled_class(model, progress=progress, process_group=process_group, kernels=kernels)

@@ -216,4 +216,6 @@ def plan(
         staging_bytes=max(cost.staging for cost in costs),
         model=graph.fingerprint(),
         segments=tuple(planned),
+        mode=graph.mode,
+        flipped=graph.flipped,
     )

@@ -88,13 +88,14 @@ def describe_plan(plan: Plan) -> Table:
     """One row per segment: nodes, mode, grid, shape classes, largest slice, outputs, predicted cost."""
     budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
     autocast = f" (autocast {plan.autocast})" if plan.autocast else ""
+    mode = f" ({plan.mode} mode)" if plan.mode else ""
     ranks = ""
     if plan.ranks is not None:
         seconds = sum(s.rank_seconds or 0.0 for s in plan.segments)
         ranks = (f"; {plan.ranks} ranks share the tiles: predicted peak per rank {_mib(plan.predicted_peak_bytes)}, "
                  f"est. {seconds:.3f} s per rank (without communication)")
     table = Table(
-        title=f"plan {plan.name}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
+        title=f"plan {plan.name}{mode}: inputs {', '.join(describe_input(spec) for spec in plan.inputs)}, "
         f"{len(plan.model.nodes)} nodes, "
         f"{plan.dtype}{autocast}, predicted peak {_mib(plan.predicted_peak_bytes)}{budget}{ranks}"
     )
@@ -114,6 +115,7 @@ def describe_plan(plan: Plan) -> Table:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
             f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))
     captions += clipped_grids(plan)
+    captions += modes(plan)
     captions += [f"segment {s.index} reduces by sweeps: " + "; ".join(_level(level) for level in s.levels)
                  for s in plan.segments if s.levels]
     table.caption = "\n".join(captions) or None
@@ -135,6 +137,20 @@ def describe_plan(plan: Plan) -> Table:
             *_rank_cells(plan, segment),
         )
     return table
+
+
+def modes(plan: Plan) -> list[str]:
+    """A line on the modes a plan runs in, where it does not serve both."""
+    if plan.mode is None:
+        return []
+    mode, other = ("training", "eval") if plan.mode == "train" else ("eval", "training")
+    flipped = f" (modules in {other} mode: {', '.join(plan.flipped)})" if plan.flipped else ""
+    if plan.other is not None:
+        return [f"runs in {mode} mode only{flipped}: the model's forward takes another path in {other} mode, which "
+                f"has its own plan"]
+    if plan.refused is not None:
+        return [f"runs in {mode} mode only{flipped}; {other} mode is refused: {plan.refused}"]
+    return [f"runs in {mode} mode only{flipped}"]
 
 
 def sweeps(segment: Segment) -> str:

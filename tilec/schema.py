@@ -17,8 +17,10 @@ DEFAULT_PATH = Path("plans") / "plan.schema.json"
 
 
 def plan_schema() -> dict:
-    """The JSON schema (draft 2020-12) that every plan file satisfies."""
-    return Plan.model_json_schema()
+    """The JSON schema (draft 2020-12) that every plan file satisfies: the plan's own at the top
+    level, and in ``$defs`` (``Plan.other`` refers to it)."""
+    exported = Plan.model_json_schema()
+    return {**exported["$defs"]["Plan"], "$defs": exported["$defs"]}
 
 
 def schema_text() -> str:

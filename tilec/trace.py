@@ -12,6 +12,11 @@ Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a
 under ``torch.autocast(DEVICE, dtype=DTYPE)``, and every op autocast computes in another dtype
 than the model's records it (``NodeSpec.autocast_dtype``): autocast's own per-op choices,
 not a copy of its op lists.
+
+``trace_modes`` traces the model in training and in eval mode (``Traced``): Python that branches
+on ``self.training`` takes another path in each, and where the two graphs differ beyond the ops
+that follow a module's flag at run time (BatchNorm, Dropout modules), each mode needs its own
+plan (``Plan.mode``).
 """
 
 from __future__ import annotations
@@ -21,15 +26,17 @@ import logging
 import operator
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from tilec.errors import ShapeError, UnsupportedLayerError
+from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec
 from tilec.ops import const, rule, tileable, updates_buffer
+from tilec.runtime.checks import follows_mode
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
 FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
@@ -368,3 +375,68 @@ def _live(nodes: list[NodeSpec], outputs: list) -> list[NodeSpec]:
             kept.append(node)
             needed.update(node.inputs)
     return kept[::-1]
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A model's graphs in its modes: ``graphs[0]`` in the mode the model is in, and where the other
+    mode's graph differs, ``graphs[1]`` in that mode (each ``Graph.mode`` set); ``refused``: why the
+    other mode could not be traced, if it could not (its graph then unknown)."""
+
+    graphs: tuple[Graph, ...]
+    refused: str | None = None
+
+
+@contextmanager
+def _in_mode(model: nn.Module, training: bool):
+    """``model`` with every module in one mode; each module's own flag restored afterwards."""
+    flags = [(module, module.training) for module in model.modules()]
+    model.train(training)
+    try:
+        yield
+    finally:
+        for module, flag in flags:
+            module.training = flag
+
+
+def _mode_free(graph: Graph) -> tuple:
+    """``graph`` without what the modules' flags decide at run time: the training-flag argument of
+    the ops that follow a module's flag (``batch_norm``, ``dropout``) and tileability; nodes are
+    named by position (export numbers in-place ops after BatchNorm's batch counters, which only
+    training mode has)."""
+    position = {name: k for k, name in enumerate(graph.order)}
+
+    def renamed(value):
+        return position.get(value, value) if isinstance(value, str) else tuple(map(renamed, value))
+
+    def node(spec: NodeSpec) -> tuple:
+        flag = rule(spec).training_flag
+        args = tuple(None if k == flag else (a.kind, renamed(a.value) if a.kind in ("node", "nodes") else a.value,
+                                             a.keyword) for k, a in enumerate(spec.args))
+        return (spec.op, spec.target, spec.path, spec.module_type, args, renamed(spec.inputs), spec.shape,
+                spec.spatial, spec.autocast_dtype)
+
+    def tree(output: OutputTree) -> tuple:
+        return output.kind, renamed(output.node or ""), output.keys, tuple(map(tree, output.items))
+
+    return tuple(map(node, graph)), tree(graph.output), graph.tensors, graph.inputs
+
+
+def trace_modes(model: nn.Module, inputs, autocast: str | None = None) -> Traced:
+    """``trace`` the model in the mode it is in (its root module's flag), and with every module in
+    the other; one graph where both are the same (``_mode_free``), else both, each with its mode
+    and (the first) the modules whose flag differed from the root's (``follows_mode`` ones
+    aside). The modules' flags are restored."""
+    graph = trace(model, inputs, autocast)
+    training = model.training
+    flipped = tuple(path for path, module in model.named_modules()
+                    if module.training != training and not follows_mode(module))
+    modes = ("train", "eval") if training else ("eval", "train")
+    try:
+        with _in_mode(model, not training):
+            other = trace(model, inputs, autocast)
+    except TilecError as error:
+        return Traced((graph.in_mode(modes[0], flipped),), f"the model does not trace in {modes[1]} mode: {error}")
+    if _mode_free(graph) == _mode_free(other):
+        return Traced((graph,))
+    return Traced((graph.in_mode(modes[0], flipped), other.in_mode(modes[1])))

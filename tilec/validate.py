@@ -122,6 +122,25 @@ def _check_predictions(plan: Plan) -> None:
                   f"{seconds} s, FLOP overhead {overhead}")
 
 
+def _check_modes(plan: Plan) -> None:
+    """A plan of both modes has no mode, flipped modules, other plan or refusal; a plan of one mode
+    has either the other mode's plan (of the same name, inputs, dtype, autocast and ranks, with no
+    other of its own) or a refusal."""
+    other = plan.other
+    if plan.mode is None and (plan.flipped or other is not None or plan.refused is not None):
+        _fail("a plan without a mode has flipped modules, another mode's plan or a refusal")
+    if plan.mode is not None and (other is None) == (plan.refused is None):
+        _fail(f"the {plan.mode}-mode plan needs exactly one of the other mode's plan (other) and refused")
+    if other is None:
+        return
+    if other.mode in (None, plan.mode) or other.other is not None or other.refused is not None:
+        _fail(f"the other mode's plan has mode {other.mode!r}, not the other mode than {plan.mode!r}, or "
+              f"an other plan or a refusal of its own")
+    for field in ("name", "inputs", "dtype", "autocast", "ranks"):
+        if getattr(other, field) != getattr(plan, field):
+            _fail(f"the {other.mode}-mode plan has another {field} than the {plan.mode}-mode plan")
+
+
 def _check_input(plan: Plan) -> None:
     names = [spec.name for spec in plan.inputs]
     if not names or len(set(names)) != len(names):
@@ -406,6 +425,18 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
     if plan.schema_version != SCHEMA_VERSION:
         check_version({"schema_version": plan.schema_version}, source)
     try:
+        _check_modes(plan)
+    except _Inconsistent as error:
+        raise PlanError(f"{source} is inconsistent: {error}") from None
+    _check_one(plan, source)
+    if plan.other is not None:
+        _check_one(plan.other, f"{source} (its {plan.other.mode}-mode plan)")
+    return plan
+
+
+def _check_one(plan: Plan, source: str) -> None:
+    """Raise one ``PlanError`` line unless one mode's plan is internally consistent."""
+    try:
         _check_input(plan)
         _check_predictions(plan)
         _check_nodes(plan)
@@ -424,4 +455,3 @@ def validate(plan: Plan, source: str = "plan") -> Plan:
         _check_grid(plan, graph)
     except _Inconsistent as error:
         raise PlanError(f"{source} is inconsistent: {error}") from None
-    return plan

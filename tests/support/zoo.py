@@ -1005,3 +1005,131 @@ TRAIN_SHAPES: dict[str, tuple[int, int, int, int]] = {
     "max_heads": (2, 3, 9, 11),
     "segmentation_loss": (2, 3, 11, 9),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# Python branches on ``self.training``: each mode traces its own graph
+#
+# ``MODE_ZOO``'s builders return models in training mode whose forward takes another path in eval
+# mode, as published code writes it (timm's ``drop_path``, the EfficientNet encoders' drop-connect
+# of segmentation_models_pytorch, auxiliary heads): a plan per mode (``tilec.trace.trace_modes``).
+
+
+def drop_connect(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """The EfficientNet encoders' drop-connect (segmentation_models_pytorch, efficientnet_pytorch):
+    a per-sample mask ``floor(keep + U[0, 1))``, scaled by ``1 / keep``; nothing in eval mode."""
+    if not training:
+        return inputs
+    keep = 1 - p
+    mask = torch.floor(keep + torch.rand([inputs.shape[0], 1, 1, 1], dtype=inputs.dtype, device=inputs.device))
+    return inputs / keep * mask
+
+
+def drop_path(x: torch.Tensor, drop_prob: float = 0.0, training: bool = False) -> torch.Tensor:
+    """timm's ``drop_path`` (as timm 0.4 wrote it): a per-sample mask ``floor(keep + U[0, 1))``
+    floored in place, the input scaled by ``1 / keep``; in training only. (timm's current one
+    draws with ``x.new_empty(shape).bernoulli_(keep)``.)"""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep = 1 - drop_prob
+    mask = keep + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device)
+    mask.floor_()
+    return x.div(keep) * mask
+
+
+class DropConnectBlock(MBConv):
+    """smp's EfficientNet encoder block: drop-connect on the residual branch, written as a function
+    called with ``self.training``."""
+
+    def __init__(self, inputs: int, outputs: int, kernel: int, stride: int, expand_ratio: int, p: float):
+        super().__init__(inputs, outputs, kernel, stride, expand_ratio)
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        if self.use_res_connect:
+            out = drop_connect(out, self.p, self.training) + x
+        return out
+
+
+class DropConnectNet(nn.Module):
+    """A U-Net-like encoder-decoder of ``DropConnectBlock`` s (p = 0.2, 0.3), as smp's U-Net with an
+    EfficientNet encoder."""
+
+    def __init__(self, classes: int = 2):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, activation=nn.SiLU)
+        self.encoder = nn.Sequential(DropConnectBlock(8, 8, 3, 1, 2, 0.2), DropConnectBlock(8, 8, 3, 1, 1, 0.3))
+        self.down = conv_bn(8, 8, 3, stride=2, activation=nn.SiLU)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.head = nn.Conv2d(16, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.encoder(self.stem(x))
+        return self.head(torch.cat([skip, pad_to(self.up(self.down(skip)), skip)], 1))
+
+
+class DropPathBlock(nn.Module):
+    """timm's residual block: ``shortcut + drop_path(branch)`` with ``self.drop_path_rate``."""
+
+    def __init__(self, channels: int, drop_path_rate: float):
+        super().__init__()
+        self.branch = nn.Sequential(conv_bn(channels, channels), conv_bn(channels, channels, activation=None))
+        self.drop_path_rate = drop_path_rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + drop_path(self.branch(x), self.drop_path_rate, self.training))
+
+
+class DropPathNet(nn.Module):
+    """A small ResNet of ``DropPathBlock`` s (drop-path 0.1, 0.25) and torchvision's
+    ``StochasticDepth`` (p = 0.3) on a third block, with a pooled linear head."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, stride=2)
+        self.blocks = nn.Sequential(DropPathBlock(8, 0.1), DropPathBlock(8, 0.25))
+        self.last = nn.Sequential(conv_bn(8, 8), StochasticDepth(0.3))
+        self.fc = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        x = torch.relu(x + self.last(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class AuxHeadNet(nn.Module):
+    """torchvision's Inception / GoogLeNet pattern: an auxiliary classifier on an inner feature map,
+    returned beside the output only in training (``if self.training and self.aux_logits``)."""
+
+    def __init__(self, classes: int = 4, aux_logits: bool = True):
+        super().__init__()
+        self.aux_logits = aux_logits
+        self.features = nn.Sequential(conv_bn(3, 8), conv_bn(8, 8, stride=2))
+        self.aux = nn.Sequential(conv_bn(8, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, classes))
+        self.more = nn.Sequential(conv_bn(8, 8), conv_bn(8, 8))
+        self.fc = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor):
+        x = self.features(x)
+        aux = self.aux(x) if self.training and self.aux_logits else None
+        out = self.fc(torch.flatten(F.adaptive_avg_pool2d(self.more(x), 1), 1))
+        if self.training and self.aux_logits:
+            return out, aux
+        return out
+
+
+MODE_ZOO: dict[str, Callable[[], nn.Module]] = {
+    "drop_connect": _train_builder(DropConnectNet),
+    "drop_path": _train_builder(DropPathNet),
+    "aux_head": _train_builder(AuxHeadNet),
+    "efficientnet_drop": _train_builder(EfficientNetDrop),
+}
+
+#: Tiny odd inputs for ``MODE_ZOO``.
+MODE_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "drop_connect": (2, 3, 14, 11),
+    "drop_path": (3, 3, 15, 13),
+    "aux_head": (2, 3, 13, 15),
+    "efficientnet_drop": (2, 3, 15, 13),
+}

@@ -26,7 +26,9 @@ class PlanSpec:
     ops came from; ``eval_only``: modules inside tiled segments that must be in eval mode;
     ``train_paths``: modules whose training flag untiled segments follow; ``batch_norm_paths``:
     BatchNorm modules (mode, momentum, batch counter); ``segments``: per segment ``(first node,
-    stop node, grid)``.
+    stop node, grid)``; ``mode``: ``None`` where the plan serves both modes, else the mode
+    (``"train"`` or ``"eval"``) it was traced in, with the modules ``flipped`` in the other
+    (``follows_mode`` modules aside); ``refused``: why the other mode has no plan, if it has none.
     """
 
     name: str
@@ -42,6 +44,42 @@ class PlanSpec:
     train_paths: tuple
     batch_norm_paths: tuple
     segments: tuple
+    mode: object = None
+    flipped: tuple = ()
+    refused: object = None
+
+
+def follows_mode(module):
+    """Whether ``module``'s ops follow its training flag at run time (BatchNorm's statistics,
+    Dropout's mask), so that its mode does not change the traced graph."""
+    return isinstance(module, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd))
+
+
+def mode_name(training):
+    """``"training"`` or ``"eval"``, as a message names a module's mode."""
+    return "training" if training else "eval"
+
+
+def choose_mode(plan, other, model):
+    """Which of ``plan`` and ``other`` (the other mode's ``PlanSpec``, or ``None``) runs ``model``
+    in the mode its modules are in: ``plan`` where it serves both modes, else the one traced in
+    the model's (its root module's) mode, whose modules must all be in the modes they were traced
+    in; raise ValueError naming the model's mode or the first module in another."""
+    if plan.mode is None:
+        return plan
+    training = model.training
+    chosen = plan if (plan.mode == "train") == training else other
+    if chosen is None:
+        raise ValueError(f"the model is in {mode_name(training)} mode, but plan {plan.name!r} has a "
+                         f"{mode_name(not training)}-mode graph only: {plan.refused}")
+    for path, module in model.named_modules():
+        traced = training != (path in chosen.flipped)
+        if module.training != traced and not follows_mode(module):
+            raise ValueError(f"module {path or '(the model)'} ({type(module).__name__}) is in "
+                             f"{mode_name(module.training)} mode, but the {mode_name(training)}-mode plan "
+                             f"{plan.name!r} was traced with it in {mode_name(traced)} mode, and the model's forward "
+                             f"takes another path in each: put the model's modules in one mode (.train() or .eval())")
+    return chosen
 
 
 def named_tensors(model):

@@ -14,6 +14,7 @@ from tilec.runtime.checks import (
     check_modes,
     check_same_input,
     check_same_tensors,
+    choose_mode,
     model_tensors,
 )
 from tilec.runtime.memory import expand_cuda_segments, return_freed_memory
@@ -39,11 +40,23 @@ class Step:
     outputs: tuple
 
 
+@dataclass(frozen=True)
+class Program:
+    """The plan of the other mode than ``TiledModule.plan``'s, as the module runs it: its
+    ``PlanSpec``, its ``Step`` s, and ``output`` (builds the model's return value from ``values``)."""
+
+    plan: object
+    steps: tuple
+    output: object
+
+
 class TiledModule(torch.nn.Module):
     """Drop-in replacement for ``model`` that trains tile by tile; shares its parameters.
 
     A generated ``TiledModel`` sets ``plan`` (a ``PlanSpec``), ``steps`` (its ``Step`` s) and
-    ``output`` (builds the model's return value from the tensors by name).
+    ``output`` (builds the model's return value from the tensors by name), and ``other``: ``None``,
+    or the ``Program`` of the other mode where the model's forward takes another path in each
+    (``tilec.runtime.checks.choose_mode`` picks the one of the modules' modes).
     ``progress=True`` reports per-tile progress on standard error during each pass.
     ``process_group``: a torch.distributed group whose ranks call this model on the same input
     together and share the tiles; ``None`` runs every tile here.
@@ -67,6 +80,7 @@ class TiledModule(torch.nn.Module):
 
     plan = None
     steps = ()
+    other = None
 
     def __init__(self, model, progress=False, process_group=None, return_freed_memory=True, kernels="auto",
                  read_ahead=True):
@@ -74,6 +88,8 @@ class TiledModule(torch.nn.Module):
         if kernels not in KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
         check_model(self.plan, model)
+        if self.other is not None:
+            check_model(self.other.plan, model)
         self.model = model
         self.progress = progress
         self.process_group = process_group
@@ -94,7 +110,8 @@ class TiledModule(torch.nn.Module):
         return any(isinstance(step.run, TiledSegment) for step in self.steps)
 
     def forward(self, *inputs):
-        plan = self.plan
+        plan = choose_mode(self.plan, self.other and self.other.plan, self.model)
+        steps, output = (self.steps, self.output) if plan is self.plan else (self.other.steps, self.other.output)
         modules = dict(self.model.named_modules())
         check_modes(plan, modules)
         tensors = model_tensors(plan, self.model)
@@ -124,7 +141,7 @@ class TiledModule(torch.nn.Module):
         self.reading = Reading()
         values = {name: self.source(name, x, device, len(shape)) for (name, shape, _), x in zip(
             plan.inputs, inputs, strict=True)}
-        for step in self.steps:
+        for step in steps:
             tiled = isinstance(step.run, TiledSegment)
             for name in (step.broadcast if tiled else (*step.sliced, *step.broadcast)):
                 values[name] = whole(values[name])  # read whole once, and kept for the later segments
@@ -135,7 +152,7 @@ class TiledModule(torch.nn.Module):
             else:
                 outs = step.run(xs, bs, p, train, run.like())
             values.update(zip(step.outputs, outs, strict=True))
-        return self.output(values)
+        return output(values)
 
     def source(self, name, x, device, dims):
         """Input ``x`` as the steps take it: a tensor on the model's device itself; an image (3 or 4
