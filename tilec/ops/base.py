@@ -118,6 +118,9 @@ class Op:
     random = False
     #: Index of the argument that switches it between training and eval behaviour.
     training_flag: int | None = None
+    #: It reads absolute positions (a coordinate channel, a random value keyed by pixel index):
+    #: identical tiles of its segment are never computed once (``tilec.runtime.reuse``).
+    positional = False
 
     def __init__(self, *names: str, **attributes):
         self.names = names
