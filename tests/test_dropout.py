@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-from tests.support.exactness import check_exact, counted
-from tests.support.zoo import dropout_segmenter
 from tilec.pipeline import build
 from tilec.runtime.dropout import counter_dropout, keep_mask, op_key, step_stream
 from tilec.trace import trace
+
+from support.exactness import check_exact, counted
+from support.zoo import dropout_segmenter
 
 SHAPE = (2, 3, 17, 15)
 

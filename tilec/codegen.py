@@ -98,6 +98,7 @@ class SegmentView:
     levels: list[LevelView] = field(default_factory=list)
     direct: str | None = None
     reduced: str = "()"
+    reuse: bool = True
 
     @property
     def sliced_names(self) -> tuple[str, ...]:
@@ -353,7 +354,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     outputs = [repr(("image", tuple(graph.shape(name)), graph.spatial(name) or (0, 0), name in channels_last))
                if graph.is_image(name) else repr(("leaf", name)) for name in segment.outputs]
-    functions, prefixes, costs = [], [], ""
+    functions, prefixes, costs, reuse = [], [], "", False
     combines, levels, direct, reduced = [], [], None, "()"
     if segment.mode == "tiled":
         overwriting = _overwriting(segment, graph, in_place)
@@ -364,6 +365,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                 functions.append(full)
                 prefixes += level_functions
         members = graph.members(segment.first, segment.stop)
+        reuse = not any(rule(node).positional(node, graph) for node in members)
         costs = repr((tuple(axis_weights(graph, members, segment.rows, 0)),
                       tuple(axis_weights(graph, members, segment.cols, 1))))
         sliced_names = [name for name, _ in sliced]
@@ -386,7 +388,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
     rolled = tuple(name in segment.rolled for name, _ in sliced)
     return SegmentView(f"{prefix}_S{segment.index}", segment, tensors, sliced, broadcast, outputs,
                        _table(segment.rows), _table(segment.cols), costs, repr(segment.shares), repr(rolled), functions,
-                       stored, prefixes, combines, levels, direct, reduced)
+                       stored, prefixes, combines, levels, direct, reduced, reuse)
 
 
 def _tree(tree: OutputTree) -> str:

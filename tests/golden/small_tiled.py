@@ -1172,6 +1172,105 @@ def counter_dropout(model):
             handle.remove()
 
 
+# --- tilec/runtime/reuse.py --------------------------------------------------------------------------------
+
+"""Identical tiles of a tiled segment, computed once (``tilec.runtime.sweeps`` runs them).
+
+A tile computes a function of its shape class (its row and column classes: its border padding and
+sizes), of the values it reads of the segment's sliced inputs over its whole read region (halo
+included), of the leaves it reads (the same for every tile of one sweep) and, backward, of the
+gradients reaching its owned outputs and its partials. Two tiles of one class whose every slice is
+one constant per sample and channel, the same constants, compute the same tensors at every op, unless
+an op reads absolute positions: such a segment has ``reuse`` off (the op rules' ``positional``).
+
+This is found at run time from the slices the tiles read anyway, comparing bits: a slice is constant
+where, per sample and channel, the minimum and the maximum of its elements read as integers of their
+width are equal (so 0.0 and -0.0, or two NaNs, are never one constant). A tile's *key* is its classes,
+the sizes of its reads, owned parts and partials, and its slices' constants; ``None`` where a slice
+is not constant. In the order this process runs the tiles, the first tile of a key is its
+*representative*, the later ones its *members*:
+
+* forward: a member merges the representative's partials in its own place in the order, which gives
+  the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
+  index: the first of the key's maxima in row-major order), and copies the representative's owned
+  outputs into its own;
+* backward: a member whose owned output gradients have the same bits as the representative's, in a
+  sweep where identical partials get identical shares of the merged partials' gradients (no ``argmax``
+  share is wanted), is not recomputed: the representative back-propagates ``k`` times its gradients
+  (``k``: it and such members), which is their backwards' sum up to rounding, as backprop is linear.
+  Where an input needs a gradient, the representative's divided by ``k`` goes into each one's own
+  slice (exact up to rounding too); an input whose gradient is rolled groups only the tiles of one
+  row, whose reads its band holds.
+"""
+
+
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_bits(x):
+    """``x`` read as integers of its element width (``None`` for widths without one)."""
+    width = BITS.get(x.element_size())
+    if width is None or x.is_complex():
+        return None
+    return x if x.dtype == width else x.view(width)
+
+
+def constants(x, spatial):
+    """The bits of the constant per sample and channel of slice ``x`` over its image dims
+    ``spatial``, as a tuple of integers; ``()`` for an empty slice; ``None`` where not constant."""
+    if x.numel() == 0:
+        return ()
+    bits = as_bits(x)
+    if bits is None:
+        return None
+    low = bits.amin(dim=tuple(spatial))
+    if not torch.equal(low, bits.amax(dim=tuple(spatial))):
+        return None
+    return tuple(low.reshape(-1).tolist())
+
+
+def tile_key(segment, tile, row, col):
+    """The key of one tile (module docstring) from its slices ``tile``; ``None`` where it is unique
+    (or the segment's tiles are never reused)."""
+    if not segment.reuse:
+        return None
+    found = [constants(x, spatial) for x, spatial in zip(tile, segment.sliced, strict=True)]
+    if any(c is None for c in found):
+        return None
+    sizes = tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
+    return row[2], col[2], sizes, tuple(found)
+
+
+def same_bits(a, b):
+    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
+    bits_a, bits_b = as_bits(a), as_bits(b)
+    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
+
+
+class Reuse:
+    """How many tiles the last step ran and how many it reused, per pass (``passes``: label ->
+    ``[ran, reused]``) and in all (``ran``, ``reused``)."""
+
+    def __init__(self):
+        self.passes = {}
+
+    def add(self, label, ran, reused):
+        counts = self.passes.setdefault(label, [0, 0])
+        counts[0] += ran
+        counts[1] += reused
+
+    @property
+    def ran(self):
+        return sum(ran for ran, _ in self.passes.values())
+
+    @property
+    def reused(self):
+        return sum(reused for _, reused in self.passes.values())
+
+    def __repr__(self):
+        return f"Reuse(ran={self.ran}, reused={self.reused})"
+
+
 # --- tilec/runtime/tiles.py --------------------------------------------------------------------------------
 
 """Tiled segments: what a generated module knows of one (``TiledSegment``), and how its tiles, input
@@ -1211,8 +1310,9 @@ class Run:
     (report each tile on standard error), ``group`` (a process group sharing the tiles, or
     ``None``), ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
     the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
-    flags; BatchNorm's ``(batch statistics?, momentum)``), and the ``device`` and floating
-    ``dtype`` the model computes in."""
+    flags; BatchNorm's ``(batch statistics?, momentum)``), the ``device`` and floating
+    ``dtype`` the model computes in, and ``reuse``: where the passes count the tiles they ran and
+    reused (``tilec.runtime.reuse.Reuse``), or ``None``."""
 
     plan: str
     progress: bool
@@ -1222,6 +1322,7 @@ class Run:
     train: dict = None
     device: object = None
     dtype: object = None
+    reuse: object = None
 
     def like(self):
         """An empty tensor of the model's floating dtype on its device (what combines cast to)."""
@@ -1230,10 +1331,15 @@ class Run:
     def kernels(self, device_type):
         return kernels_for(device_type, self.gemm_min_channels, self.generic)
 
-    def report(self, label, done, total):
+    def report(self, label, done, total, reused=0):
+        """Progress of pass ``label``: ``done`` tiles of ``total``, of which ``reused`` were
+        reused (``tilec.runtime.reuse``); at the last one, the pass's counts are tallied."""
+        if done == total and self.reuse is not None:
+            self.reuse.add(label, total - reused, reused)
         if self.progress:
             end = "\n" if done == total else ""
-            print(f"\rtilec {self.plan} {label}: tile {done}/{total}", end=end, file=sys.stderr, flush=True)
+            note = f" ({reused} reused)" if reused else ""
+            print(f"\rtilec {self.plan} {label}: tile {done}/{total}{note}", end=end, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -1272,12 +1378,15 @@ class TiledSegment:
     (``Rolled``), its reductions' levels (``LevelSpec``), and a direct level's function
     ``direct(owned, bs, p, r, o)`` computing its partials from ``owned``, per reduction the owned
     slices of its reduced inputs (``reduced``: per reduction of the direct level, its index among the
-    segment's and the indices of those inputs among the sliced ones), ``o`` their origins; and the
-    arena capacity its passes needed so far, by device, dtype and autocast state."""
+    segment's and the indices of those inputs among the sliced ones), ``o`` their origins; whether
+    identical tiles may be computed once (``reuse``: no op reads absolute positions,
+    ``tilec.runtime.reuse``); and the arena capacity its passes needed so far, by device, dtype and
+    autocast state."""
 
     def __init__(self, label, functions, rows, cols, sliced, broadcast, outputs, costs, shares, rolled, levels=(),
-                 direct=None, reduced=()):
+                 direct=None, reduced=(), reuse=True):
         self.label, self.functions, self.rows, self.cols = label, functions, rows, cols
+        self.reuse = reuse
         self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
@@ -1580,9 +1689,17 @@ def origins(row, col):
     return [(r[0], c[0]) for r, c in zip(row[3], col[3], strict=True)]
 
 
-def run_tile(fn, segment, xs, bs, p, arena, r, row, col):
-    """``fn`` on one tile: its slices copied channels-last into the arena."""
-    return fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col))
+def run_tile(fn, tile, bs, p, arena, r, row, col):
+    """``fn`` on one tile: its slices ``tile`` copied channels-last into the arena."""
+    return fn(copy_in(arena, tile), bs, p, arena, r, origins(row, col))
+
+
+def read_tile(segment, xs, keys, index, row, col):
+    """One tile's slices, and its key (``tilec.runtime.reuse``), found once per step in ``keys``."""
+    tile = slices(segment, xs, row, col)
+    if index not in keys:
+        keys[index] = tile_key(segment, tile, row, col)
+    return tile, keys[index]
 
 
 def merge_tile(found, part, kinds):
@@ -1621,6 +1738,11 @@ def share_pairs(kind, merged_part, grads, part):
     return [(t, g) for t, g in zip(own, grads, strict=True) if g is not None and t.requires_grad]
 
 
+def scaled(pairs, k):
+    """(tensor, gradient) ``pairs`` with the gradients ``k`` times (the ``k`` tiles one represents)."""
+    return pairs if k == 1 else [(a, b * k) for a, b in pairs]
+
+
 class Tiled(torch.autograd.Function):
     """The tiled segment ``segment`` run as ``run`` says (module docstring): its inputs ``tensors``
     are its sliced inputs, its broadcast inputs and its model tensors; it returns its outputs."""
@@ -1633,62 +1755,84 @@ class Tiled(torch.autograd.Function):
         device = run.device.type
         autocast = (device, *autocast_state(device))
         arena = segment.arena(run, autocast, run.kernels(device))
-        r, parts, active = {}, {}, {}
+        r, parts, active, keys = {}, {}, {}, {}
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
         with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
             for level in segment.levels:
                 active[level.index] = level.index > 0 and level.active(run.train)
                 if active[level.index]:
-                    parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r)
+                    parts[level.index] = Tiled.partials(segment, level, run, xs, bs, p, arena, r, keys)
                 level.combine(parts.get(level.index), r, run.like(), bs, p, run.train, True)
-            outs = Tiled.images(segment, run, xs, bs, p, arena, r) if segment.images else []
+            outs = Tiled.images(segment, run, xs, bs, p, arena, r, keys) if segment.images else []
         segment.learn(run, autocast, arena)
         del arena
         ctx.segment, ctx.run, ctx.autocast = segment, run, autocast
-        ctx.r, ctx.parts, ctx.active = r, parts, active
+        ctx.r, ctx.parts, ctx.active, ctx.keys = r, parts, active, keys
         ctx.sources = [x if isinstance(x, Source) else None for x in tensors]  # read again by region
         ctx.save_for_backward(*(t for t in tensors if not isinstance(t, Source)))
         images = iter(outs)
         return tuple(next(images) if spec[0] == "image" else _detached(r[spec[1]]) for spec in segment.outputs)
 
     @staticmethod
-    def partials(segment, level, run, xs, bs, p, arena, r):
+    def partials(segment, level, run, xs, bs, p, arena, r, keys):
         """One forward sweep: per reduction of ``level``, the tiles' partials merged as the tiles run
-        (and over the ranks of a group), which the step keeps for its backward."""
-        def partial(row, col):
+        (and over the ranks of a group), which the step keeps for its backward. A tile whose key
+        (``keys``, ``tilec.runtime.reuse``) an earlier one had merges that one's partials."""
+        def partial(row, col, tile):
             arena.reset()
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
-            return run_tile(level.prefix[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+            return run_tile(level.prefix[row[2], col[2]], tile, bs, p, arena, r, row, col)
 
-        found, total = None, segment.count(run.group)
-        for done, (_, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
-            found = merge_tile(found, partial(row, col), level.merges)
-            run.report(f"{segment.label} level {level.index}", done + 1, total)
+        found, total, known, reused = None, segment.count(run.group), {}, 0
+        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+            tile, key = (None, None) if level.direct else read_tile(segment, xs, keys, index, row, col)
+            if key is not None and key in known:
+                part, reused = known[key], reused + 1
+            else:
+                part = partial(row, col, tile)
+                if key is not None:  # kept past the arena's reset
+                    known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)
+            found = merge_tile(found, part, level.merges)
+            run.report(f"{segment.label} level {level.index}", done + 1, total, reused)
         if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
-            like = found if found is not None else partial(*next(segment.tiles())[1:])
+            _, row, col = next(segment.tiles())
+            like = found if found is not None else partial(row, col, slices(segment, xs, row, col))
             found = exchange(run.group, found, like, level.merges)
         return found
 
     @staticmethod
-    def images(segment, run, xs, bs, p, arena, r):
-        """The last forward sweep: the image outputs, every tile writing its owned parts."""
-        group, outs, total = run.group, None, segment.count(run.group)
-        for done, (_, row, col) in enumerate(segment.tiles(group, xs)):
+    def images(segment, run, xs, bs, p, arena, r, keys):
+        """The last forward sweep: the image outputs, every tile writing its owned parts; a tile whose
+        key (``keys``, ``tilec.runtime.reuse``) an earlier one had copies that one's parts."""
+        group, outs, total, known, reused = run.group, None, segment.count(run.group), {}, 0
+        for done, (index, row, col) in enumerate(segment.tiles(group, xs)):
+            tile, key = read_tile(segment, xs, keys, index, row, col)
+            if key is not None and key in known:
+                first_rows, first_cols = known[key]
+                for out, (_, spatial, _), rows, cols, source_rows, source_cols in zip(
+                        outs, segment.images, row[1], col[1], first_rows, first_cols, strict=True):
+                    narrow(out, spatial, rows, cols).copy_(narrow(out, spatial, source_rows, source_cols))
+                reused += 1
+                run.report(f"{segment.label} forward", done + 1, total, reused)
+                continue
+            if key is not None:
+                known[key] = row[1], col[1]
             arena.reset()
-            parts, _ = run_tile(segment.functions[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+            parts, _ = run_tile(segment.functions[row[2], col[2]], tile, bs, p, arena, r, row, col)
             if outs is None:
                 outs = outputs(segment, parts, zeros=group is not None)
             for out, (_, spatial, _), part, rows, cols in zip(outs, segment.images, parts, row[1], col[1],
                                                                strict=True):
                 narrow(out, spatial, rows, cols).copy_(part)
             del parts  # before the next tile allocates
-            run.report(f"{segment.label} forward", done + 1, total)
+            run.report(f"{segment.label} forward", done + 1, total, reused)
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
-            parts, _ = run_tile(segment.functions[row[2], col[2]], segment, xs, bs, p, arena, r, row, col)
+            parts, _ = run_tile(segment.functions[row[2], col[2]], slices(segment, xs, row, col), bs, p, arena, r,
+                                row, col)
             outs = outputs(segment, parts, zeros=True)
         if group is not None:
             sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
@@ -1712,7 +1856,7 @@ class Tiled(torch.autograd.Function):
         sums = [input_gradient(segment, k, x, group) if need else None
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
         arena = Arena(run.device, run.kernels(run.device.type))  # fresh tensors: module docstring
-        sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena)
+        sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena, ctx.keys)
         shares = {}  # per level, per reduction its merged partial and their gradients
         for level in reversed(segment.levels):
             if level.index == 0 or not ctx.active[level.index] or level.direct:
@@ -1780,11 +1924,42 @@ def _detached(value):
 
 
 class Sweep:
-    """The backward's sweeps over the tiles of one segment (``Tiled.backward``)."""
+    """The backward's sweeps over the tiles of one segment (``Tiled.backward``); ``keys``: the
+    tiles' keys the forward found (``tilec.runtime.reuse``)."""
 
-    def __init__(self, segment, run, autocast, xs, bs, p, leaves, image_grads, arena):
+    def __init__(self, segment, run, autocast, xs, bs, p, leaves, image_grads, arena, keys):
         self.segment, self.run, self.autocast = segment, run, autocast
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
+        self.keys = keys
+
+    def groups(self, shares, by_row):
+        """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
+        ``(index, row, col)``), and the set of their other indices (``tilec.runtime.reuse``):
+        tiles of one key whose owned output gradients have the same bits, where the shares of the
+        levels in ``shares`` are the same for identical partials; with ``by_row``, of one row too."""
+        for level in self.segment.levels:
+            for kind, (_, grads) in zip(level.merges, shares.get(level.index, ()), strict=False):
+                if kind == "argmax" and any(g is not None for g in grads):
+                    return {}, set()
+        first, groups = {}, {}
+        for index, row, col in self.segment.tiles(self.run.group):
+            key = self.keys.get(index)
+            if key is None:
+                continue
+            key = (key, row[0]) if by_row else key
+            if key not in first:
+                first[key] = index, row, col
+                groups[index] = [(index, row, col)]
+            elif self.same_gradients(first[key], row, col):
+                groups[first[key][0]].append((index, row, col))
+        return groups, {index for group in groups.values() for index, _, _ in group[1:]}
+
+    def same_gradients(self, first, row, col):
+        """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
+        _, first_row, first_col = first
+        return all(g is None or same_bits(narrow(g, spatial, rows, cols), narrow(g, spatial, a, b))
+                   for g, (_, spatial, _), rows, cols, a, b in zip(self.image_grads, self.segment.images, row[1],
+                                                                   col[1], first_row[1], first_col[1], strict=True))
 
     def recompute(self, row, col, r, needs, frozen=False):
         """One tile's function again under autograd (the forward's autocast state): its slices
@@ -1822,15 +1997,21 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in names}
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
-        totals, done = [None] * len(wanted), 0
-        for _, row, col in self.segment.tiles(run.group, self.xs):
+        totals, done, reused = [None] * len(wanted), 0, 0
+        groups, members = self.groups(shares, False)
+        for index, row, col in self.segment.tiles(run.group, self.xs):
+            done += 1
+            if index in members:
+                slices(self.segment, self.xs, row, col)  # read, as read ahead
+                reused += 1
+                run.report(f"{self.segment.label} backward sweep", done, self.segment.count(run.group), reused)
+                continue
             _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs), frozen=True)
-            pairs = self.pairs(row, col, outs, partials, shares)
+            pairs = scaled(self.pairs(row, col, outs, partials, shares), len(groups.get(index, ((),))))
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
                 totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
-            done += 1
-            run.report(f"{self.segment.label} backward sweep", done, self.segment.count(run.group))
+            run.report(f"{self.segment.label} backward sweep", done, self.segment.count(run.group), reused)
         totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
         if run.group is not None:
             sum_over(run.group, totals)
@@ -1843,20 +2024,29 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
-        total = self.segment.count(run.group)
-        for done, (_, row, col) in enumerate(self.segment.tiles(run.group, self.xs)):
+        total, reused = self.segment.count(run.group), 0
+        groups, members = self.groups(shares, any(isinstance(s, Rolled) for s in sums))
+        for done, (index, row, col) in enumerate(self.segment.tiles(run.group, self.xs)):
             for accumulated, (start, stop) in zip(sums, row[0], strict=True):
                 if accumulated is not None and stop > start:
                     accumulated.move(start)
+            if index in members:
+                slices(self.segment, self.xs, row, col)  # read, as read ahead
+                reused += 1
+                run.report(f"{self.segment.label} backward", done + 1, total, reused)
+                continue
+            group = groups.get(index, ((index, row, col),))
             tile, outs, partials = self.recompute(row, col, with_leaves, needs)
-            pairs = self.pairs(row, col, outs, partials, shares)
+            pairs = scaled(self.pairs(row, col, outs, partials, shares), len(group))
             wanted = [t for t in (*tile, *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
-            for accumulated, t, rows, cols in zip(sums, tile, row[0], col[0], strict=True):
+            for k, (accumulated, t) in enumerate(zip(sums, tile, strict=True)):
                 if accumulated is not None and t.grad is not None:
-                    accumulated.add(rows, cols, t.grad)
-            run.report(f"{self.segment.label} backward", done + 1, total)
+                    grad = t.grad if len(group) == 1 else t.grad / len(group)
+                    for _, member_row, member_col in group:
+                        accumulated.add(member_row[0][k], member_col[0][k], grad)
+            run.report(f"{self.segment.label} backward", done + 1, total, reused)
         grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
         if run.group is not None and grads:
             sum_over(run.group, grads)
@@ -2207,6 +2397,8 @@ class TiledModule(torch.nn.Module):
     view of one, a zarr array, an h5py dataset) in the model's layout. Inputs that are not on the
     model's device are read by region (``tilec.runtime.sources``): each tile reads its slice,
     ahead of time where ``read_ahead``; ``reading`` says what the last step's reads cost.
+    ``reuse`` counts the tiles the last step ran and those it reused, computed once for several
+    identical ones (``tilec.runtime.reuse``), per pass, its backward included once it has run.
     """
 
     plan = None
@@ -2228,6 +2420,7 @@ class TiledModule(torch.nn.Module):
         self.kernels = kernels
         self.read_ahead = read_ahead
         self.reading = Reading()
+        self.reuse = Reuse()
         self._checked_tensors = False
         if process_group is not None:
             check_group(self.plan, process_group)
@@ -2269,7 +2462,8 @@ class TiledModule(torch.nn.Module):
         train = {path: modules[path].training for path in plan.train_paths}
         train.update({path: batch_norm_mode(modules[path]) for path in plan.batch_norm_paths})
         run = replace(run, train=train)
-        self.reading = Reading()
+        self.reading, self.reuse = Reading(), Reuse()
+        run = replace(run, reuse=self.reuse)
         values = {name: self.source(name, x, device, len(shape)) for (name, shape, _), x in zip(
             plan.inputs, inputs, strict=True)}
         for step in steps:
@@ -2499,6 +2693,7 @@ _S0 = TiledSegment(
     ],
     None,
     (),
+    reuse=True,
 )
 
 
@@ -2693,6 +2888,7 @@ _S1 = TiledSegment(
     ],
     None,
     (),
+    reuse=True,
 )
 
 

@@ -120,7 +120,6 @@ class Op:
     random = False
     #: Index of the argument that switches it between training and eval behaviour.
     training_flag: int | None = None
-
     def __init__(self, *names: str, **attributes):
         self.names = names
         for key, value in attributes.items():
@@ -183,7 +182,9 @@ class Op:
         return shapes.sliced_inputs(node)
 
     def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
-        """Whether a reduction of nothing draws by position (module docstring)."""
+        """Whether ``node`` reads absolute positions (a reduction of nothing drawing by position,
+        module docstring): identical tiles of its segment are then never computed once
+        (``tilec.runtime.reuse``)."""
         return False
 
     def untiled(self, node: NodeSpec, args: list[str], shapes: Shapes) -> str | None:

@@ -7,5 +7,6 @@ the module stays standalone. The files import each other only with one-line
 imports are gathered at the top of the module. Names are unique across the files.
 """
 
-SOURCES = ("memory.py", "device.py", "arena.py", "kernels.py", "sources.py", "reduce.py", "dropout.py", "tiles.py",
+SOURCES = ("memory.py", "device.py", "arena.py", "kernels.py", "sources.py", "reduce.py", "dropout.py", "reuse.py",
+           "tiles.py",
            "sweeps.py", "checks.py", "model.py")

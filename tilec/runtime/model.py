@@ -18,6 +18,7 @@ from tilec.runtime.checks import (
     model_tensors,
 )
 from tilec.runtime.memory import expand_cuda_segments, return_freed_memory
+from tilec.runtime.reuse import Reuse
 from tilec.runtime.sources import Reading, Source, whole
 from tilec.runtime.sweeps import Tiled
 from tilec.runtime.tiles import Run, TiledSegment
@@ -76,6 +77,8 @@ class TiledModule(torch.nn.Module):
     view of one, a zarr array, an h5py dataset) in the model's layout. Inputs that are not on the
     model's device are read by region (``tilec.runtime.sources``): each tile reads its slice,
     ahead of time where ``read_ahead``; ``reading`` says what the last step's reads cost.
+    ``reuse`` counts the tiles the last step ran and those it reused, computed once for several
+    identical ones (``tilec.runtime.reuse``), per pass, its backward included once it has run.
     """
 
     plan = None
@@ -97,6 +100,7 @@ class TiledModule(torch.nn.Module):
         self.kernels = kernels
         self.read_ahead = read_ahead
         self.reading = Reading()
+        self.reuse = Reuse()
         self._checked_tensors = False
         if process_group is not None:
             check_group(self.plan, process_group)
@@ -138,7 +142,8 @@ class TiledModule(torch.nn.Module):
         train = {path: modules[path].training for path in plan.train_paths}
         train.update({path: batch_norm_mode(modules[path]) for path in plan.batch_norm_paths})
         run = replace(run, train=train)
-        self.reading = Reading()
+        self.reading, self.reuse = Reading(), Reuse()
+        run = replace(run, reuse=self.reuse)
         values = {name: self.source(name, x, device, len(shape)) for (name, shape, _), x in zip(
             plan.inputs, inputs, strict=True)}
         for step in steps:

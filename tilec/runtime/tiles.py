@@ -43,8 +43,9 @@ class Run:
     (report each tile on standard error), ``group`` (a process group sharing the tiles, or
     ``None``), ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
     the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
-    flags; BatchNorm's ``(batch statistics?, momentum)``), and the ``device`` and floating
-    ``dtype`` the model computes in."""
+    flags; BatchNorm's ``(batch statistics?, momentum)``), the ``device`` and floating
+    ``dtype`` the model computes in, and ``reuse``: where the passes count the tiles they ran and
+    reused (``tilec.runtime.reuse.Reuse``), or ``None``."""
 
     plan: str
     progress: bool
@@ -54,6 +55,7 @@ class Run:
     train: dict = None
     device: object = None
     dtype: object = None
+    reuse: object = None
 
     def like(self):
         """An empty tensor of the model's floating dtype on its device (what combines cast to)."""
@@ -62,10 +64,15 @@ class Run:
     def kernels(self, device_type):
         return kernels_for(device_type, self.gemm_min_channels, self.generic)
 
-    def report(self, label, done, total):
+    def report(self, label, done, total, reused=0):
+        """Progress of pass ``label``: ``done`` tiles of ``total``, of which ``reused`` were
+        reused (``tilec.runtime.reuse``); at the last one, the pass's counts are tallied."""
+        if done == total and self.reuse is not None:
+            self.reuse.add(label, total - reused, reused)
         if self.progress:
             end = "\n" if done == total else ""
-            print(f"\rtilec {self.plan} {label}: tile {done}/{total}", end=end, file=sys.stderr, flush=True)
+            note = f" ({reused} reused)" if reused else ""
+            print(f"\rtilec {self.plan} {label}: tile {done}/{total}{note}", end=end, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -104,12 +111,15 @@ class TiledSegment:
     (``Rolled``), its reductions' levels (``LevelSpec``), and a direct level's function
     ``direct(owned, bs, p, r, o)`` computing its partials from ``owned``, per reduction the owned
     slices of its reduced inputs (``reduced``: per reduction of the direct level, its index among the
-    segment's and the indices of those inputs among the sliced ones), ``o`` their origins; and the
-    arena capacity its passes needed so far, by device, dtype and autocast state."""
+    segment's and the indices of those inputs among the sliced ones), ``o`` their origins; whether
+    identical tiles may be computed once (``reuse``: no op reads absolute positions,
+    ``tilec.runtime.reuse``); and the arena capacity its passes needed so far, by device, dtype and
+    autocast state."""
 
     def __init__(self, label, functions, rows, cols, sliced, broadcast, outputs, costs, shares, rolled, levels=(),
-                 direct=None, reduced=()):
+                 direct=None, reduced=(), reuse=True):
         self.label, self.functions, self.rows, self.cols = label, functions, rows, cols
+        self.reuse = reuse
         self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}

@@ -1,0 +1,218 @@
+"""Identical tiles computed once (``tilec.runtime.reuse``): exact in float64 against untiled PyTorch,
+and counted.
+
+A uint8 slide whose background is one colour (the model converts it itself) is tiled; tiles of one
+shape class whose whole read region is background are computed once, forward and, where their
+gradients are the same, backward. Every test compares the outputs and every parameter gradient
+(and the input gradient where the input is float) with the untiled step, and asserts how many tiles
+were reused.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tilec.pipeline import build
+from tilec.runtime.reuse import constants
+from tilec.trace import trace
+
+from support.exactness import TOLERANCE, randomise_buffers, tiled_segments
+from support.zoo import ResNetHead, UNet, dropout_segmenter
+
+SHAPE = (1, 3, 70, 61)
+BACKGROUND = (243, 240, 246)
+GRIDS = [(4, 3), (6, 5), (7, 8)]
+
+
+class Slide(nn.Module):
+    """A uint8 slide converted by the model (``/ 255``, in float64), then ``body``."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, image):
+        return self.body(image.to(torch.float64) / 255)
+
+
+class SlideLoss(nn.Module):
+    """A U-Net's per-pixel cross-entropy against a uint8 mask (background label 0), mean-reduced."""
+
+    def __init__(self):
+        super().__init__()
+        self.unet = UNet("transposed", classes=3)
+
+    def forward(self, image, mask):
+        return F.cross_entropy(self.unet(image.to(torch.float64) / 255), mask.long())
+
+
+def _seeded(model: nn.Module, train: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    model = model.double()
+    randomise_buffers(model, torch.Generator().manual_seed(1))
+    return model.train(train)
+
+
+def _slide(shape=SHAPE, tissue=(slice(5, 30), slice(8, 27))) -> torch.Tensor:
+    """A slide of background colour ``BACKGROUND`` with a textured rectangle ``tissue`` (rows,
+    columns): the background touches every border."""
+    image = torch.tensor(BACKGROUND, dtype=torch.uint8).view(1, 3, 1, 1).expand(shape).clone()
+    texture = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    image[..., tissue[0], tissue[1]] = texture[..., tissue[0], tissue[1]]
+    return image
+
+
+def _mask(image: torch.Tensor) -> torch.Tensor:
+    """Labels 1-2 over the tissue, 0 over the background."""
+    background = (image == torch.tensor(BACKGROUND, dtype=torch.uint8).view(1, 3, 1, 1)).all(1)
+    return torch.where(background, 0, 1 + (image[:, 0] > 127).to(torch.uint8)).to(torch.uint8)
+
+
+def _compare(model, tiled, inputs, float_input=False):
+    """Max abs differences of the tiled step from the untiled one (on a copy of ``model`` taken
+    first): outputs, parameter gradients, buffers, and the input gradient if ``float_input``; the
+    output gradient is random."""
+    reference = copy.deepcopy(model)
+
+    def step(forward, params):
+        given = [x.clone().requires_grad_(float_input) if k == 0 and float_input else x for k, x in enumerate(inputs)]
+        out = forward(*given)
+        grad = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(3))
+        wanted = [*params, given[0]] if float_input else params
+        return out, torch.autograd.grad(out, wanted, grad)
+
+    want, want_grads = step(reference, list(reference.parameters()))
+    got, got_grads = step(tiled, list(model.parameters()))
+    errors = {"output": (want - got).abs().max().item()}
+    errors.update({f"grad {k}": (a - b).abs().max().item() for k, (a, b) in enumerate(zip(want_grads, got_grads,
+                                                                                         strict=True))})
+    for (name, a), b in zip(reference.named_buffers(), model.buffers(), strict=True):
+        errors[f"buffer {name}"] = (a.double() - b.double()).abs().max().item()
+    return errors
+
+
+def _passes(tiled, ending):
+    """``[ran, reused]`` of the passes whose label ends with ``ending``, summed."""
+    found = [counts for label, counts in tiled.reuse.passes.items() if label.endswith(ending)]
+    assert found, tiled.reuse.passes
+    return [sum(c[0] for c in found), sum(c[1] for c in found)]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_classifier_on_a_background_slide_reuses_tiles_forward_and_backward(grid):
+    model = _seeded(Slide(ResNetHead()))
+    image = _slide()
+    tiled = build(model, [(SHAPE, "uint8")], grid, dtype="float64")
+    errors = _compare(model, tiled, [image])
+    assert max(errors.values()) <= TOLERANCE, errors
+    forward, backward = _passes(tiled, "level 1"), _passes(tiled, "backward")
+    assert forward[1] > 0 and backward[1] > 0, tiled.reuse.passes  # the pooled gradient is uniform
+    assert forward[0] + forward[1] == grid[0] * grid[1]
+
+
+@pytest.mark.parametrize("grid", GRIDS[:2])
+def test_training_batch_norm_network_on_a_background_slide_is_exact(grid):
+    """One tiled segment, its batch statistics by sweeps: every sweep reuses. (Cut into segments,
+    a later segment's input is a materialised activation, which CPU channels-last convolutions
+    round differently by position even over a constant input: its slices are not constant.)"""
+    model = _seeded(Slide(ResNetHead()), train=True)
+    image = _slide()
+    count = len(trace(model, [(SHAPE, "uint8")]))
+    tiled = build(model, [(SHAPE, "uint8")], segments=[(0, count, grid)], dtype="float64")
+    errors = _compare(model, tiled, [image])
+    assert max(errors.values()) <= TOLERANCE, errors
+    assert len([label for label in tiled.reuse.passes if "level" in label]) == 6  # six batch norms
+    assert all(reused > 0 for _, reused in tiled.reuse.passes.values()), tiled.reuse.passes
+
+
+@pytest.mark.parametrize("grid", [(8, 6), (7, 8)])
+def test_unet_loss_against_a_mask_with_a_constant_background_label(grid):
+    model = _seeded(SlideLoss())
+    shape = (1, 3, 160, 144)  # the U-Net's halo is wide
+    image = _slide(shape)
+    mask = _mask(image)
+    tiled = build(model, [(shape, "uint8"), (shape[:1] + shape[2:], "uint8")], grid, dtype="float64")
+    errors = _compare(model, tiled, [image, mask])
+    assert max(errors.values()) <= TOLERANCE, errors
+    assert _passes(tiled, "backward")[1] > 0, tiled.reuse.passes  # the loss's gradient is the same per pixel
+
+
+def test_a_feature_map_output_reuses_the_forward_only():
+    """A random output gradient differs per position: members are back-propagated one by one."""
+    model = _seeded(Slide(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))))
+    image = _slide()
+    tiled = build(model, [(SHAPE, "uint8")], (6, 5), dtype="float64")
+    errors = _compare(model, tiled, [image])
+    assert max(errors.values()) <= TOLERANCE, errors
+    assert _passes(tiled, "forward")[1] > 0
+    assert _passes(tiled, "backward") == [30, 0]
+
+
+def _expected_reuse(segment, pixel):
+    """Tiles reused where every tile but those reading ``pixel`` (row, col of the input) is
+    background: per shape class, all but the first of the tiles not reading it."""
+    classes = [(row[2], col[2]) for row in segment.rows for col in segment.cols
+               if not (row[0][0][0] <= pixel[0] < row[0][0][1] and col[0][0][0] <= pixel[1] < col[0][0][1])]
+    return len(classes) - len(set(classes)), len(segment.rows) * len(segment.cols) - len(classes)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_a_pixel_differing_in_a_halo_stops_reuse_of_the_tiles_reading_it(grid):
+    model = _seeded(Slide(ResNetHead()))
+    image = _slide(tissue=(slice(0, 0), slice(0, 0)))  # all background
+    pixel = (37, 29)
+    image[0, 1, pixel[0], pixel[1]] = BACKGROUND[1] + 1
+    tiled = build(model, [(SHAPE, "uint8")], grid, dtype="float64")
+    errors = _compare(model, tiled, [image])
+    assert max(errors.values()) <= TOLERANCE, errors
+    segment, = tiled_segments(tiled)
+    reused, reading = _expected_reuse(segment, pixel)
+    assert reading >= 2  # the pixel lies in another tile's halo too
+    assert _passes(tiled, "level 1") == [grid[0] * grid[1] - reused, reused]
+    assert _passes(tiled, "backward") == [grid[0] * grid[1] - reused, reused]
+
+
+@pytest.mark.parametrize("rolled", [None, False, True])
+def test_a_float_input_requiring_grad_gets_each_tile_its_own_gradient(rolled):
+    """A float slide requiring grad, in one segment (``None``) or two, the second's input gradient
+    whole or rolled (``tilec.runtime.tiles.Rolled``, its tiles then grouped by row): the
+    representative's input gradient, divided among its members, goes into each one's slice. The
+    first segment is element-wise, so that the second's input is constant over the background."""
+    model = _seeded(nn.Sequential(nn.Hardtanh(0.2, 0.9), nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(4, 5, 3, stride=2, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(5, 2)))
+    image = _slide().to(torch.float64) / 255
+    if rolled is None:
+        tiled = build(model, SHAPE, (6, 5), dtype="float64")
+    else:
+        count = len(trace(model, SHAPE))
+        tiled = build(model, SHAPE, segments=[(0, 1, (5, 4)), (1, count, (6, 5))], dtype="float64")
+        tiled_segments(tiled)[1].rolled = (rolled,)
+    errors = _compare(model, tiled, [image], float_input=True)
+    assert max(errors.values()) <= TOLERANCE, errors
+    last = tiled_segments(tiled)[-1].label
+    assert tiled.reuse.passes[f"{last} backward"][1] > 0, tiled.reuse.passes
+
+
+def test_a_slice_is_constant_only_where_its_bits_are():
+    spatial = (2, 3)
+    x = torch.zeros(1, 2, 3, 3, dtype=torch.float64)
+    x[0, 1] = 5.0
+    assert constants(x, spatial) is not None
+    x[0, 0, 1, 1] = -0.0
+    assert constants(x, spatial) is None  # -0.0 == 0.0, but not the same bits
+    assert constants(torch.full((1, 1, 2, 2), float("nan")), spatial) is not None  # one NaN's bits
+    assert constants(torch.tensor([[[[1, 2]]]], dtype=torch.uint8), spatial) is None
+
+
+def test_a_segment_drawing_element_wise_dropout_never_reuses_and_one_without_may():
+    """Element-wise dropout draws by absolute position (``Op.positional``): its segment's identical
+    tiles are not identical."""
+    drawing = build(dropout_segmenter(pooling=False), (1, 3, 24, 24), grid=(2, 2))
+    plain = build(dropout_segmenter(pooling=False).eval(), (1, 3, 24, 24), grid=(2, 2))
+    flags = [[step.run.reuse for step in model.steps if hasattr(step.run, "reuse")] for model in (drawing, plain)]
+    assert flags[0] and not all(flags[0])  # the segments drawing dropout
+    assert flags[1] and all(flags[1])

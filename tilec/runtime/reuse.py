@@ -1,0 +1,96 @@
+"""Identical tiles of a tiled segment, computed once (``tilec.runtime.sweeps`` runs them).
+
+A tile computes a function of its shape class (its row and column classes: its border padding and
+sizes), of the values it reads of the segment's sliced inputs over its whole read region (halo
+included), of the leaves it reads (the same for every tile of one sweep) and, backward, of the
+gradients reaching its owned outputs and its partials. Two tiles of one class whose every slice is
+one constant per sample and channel, the same constants, compute the same tensors at every op, unless
+an op reads absolute positions: such a segment has ``reuse`` off (the op rules' ``positional``).
+
+This is found at run time from the slices the tiles read anyway, comparing bits: a slice is constant
+where, per sample and channel, the minimum and the maximum of its elements read as integers of their
+width are equal (so 0.0 and -0.0, or two NaNs, are never one constant). A tile's *key* is its classes,
+the sizes of its reads, owned parts and partials, and its slices' constants; ``None`` where a slice
+is not constant. In the order this process runs the tiles, the first tile of a key is its
+*representative*, the later ones its *members*:
+
+* forward: a member merges the representative's partials in its own place in the order, which gives
+  the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
+  index: the first of the key's maxima in row-major order), and copies the representative's owned
+  outputs into its own;
+* backward: a member whose owned output gradients have the same bits as the representative's, in a
+  sweep where identical partials get identical shares of the merged partials' gradients (no ``argmax``
+  share is wanted), is not recomputed: the representative back-propagates ``k`` times its gradients
+  (``k``: it and such members), which is their backwards' sum up to rounding, as backprop is linear.
+  Where an input needs a gradient, the representative's divided by ``k`` goes into each one's own
+  slice (exact up to rounding too); an input whose gradient is rolled groups only the tiles of one
+  row, whose reads its band holds.
+"""
+
+import torch
+
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_bits(x):
+    """``x`` read as integers of its element width (``None`` for widths without one)."""
+    width = BITS.get(x.element_size())
+    if width is None or x.is_complex():
+        return None
+    return x if x.dtype == width else x.view(width)
+
+
+def constants(x, spatial):
+    """The bits of the constant per sample and channel of slice ``x`` over its image dims
+    ``spatial``, as a tuple of integers; ``()`` for an empty slice; ``None`` where not constant."""
+    if x.numel() == 0:
+        return ()
+    bits = as_bits(x)
+    if bits is None:
+        return None
+    low = bits.amin(dim=tuple(spatial))
+    if not torch.equal(low, bits.amax(dim=tuple(spatial))):
+        return None
+    return tuple(low.reshape(-1).tolist())
+
+
+def tile_key(segment, tile, row, col):
+    """The key of one tile (module docstring) from its slices ``tile``; ``None`` where it is unique
+    (or the segment's tiles are never reused)."""
+    if not segment.reuse:
+        return None
+    found = [constants(x, spatial) for x, spatial in zip(tile, segment.sliced, strict=True)]
+    if any(c is None for c in found):
+        return None
+    sizes = tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
+    return row[2], col[2], sizes, tuple(found)
+
+
+def same_bits(a, b):
+    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
+    bits_a, bits_b = as_bits(a), as_bits(b)
+    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
+
+
+class Reuse:
+    """How many tiles the last step ran and how many it reused, per pass (``passes``: label ->
+    ``[ran, reused]``) and in all (``ran``, ``reused``)."""
+
+    def __init__(self):
+        self.passes = {}
+
+    def add(self, label, ran, reused):
+        counts = self.passes.setdefault(label, [0, 0])
+        counts[0] += ran
+        counts[1] += reused
+
+    @property
+    def ran(self):
+        return sum(ran for ran, _ in self.passes.values())
+
+    @property
+    def reused(self):
+        return sum(reused for _, reused in self.passes.values())
+
+    def __repr__(self):
+        return f"Reuse(ran={self.ran}, reused={self.reused})"
