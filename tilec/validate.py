@@ -167,6 +167,8 @@ def _check_output(tree: OutputTree, known: set[str]) -> None:
             tree.kind == "dict" and len(tree.keys) != len(tree.items)):
         _fail(f"the output tree's {tree.kind} has a node {tree.node!r} or {len(tree.keys)} keys for "
               f"{len(tree.items)} items")
+    if tree.mapping is not None and tree.kind != "dict":
+        _fail(f"the output tree's {tree.kind} names a mapping type {tree.mapping!r}")
     for item in tree.items:
         _check_output(item, known)
 
