@@ -131,11 +131,12 @@ def _torchvision_segmentation(name: str):
     if name == "fcn_resnet50":
         return segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=3, aux_loss=True)
     mobilenet = published("torchvision.models.mobilenetv3")
-    backbone = mobilenet.mobilenet_v3_large(weights=None, dilated=True, width_mult=0.25).features
     layers = published("torchvision.models._utils")
-    stages = [0] + [i for i, block in enumerate(backbone) if getattr(block, "_is_cn", False)] + [len(backbone) - 1]
-    low, high = stages[-4], stages[-1]
-    channels = (backbone[low].out_channels, backbone[high].out_channels)
+    # MobileNetV3-Large at a quarter of its widths, to its first stride-16 block: 8 channels at stride
+    # 4 (block 3), 24 at 16 (block 7); deeper, its training-mode BatchNorms over 4x4 maps amplify
+    # rounding past 1e-10 in absolute terms
+    backbone = mobilenet.mobilenet_v3_large(weights=None, dilated=True, width_mult=0.25).features[:8]
+    low, high, channels = 3, 7, (8, 24)
     if name == "lraspp":
         getter = layers.IntermediateLayerGetter(backbone, {str(low): "low", str(high): "high"})
         return segmentation.LRASPP(getter, channels[0], channels[1], 3, inter_channels=16)
@@ -155,7 +156,9 @@ def test_torchvision_efficientnet(train):
 def test_torchvision_segmentation(name, train):
     torch.manual_seed(0)
     model = eval_image_dropout(_torchvision_segmentation(name).train(train))
-    shape = (1, 3, 64, 64) if name == "fcn_resnet50" else (2, 3, 64, 64)
+    # in training, a batch of 4: the ASPP pooling branch's BatchNorm normalises N values of a 1x1 map,
+    # and over 2 its gradient amplifies rounding past 1e-10
+    shape = (1, 3, 64, 64) if name == "fcn_resnet50" else (4 if train else 2, 3, 64, 64)
     check_exact(model, shape, grid=(2, 2) if train else (4, 3), eval_after=train)
 
 
@@ -163,6 +166,6 @@ def test_torchvision_segmentation(name, train):
 def test_smp_fpn(train):
     smp = published("segmentation_models_pytorch")
     torch.manual_seed(0)
-    model = smp.FPN("resnet18", encoder_weights=None, encoder_depth=4, classes=2, decoder_pyramid_channels=16,
-                    decoder_segmentation_channels=8).train(train)
+    model = smp.FPN("resnet18", encoder_weights=None, encoder_depth=4, classes=2, decoder_pyramid_channels=32,
+                    decoder_segmentation_channels=32).train(train)
     check_exact(model, (2, 3, 64, 64), grid=(2, 2), eval_after=train)
