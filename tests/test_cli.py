@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import textwrap
 from pathlib import Path
 
@@ -119,6 +120,20 @@ def test_inspect_refusals(compiled, args, words):
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
     assert all(word in result.output for word in words), result.output
+
+
+@pytest.mark.parametrize("dim, words", [(1, ["inputs[0].shape", "cannot be read by node conv2d", "channels"]),
+                                         (0, ["inputs[0].shape (2,", "gives node conv2d (aten.conv2d) shape (2,"])])
+def test_inspect_refuses_a_plan_whose_input_shape_its_graph_cannot_read(compiled, tmp_path, dim, words):
+    _, plan_path, _ = compiled
+    data = json.loads(plan_path.read_text(encoding="utf-8"))
+    data["inputs"][0]["shape"][dim] += 1
+    edited = tmp_path / "edited.plan.json"
+    edited.write_text(json.dumps(data), encoding="utf-8")
+    result = _invoke("inspect", edited)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert result.output.startswith("Error: ") and all(word in result.output for word in words), result.output
 
 
 def test_compile_with_segments_and_budget(tmp_path):

@@ -397,7 +397,8 @@ def _tree(tree: OutputTree) -> str:
         return f"values[{tree.node!r}]"
     items = [_tree(item) for item in tree.items]
     if tree.kind == "dict":
-        return "{" + ", ".join(f"{key!r}: {item}" for key, item in zip(tree.keys, items, strict=True)) + "}"
+        pairs = "{" + ", ".join(f"{key!r}: {item}" for key, item in zip(tree.keys, items, strict=True)) + "}"
+        return pairs if tree.mapping is None else f"mapping({tree.mapping!r}, {pairs})"
     if tree.kind == "list":
         return "[" + ", ".join(items) + "]"
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"

@@ -10,7 +10,11 @@ is functional: the in-place node keeps its name and takes its out-of-place twin
 result back into the base (none for an ``alias``, a view of the whole tensor); later readers of
 the base read the scatter, and views of it taken before the write are taken again from it. A
 ``copy_`` into a view becomes a scatter of what it copies, or disappears when it writes back the
-view's own content.
+view's own content. Two writes need no scatter: an in-place op that is an identity in the traced
+mode (eval-mode ``dropout_``, or ``p = 0``) disappears, its readers reading what it wrote into; and a
+write through a view that cannot be scattered back (a ``flatten``, as torchvision's EfficientNet
+classifier has before its ``Dropout(inplace=True)``) is read functionally, as a write into a whole
+tensor, when nothing reads the base or another view of it afterwards (``_observed_elsewhere``).
 
 ``torch``'s functionalisation (``run_decompositions``) would do this too, but it also rewrites
 every other node (``batch_norm``, ``relu_``, ``chunk``...) and renames them. Here a program without
@@ -33,6 +37,10 @@ SPLITS = {aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default}
 REPLAY = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default,
           aten.transpose.int, aten.expand.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
           aten.unsqueeze.default, aten.flatten.using_ints, aten.unflatten.int, aten.t.default}
+#: In-place random ops that are identities when their ``train`` argument (the third) is false or
+#: their ``p`` (the second) is 0.
+DROPOUTS = {aten.dropout_.default, aten.feature_dropout_.default, aten.alpha_dropout_.default,
+            aten.feature_alpha_dropout_.default}
 
 
 class WriteThroughView(Exception):
@@ -68,6 +76,11 @@ def _functional(target):
         return None
     packet = getattr(aten, target._opname[:-1], None)
     return None if packet is None else getattr(packet, target._overloadname, None)
+
+
+def _identity(node) -> bool:
+    """Whether the in-place ``node`` leaves its input as it is (an eval-mode or ``p = 0`` dropout)."""
+    return node.target in DROPOUTS and (not node.args[2] or node.args[1] == 0)
 
 
 def _step(node):
@@ -180,6 +193,24 @@ class _Rewrite:
             self.alias[value] = (root, chain, now)
         return self.taken_again[key]
 
+    def observed_elsewhere(self, root, written, node) -> bool:
+        """Whether ``root``, or a view of it other than ``written`` and views of ``written``, is
+        read after the in-place ``node`` (which would see what ``node`` writes through ``written``)."""
+        position = {n: k for k, n in enumerate(self.graph.nodes)}
+        stack, seen = [root], set()
+        while stack:
+            base = stack.pop()
+            if base is written or base in seen:
+                continue
+            seen.add(base)
+            for user in base.users:
+                found = _step(user)
+                if found is not None and found[0] is base:
+                    stack.append(user)
+                elif user is not node and position[user] > position[node]:
+                    return True
+        return False
+
     def write(self, node) -> None:
         """Make the in-place ``node`` functional where it writes into a view."""
         written = node.args[0]
@@ -189,7 +220,14 @@ class _Rewrite:
             self.current[root] = node
             self.alias[node] = (root, (), self.version[root])
             return
+        if _identity(node):
+            node.replace_all_uses_with(written)
+            self.graph.erase_node(node)
+            return
         replayed = next((step[1] for step in chain if step[0] == "replay"), None)
+        if replayed is not None and not self.observed_elsewhere(root, written, node):
+            self.alias[node] = (node, (), 0)  # read functionally: later readers of ``written`` read ``node``
+            return
         if replayed is not None:
             raise WriteThroughView(node, f"it writes in place through an aten.{replayed._opname} of another tensor, "
                                          f"which cannot be written back")

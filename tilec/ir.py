@@ -106,12 +106,16 @@ class NodeSpec(Frozen):
 
 
 class OutputTree(Frozen):
-    """How the model's return value is built from nodes: a tensor, a tuple/list, or a dict."""
+    """How the model's return value is built from nodes: a tensor, a tuple/list, or a mapping."""
 
     kind: Literal["tensor", "tuple", "list", "dict"]
     node: str | None = None
     keys: tuple[str, ...] = ()
     items: tuple[OutputTree, ...] = ()
+    mapping: str | None = Field(
+        None, pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$",
+        description="for a dict: the model's mapping type when it is not dict, as module.qualname "
+                    "(collections.OrderedDict), built from its (key, value) pairs")
 
 
 class ModelFingerprint(Frozen):

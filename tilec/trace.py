@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -276,12 +276,24 @@ def _output_tree(spec, leaves: list[str]) -> OutputTree:
     if spec.is_leaf():
         return OutputTree(kind="tensor", node=leaves.pop(0))
     kind = {tuple: "tuple", list: "list", dict: "dict"}.get(spec.type)
+    mapping = None
+    if kind is None and _keyed_mapping(spec):
+        kind, mapping = "dict", f"{spec.type.__module__}.{spec.type.__qualname__}"
     if kind is None:
         raise UnsupportedLayerError(f"the model returns a {spec.type.__name__}; tilec handles tensors, "
-                                    f"tuples, lists and dicts of tensors")
+                                    f"tuples, lists and mappings of tensors (dict, OrderedDict)")
     items = tuple(_output_tree(child, leaves) for child in spec.children())
     keys = tuple(str(key) for key in spec.context) if kind == "dict" else ()
-    return OutputTree(kind=kind, keys=keys, items=items)
+    return OutputTree(kind=kind, keys=keys, items=items, mapping=mapping)
+
+
+def _keyed_mapping(spec) -> bool:
+    """Whether the pytree node ``spec`` is a mapping type (not dict itself) whose context is its
+    string keys and which its module names at top level, so that ``Type(pairs)`` rebuilds it."""
+    kind = spec.type
+    return (isinstance(kind, type) and issubclass(kind, Mapping) and "<" not in kind.__qualname__
+            and isinstance(spec.context, list | tuple) and len(spec.context) == spec.num_children
+            and all(isinstance(key, str) for key in spec.context))
 
 
 def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:

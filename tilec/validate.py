@@ -6,13 +6,15 @@ difference is reported, naming the segment, axis, tile and node):
 
 * ``schema_version`` is this tilec's (``check_version`` refuses older and newer plans on the raw
   JSON object, before the schema sees fields it does not know);
-* the inputs have unique names and positive sizes (tiles depend on H and W only, so the others
-  are left to the generated module's own input check); predictions (peaks, FLOP overhead,
+* the inputs have unique names and positive sizes; predictions (peaks, FLOP overhead,
   seconds) and the budget are in range;
 * the nodes are in a topological order: unique names (none an input's), every ``node`` or
   ``nodes`` argument names an earlier node or an input, every ``tensor`` argument names a
   model tensor, ``inputs`` lists exactly the node arguments in order without repeats, shapes are
   not negative and ``spatial`` names two distinct dims of the shape; the output tree names nodes;
+* every node that reads a model input runs on fake tensors of the inputs' shapes and dtypes (the
+  other tensors it reads in the plan's dtype) and gives its recorded shape (``_check_readers``),
+  so an input shape the graph cannot read is named (``inputs[K].shape``);
 * ``model.digest`` is the digest of the nodes, tensors and output (``Graph.fingerprint``);
 * every node's ``tileable`` flag is what tracing gives it (``tilec.ops.tileable``), and the
   image sizes of tileable nodes follow their rule from their input's sizes (``Op.output_size``,
@@ -44,10 +46,12 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import torch
+
 from tilec.cone import axis_tiles
 from tilec.errors import PlanError, TilecError
 from tilec.graph import Graph
-from tilec.ir import SCHEMA_VERSION, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
+from tilec.ir import SCHEMA_VERSION, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments
 from tilec.regions import Interval
@@ -186,6 +190,8 @@ def _check_output(tree: OutputTree, known: set[str]) -> None:
             tree.kind == "dict" and len(tree.keys) != len(tree.items)):
         _fail(f"the output tree's {tree.kind} has a node {tree.node!r} or {len(tree.keys)} keys for "
               f"{len(tree.items)} items")
+    if tree.mapping is not None and tree.kind != "dict":
+        _fail(f"the output tree's {tree.kind} names a mapping type {tree.mapping!r}")
     for item in tree.items:
         _check_output(item, known)
 
@@ -207,6 +213,50 @@ def _check_nodes(plan: Plan) -> None:
         _check_shape(node)
         known.add(node.name)
     _check_output(plan.model.output, known)
+
+
+def _fake(shape, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=dtype)
+
+
+def _value(arg: Arg, inputs: dict, shapes: dict, dtype: torch.dtype):
+    """A node's argument as its op takes it: the inputs' fake tensors, fake tensors of the recorded
+    shapes of nodes and model tensors (``shapes``) in ``dtype``, constants as Python values."""
+    if arg.kind in ("node", "tensor"):
+        return inputs[arg.value] if arg.value in inputs else _fake(shapes[arg.value], dtype)
+    if arg.kind == "nodes":
+        return [_value(Arg(kind="node", value=name), inputs, shapes, dtype) for name in arg.value]
+    if isinstance(arg.value, str) and arg.value.startswith("torch."):
+        return getattr(torch, arg.value.removeprefix("torch."))
+    return list(arg.value) if isinstance(arg.value, tuple) else arg.value
+
+
+def _check_readers(plan: Plan) -> None:
+    """Every node reading a model input gives its recorded shape from the inputs' shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dtype = getattr(torch, plan.dtype)
+    shapes = {t.name: t.shape for t in (*plan.model.tensors, *plan.model.nodes)}
+    where = {spec.name: k for k, spec in enumerate(plan.inputs)}
+    with FakeTensorMode():
+        inputs = {spec.name: _fake(spec.shape, getattr(torch, spec.dtype)) for spec in plan.inputs}
+        for node in plan.model.nodes:
+            read = [name for name in node.inputs if name in where]
+            if not read or node.target == "getitem":
+                continue
+            field = f"inputs[{where[read[0]]}].shape {tuple(plan.inputs[where[read[0]]].shape)}"
+            _, op, overload = node.target.split(".")
+            positional = [_value(a, inputs, shapes, dtype) for a in node.args if a.keyword is None]
+            keywords = {a.keyword: _value(a, inputs, shapes, dtype) for a in node.args if a.keyword is not None}
+            try:
+                result = getattr(getattr(torch.ops.aten, op), overload)(*positional, **keywords)
+            except (RuntimeError, ValueError, TypeError, IndexError) as error:
+                detail = " ".join(str(error).split("\n")[0].split())
+                _fail(f"{field} cannot be read by node {node.name} (aten.{node.op}): {detail}")
+            result = result[0] if isinstance(result, list | tuple) else result
+            if tuple(result.shape) != tuple(node.shape):
+                _fail(f"{field} gives node {node.name} (aten.{node.op}) shape {tuple(result.shape)}, but the plan's "
+                      f"graph has {tuple(node.shape)}")
 
 
 def _check_digest(plan: Plan, graph: Graph) -> None:
@@ -443,6 +493,7 @@ def _check_one(plan: Plan, source: str) -> None:
         graph = Graph.of_plan(plan)
         _check_digest(plan, graph)
         _check_tileable(plan, graph)
+        _check_readers(plan)
         _check_cover(plan)
         _check_shares(plan)
         for segment in plan.segments:

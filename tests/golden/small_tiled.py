@@ -34,6 +34,7 @@ import torch.distributed as dist
 import hashlib
 import json
 import warnings
+import importlib
 from dataclasses import dataclass, replace
 
 
@@ -2489,6 +2490,13 @@ class TiledModule(torch.nn.Module):
         return x.to(device) if isinstance(x, torch.Tensor) else torch.as_tensor(x[...]).to(device)
 
 
+def mapping(path, pairs):
+    """The model's own mapping type (``path``: module.qualname, e.g. collections.OrderedDict) built
+    from ``pairs``, a dict of its keys and values in order."""
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)(pairs)
+
+
 def place(tensors, inputs):
     """The device and floating dtype the model computes in: its floating tensors' (else its
     first tensor input's device and floating input's dtype; else the CPU and float32)."""
@@ -2508,7 +2516,7 @@ PLAN_NAME = 'small'
 INPUTS = (('x', (1, 3, 13, 11), 'float32'),)
 PLAN = PlanSpec(
     name=PLAN_NAME,
-    digest='43ecf328c81b605f56b037c6cfd155e48105a4ce8acfd18931c1ce6b8dee46cc',
+    digest='b5ebaa285dd87e2688d318cb5fa84c48dcb17d8700d6cc6dd5cf40dd5c95e65a',
     schema_version=10,
     inputs=INPUTS,
     # ranks of the process group the plan shares its tiles among (compile --ranks), or None: any

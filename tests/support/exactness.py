@@ -11,6 +11,8 @@ must leave them as they were. The model runs in the mode it is given (``model.tr
 batch statistics). The suite's conftest fills ``new_empty`` / ``empty_like``
 with NaN, so an output element no tile writes shows up as an error too. ``kernels="generic"``
 runs the generic tile kernels (``tilec.runtime.device``: CUDA's path) instead of the CPU's.
+``eval_after=True`` then puts both models in eval mode and compares one more forward's outputs
+(``eval output...``): a plan compiled in training mode validates with plain's outputs.
 ``check_close`` compares in float32, within rounding, relative to each tensor's scale.
 ``tiled_segments(tiled)`` gives the ``TiledSegment`` s behind a ``TiledModel``.
 """
@@ -66,9 +68,10 @@ def counted(model: nn.Module):
 def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), seed: int = 0,
                tiled: nn.Module | None = None, kernels: str = "auto", dtype: torch.dtype = torch.float64,
                device: str = "cpu", relative: bool = False, noise_floor: float | None = None,
-               counter: bool = False) -> dict[str, float]:
+               counter: bool = False, eval_after: bool = False) -> dict[str, float]:
     """Max abs difference per tensor: every output leaf, the input gradient, each parameter
-    gradient (``grad NAME``) and each buffer after the step (``buffer NAME``).
+    gradient (``grad NAME``) and each buffer after the step (``buffer NAME``); with
+    ``eval_after``, every output leaf of an eval-mode forward after the step (``eval output...``).
 
     ``model`` is converted to ``dtype`` (float64) and moved to ``device`` in place; the untiled
     reference step runs on a deep copy of it taken before compiling. ``tiled``: an already built
@@ -106,6 +109,12 @@ def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=
     for k, (name, a, b) in enumerate(zip(["input", *named], want_grads, got_grads, strict=True)):
         errors[f"grad {name}"] = _error(a, b, relative, floors[len(want) + k])
     errors.update(buffer_errors(reference, model, relative))
+    if eval_after:
+        model.eval(), reference.eval()
+        with torch.no_grad():
+            want, got = tree_flatten(reference(x))[0], tree_flatten(tiled(x))[0]
+        for index, (a, b) in enumerate(zip(want, got, strict=True)):
+            errors[f"eval output[{index}]" if len(want) > 1 else "eval output"] = _error(a, b, relative)
     return errors
 
 
@@ -166,11 +175,13 @@ def _assert_within(errors: dict[str, float], tolerance: float, what: str) -> Non
 
 
 def check_exact(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), tolerance: float = TOLERANCE,
-                seed: int = 0, kernels: str = "auto", device: str = "cpu", counter: bool = False) -> dict[str, float]:
+                seed: int = 0, kernels: str = "auto", device: str = "cpu", counter: bool = False,
+                eval_after: bool = False) -> dict[str, float]:
     """Assert tiled == untiled within ``tolerance`` (float64) for outputs, every gradient and every
-    buffer (``counter``: ``max_errors``'s)."""
+    buffer (``counter``: ``max_errors``'s; with ``eval_after``, an eval-mode forward's outputs after
+    the step)."""
     errors = max_errors(model, shape, grid=grid, segments=segments, recomputed=recomputed, seed=seed,
-                        kernels=kernels, device=device, counter=counter)
+                        kernels=kernels, device=device, counter=counter, eval_after=eval_after)
     _assert_within(errors, tolerance, "abs")
     return errors
 

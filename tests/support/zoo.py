@@ -17,6 +17,7 @@ that run inside tiled segments by sweeps (``tests/test_sweeps.py``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -1132,4 +1133,160 @@ MODE_SHAPES: dict[str, tuple[int, int, int, int]] = {
     "drop_path": (3, 3, 15, 13),
     "aux_head": (2, 3, 13, 15),
     "efficientnet_drop": (2, 3, 15, 13),
+}
+
+
+# published networks' patterns, written inline (``tests/test_published.py``)
+#
+# torchvision's EfficientNet classifier (``Dropout(p, inplace=True)`` after ``flatten``), its
+# segmentation models (an ``OrderedDict`` of outputs, DeepLabV3's ASPP with its global-pooling
+# branch, FCN's auxiliary head, LR-ASPP's sigmoid-gated head) and segmentation_models_pytorch's FPN
+# (its pyramid merged by ``torch.stack(features).sum(0)``). ``PUBLISHED_ZOO``'s builders take the
+# mode (``train``). Heads with element-wise Dropout on images in training mode (``DeepLabLike``'s
+# ASPP and FCN head) draw tilec's counter-based masks, which the plain reference draws under
+# ``counter_dropout``.
+
+
+class EfficientNetClassifier(EfficientNet):
+    """torchvision's EfficientNet head: global pooling, ``flatten``, then
+    ``Sequential(Dropout(p, inplace=True), Linear)`` (the dropout writes through the flatten)."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__(num_classes)
+        del self.head_dropout
+        self.classifier = nn.Sequential(nn.Dropout(0.2, inplace=True), nn.Linear(16, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.head_conv(self.blocks(self.stem(x)))
+        return self.classifier(torch.flatten(self.avgpool(x), 1))
+
+
+class ASPPPooling(nn.Sequential):
+    """torchvision's ``ASPPPooling``: global average pool, 1x1 conv, BN, ReLU, upsampled back."""
+
+    def __init__(self, inputs: int, outputs: int):
+        super().__init__(nn.AdaptiveAvgPool2d(1), nn.Conv2d(inputs, outputs, 1, bias=False), nn.BatchNorm2d(outputs),
+                         nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = x.shape[-2:]
+        for module in self:
+            x = module(x)
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+
+class TorchvisionASPP(nn.Module):
+    """torchvision's ``ASPP``: a 1x1 branch, dilated 3x3 branches, the pooling branch, concatenated
+    and projected (conv, BN, ReLU, ``Dropout(0.5)``)."""
+
+    def __init__(self, inputs: int, rates: tuple[int, ...], outputs: int = 8):
+        super().__init__()
+        branches = [conv_bn(inputs, outputs, 1)]
+        branches += [nn.Sequential(nn.Conv2d(inputs, outputs, 3, padding=r, dilation=r, bias=False),
+                                   nn.BatchNorm2d(outputs), nn.ReLU()) for r in rates]
+        self.convs = nn.ModuleList([*branches, ASPPPooling(inputs, outputs)])
+        self.project = nn.Sequential(conv_bn(len(self.convs) * outputs, outputs, 1), nn.Dropout(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(torch.cat([conv(x) for conv in self.convs], dim=1))
+
+
+class DeepLabLike(nn.Module):
+    """torchvision's ``DeepLabV3`` with an FCN auxiliary head: a strided, dilated backbone, the ASPP
+    head, bilinear upsampling to the input, an ``OrderedDict`` with ``out`` and ``aux``."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, stride=2)
+        self.layer = nn.Sequential(conv_bn(8, 12, 3, stride=2), nn.Conv2d(12, 12, 3, padding=2, dilation=2),
+                                   nn.BatchNorm2d(12), nn.ReLU())
+        self.classifier = nn.Sequential(TorchvisionASPP(12, (2, 3)), conv_bn(8, 8, 3), nn.Conv2d(8, classes, 1))
+        self.aux_classifier = nn.Sequential(conv_bn(8, 4, 3), nn.Dropout(0.1), nn.Conv2d(4, classes, 1))
+
+    def forward(self, x: torch.Tensor) -> OrderedDict:
+        size = x.shape[-2:]
+        aux = self.stem(x)
+        features = self.layer(aux)
+        result = OrderedDict()
+        result["out"] = F.interpolate(self.classifier(features), size=size, mode="bilinear", align_corners=False)
+        result["aux"] = F.interpolate(self.aux_classifier(aux), size=size, mode="bilinear", align_corners=False)
+        return result
+
+
+class LRASPPLike(nn.Module):
+    """torchvision's ``LRASPP``: a 1x1 conv-BN-ReLU branch gated by a sigmoid of the pooled high
+    features, upsampled to the low features, two 1x1 classifiers added, upsampled to the input;
+    ``OrderedDict(out=...)``. No dropout: it trains with batch statistics."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.low = conv_bn(3, 6, 3, stride=2, activation=nn.Hardswish)
+        self.high = nn.Sequential(conv_bn(6, 10, 3, stride=2, activation=nn.Hardswish), conv_bn(10, 10, 3))
+        self.cbr = conv_bn(10, 8, 1)
+        self.scale = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(10, 8, 1, bias=False), nn.Sigmoid())
+        self.low_classifier = nn.Conv2d(6, classes, 1)
+        self.high_classifier = nn.Conv2d(8, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> OrderedDict:
+        low = self.low(x)
+        high = self.high(low)
+        y = self.cbr(high) * self.scale(high)
+        y = F.interpolate(y, size=low.shape[-2:], mode="bilinear", align_corners=False)
+        out = self.low_classifier(low) + self.high_classifier(y)
+        return OrderedDict(out=F.interpolate(out, size=x.shape[-2:], mode="bilinear", align_corners=False))
+
+
+class FPNStack(nn.Module):
+    """segmentation_models_pytorch's FPN: lateral 1x1 convs, a top-down path with nearest
+    upsampling, segmentation blocks upsampling every level to a quarter of the input, merged by
+    ``torch.stack(features).sum(dim=0)``; Dropout2d, a 3x3 head, bilinear upsampling."""
+
+    def __init__(self, classes: int = 2):
+        super().__init__()
+        self.encoder = nn.ModuleList([conv_bn(3, 4, 3, stride=2), conv_bn(4, 6, 3, stride=2),
+                                      conv_bn(6, 8, 3, stride=2), conv_bn(8, 10, 3, stride=2)])
+        self.laterals = nn.ModuleList([nn.Conv2d(c, 6, 1) for c in (6, 8, 10)])
+        self.blocks = nn.ModuleList([conv_bn(6, 4, 3) for _ in range(3)])
+        self.dropout = nn.Dropout2d(0.2)
+        self.head = nn.Conv2d(4, classes, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = []
+        y = x
+        for stage in self.encoder:
+            y = stage(y)
+            features.append(y)
+        quarter = features[1].shape[-2:]
+        p = self.laterals[2](features[3])
+        pyramid = [p]
+        for lateral, skip in zip(self.laterals[1::-1], features[2:0:-1], strict=True):
+            p = F.interpolate(p, size=skip.shape[-2:], mode="nearest") + lateral(skip)
+            pyramid.append(p)
+        merged = torch.stack([F.interpolate(block(level), size=quarter, mode="bilinear", align_corners=True)
+                              for block, level in zip(self.blocks, pyramid, strict=True)]).sum(dim=0)
+        out = self.head(self.dropout(merged))
+        return F.interpolate(out, size=x.shape[-2:], mode="bilinear", align_corners=True)
+
+
+def _published_builder(factory: Callable[[], nn.Module]):
+    def build(train: bool) -> nn.Module:
+        torch.manual_seed(0)
+        return _finish(factory()).train(train)
+
+    return build
+
+
+PUBLISHED_ZOO: dict[str, Callable[[bool], nn.Module]] = {
+    "efficientnet_classifier": _published_builder(EfficientNetClassifier),
+    "deeplab": _published_builder(DeepLabLike),
+    "lraspp": _published_builder(LRASPPLike),
+    "fpn_stack": _published_builder(FPNStack),
+}
+
+#: Odd, uneven inputs for ``PUBLISHED_ZOO``.
+PUBLISHED_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "efficientnet_classifier": (2, 3, 17, 15),
+    "deeplab": (2, 3, 27, 33),
+    "lraspp": (2, 3, 25, 31),
+    "fpn_stack": (2, 3, 37, 43),
 }

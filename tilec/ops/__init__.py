@@ -33,6 +33,7 @@ from tilec.ops.pixel import (
     Reshape,
     Softmax,
     Squeeze,
+    Stack,
 )
 from tilec.ops.reduce import MaxPool, Normalise, Pool, Statistic
 from tilec.ops.resample import Upsample
@@ -74,6 +75,7 @@ OPS: tuple[Op, ...] = (
     Channels("cat", dim_arg=1, pass_through=True, saves="nothing"),
     Channels("chunk", "split", "split_with_sizes", dim_arg=2, view=True, pass_through=True, saves="nothing"),
     GetItem("getitem"),
+    Stack("stack", "unbind"),
     Reshape("view", "reshape", "_unsafe_view"),
     Move("permute", "transpose"),
     LayerNorm("layer_norm"),

@@ -348,6 +348,29 @@ class Channels(Pixel):
         return super().check(node, shapes)
 
 
+class Stack(Pixel):
+    """``stack`` along a new dim ``d`` and ``unbind`` of a dim ``d`` that is not an image axis
+    (smp's FPN merges its pyramid by ``torch.stack(features).sum(0)``): per pixel, the image axes
+    at or after ``d`` shift by one dim (``stack``: later, ``unbind``: earlier)."""
+
+    view = True
+    pass_through = True
+    saves = "nothing"
+
+    def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
+        ndim = len(shapes.shape(source))
+        if node.op == "stack":
+            at = dim(const(node, 1, 0), ndim + 1)
+            return tuple(d + (d >= at) for d in (rows, cols))
+        at = dim(const(node, 1, 0), ndim)
+        return None if at in (rows, cols) else tuple(d - (d > at) for d in (rows, cols))
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        if node.spatial is None:
+            fail(node, "unbinding an image axis is not supported")
+        return super().check(node, shapes)
+
+
 class Squeeze(Pixel):
     """``squeeze`` / ``unsqueeze`` of an image: runs untiled."""
 

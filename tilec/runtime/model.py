@@ -1,5 +1,6 @@
 """``TiledModule``: the ``nn.Module`` a generated ``TiledModel`` is, run by its plan's steps."""
 
+import importlib
 from dataclasses import dataclass, replace
 
 import torch
@@ -167,6 +168,13 @@ class TiledModule(torch.nn.Module):
         if dims in (3, 4):
             return Source(name, x, device, self.reading, ahead=self.read_ahead)
         return x.to(device) if isinstance(x, torch.Tensor) else torch.as_tensor(x[...]).to(device)
+
+
+def mapping(path, pairs):
+    """The model's own mapping type (``path``: module.qualname, e.g. collections.OrderedDict) built
+    from ``pairs``, a dict of its keys and values in order."""
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)(pairs)
 
 
 def place(tensors, inputs):

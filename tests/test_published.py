@@ -1,0 +1,172 @@
+"""Published networks' patterns (issue 39): exact in float64 against plain PyTorch, a training
+step (BatchNorm with batch statistics) then an eval-mode forward, grids 1x1 to 4x3.
+
+The inline copies (``support.zoo.PUBLISHED_ZOO``) always run: torchvision's EfficientNet classifier
+(``Dropout(inplace=True)`` writing through a ``flatten``), its segmentation models (an
+``OrderedDict`` returned as such, ASPP's global-pooling branch) and smp's FPN (``torch.stack(...)
+.sum(0)``). The published packages run where they import: torchvision's compiled ops do not load
+on the CPU build of torch the suite pins (``import torchvision`` raises), and timm and
+segmentation_models_pytorch import torchvision, so those tests skip there. Their models are built
+with random weights, small (64² inputs). Heads with element-wise Dropout on images (DeepLabV3's
+ASPP, FCN's head) train with tilec's counter-based masks, which the plain reference draws under
+``counter_dropout`` (``check_exact(counter=True)``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tilec.errors import UnsupportedLayerError
+from tilec.pipeline import build
+from tilec.trace import trace
+
+from support.exactness import check_exact
+from support.zoo import PUBLISHED_SHAPES, PUBLISHED_ZOO
+
+GRIDS = [(1, 1), (2, 2), (4, 3)]
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ZOO))
+def test_a_training_step_then_an_eval_forward_equal_plain(name, grid):
+    check_exact(PUBLISHED_ZOO[name](True), PUBLISHED_SHAPES[name], grid=grid, eval_after=True, counter=True)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ZOO))
+def test_compiled_in_eval_mode_equal_plain(name):
+    check_exact(PUBLISHED_ZOO[name](False), PUBLISHED_SHAPES[name], grid=(3, 2))
+
+
+def test_an_identity_in_place_dropout_through_a_flatten_disappears():
+    graph = trace(PUBLISHED_ZOO["efficientnet_classifier"](False), PUBLISHED_SHAPES["efficientnet_classifier"])
+    assert not [node for node in graph if "dropout" in node.op]
+    trained = trace(PUBLISHED_ZOO["efficientnet_classifier"](True), PUBLISHED_SHAPES["efficientnet_classifier"])
+    (dropout,) = [node for node in trained if "dropout" in node.op]
+    assert dropout.op == "dropout" and dropout.spatial is None  # after the pooling: untiled, once per step
+
+
+class FlattenedDropout(nn.Module):
+    """An in-place Dropout on a flatten of a feature map that is read again afterwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.dropout = nn.Dropout(0.3, inplace=True)
+
+    def forward(self, x):
+        y = F.relu(self.conv(x))
+        flat = self.dropout(y.flatten(2))
+        return y + flat.view(y.shape)
+
+
+def test_an_in_place_dropout_whose_base_is_read_again_compiles_in_eval_mode_and_is_refused_in_training():
+    check_exact(FlattenedDropout().eval(), (1, 3, 11, 9), grid=(2, 3))
+    with pytest.raises(UnsupportedLayerError, match=r"aten.dropout_ from module dropout \(Dropout\) is not "
+                                                    r"supported: it writes in place through an aten.flatten"):
+        trace(FlattenedDropout().train(), (1, 3, 11, 9))
+
+
+def test_mapping_outputs_come_back_as_the_models_type():
+    model = PUBLISHED_ZOO["deeplab"](False).double()
+    x = torch.randn(PUBLISHED_SHAPES["deeplab"], dtype=torch.float64)
+    out = build(model, tuple(x.shape), (2, 2), dtype="float64")(x)
+    assert type(out) is OrderedDict and list(out) == ["out", "aux"]
+
+
+class Unbound(nn.Module):
+    """Stacks two maps along a dim between the channels and the image axes, unbinds them again."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        a, b = torch.stack([y, torch.sigmoid(y)], dim=2).unbind(2)
+        return F.max_pool2d(a * b, 3, stride=1, padding=1) + torch.stack([a, b]).mean(0)
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+def test_stack_and_unbind_along_non_image_dims_tile(grid):
+    graph = trace(Unbound(), (2, 3, 13, 11))
+    shifted = {node.op: node.spatial for node in graph if node.op in ("stack", "unbind")}
+    assert shifted == {"stack": (3, 4), "unbind": (2, 3)} and all(node.tileable for node in graph)
+    check_exact(Unbound(), (2, 3, 13, 11), grid=grid)
+
+
+def test_unbinding_an_image_axis_is_refused_in_one_line():
+    class Rows(nn.Module):
+        def forward(self, x):
+            return torch.stack(x.unbind(2), dim=2) * 2
+
+    with pytest.raises(UnsupportedLayerError, match=r"aten.unbind .*unbinding an image axis is not supported"):
+        trace(Rows(), (1, 3, 5, 7))
+
+
+# ------------------------------------------------------------------------------------------------
+# the published packages, where they import
+
+
+def published(name: str):
+    """``importlib.import_module(name)``, or skip: not installed, or its compiled ops do not load."""
+    try:
+        return importlib.import_module(name)
+    except (ImportError, RuntimeError) as error:
+        pytest.skip(f"{name} does not import here: {type(error).__name__}: {str(error).splitlines()[0]}")
+
+
+def _torchvision_efficientnet():
+    efficientnet = published("torchvision.models.efficientnet")
+    setting = [efficientnet.MBConvConfig(1, 3, 1, 8, 8, 1), efficientnet.MBConvConfig(4, 3, 2, 8, 12, 2)]
+    return efficientnet.EfficientNet(setting, dropout=0.2, stochastic_depth_prob=0.0, num_classes=5)
+
+
+def _torchvision_segmentation(name: str):
+    segmentation = published("torchvision.models.segmentation")
+    if name == "fcn_resnet50":
+        return segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=3, aux_loss=True)
+    mobilenet = published("torchvision.models.mobilenetv3")
+    layers = published("torchvision.models._utils")
+    # MobileNetV3-Large at a quarter of its widths, to its first stride-16 block: 8 channels at stride
+    # 4 (block 3), 24 at 16 (block 7); deeper, its training-mode BatchNorms over 4x4 maps amplify
+    # rounding past 1e-10 in absolute terms
+    backbone = mobilenet.mobilenet_v3_large(weights=None, dilated=True, width_mult=0.25).features[:8]
+    low, high, channels = 3, 7, (8, 24)
+    if name == "lraspp":
+        getter = layers.IntermediateLayerGetter(backbone, {str(low): "low", str(high): "high"})
+        return segmentation.LRASPP(getter, channels[0], channels[1], 3, inter_channels=16)
+    getter = layers.IntermediateLayerGetter(backbone, {str(low): "aux", str(high): "out"})
+    return segmentation.DeepLabV3(getter, segmentation.deeplabv3.DeepLabHead(channels[1], 3),
+                                  segmentation.fcn.FCNHead(channels[0], 3))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_torchvision_efficientnet(train):
+    torch.manual_seed(0)
+    check_exact(_torchvision_efficientnet().train(train), (2, 3, 64, 64), grid=(2, 2), eval_after=train)
+
+
+@pytest.mark.parametrize("name, train", [("lraspp", False), ("lraspp", True), ("deeplabv3", False),
+                                         ("deeplabv3", True), ("fcn_resnet50", False)])
+def test_torchvision_segmentation(name, train):
+    torch.manual_seed(0)
+    model = _torchvision_segmentation(name).train(train)
+    # in training, a batch of 4: the ASPP pooling branch's BatchNorm normalises N values of a 1x1 map,
+    # and over 2 its gradient amplifies rounding past 1e-10
+    shape = (1, 3, 64, 64) if name == "fcn_resnet50" else (4 if train else 2, 3, 64, 64)
+    check_exact(model, shape, grid=(2, 2) if train else (4, 3), eval_after=train, counter=True)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_smp_fpn(train):
+    smp = published("segmentation_models_pytorch")
+    torch.manual_seed(0)
+    model = smp.FPN("resnet18", encoder_weights=None, encoder_depth=4, classes=2, decoder_pyramid_channels=32,
+                    decoder_segmentation_channels=32).train(train)
+    check_exact(model, (2, 3, 64, 64), grid=(2, 2), eval_after=train)
