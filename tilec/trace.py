@@ -296,6 +296,26 @@ def _keyed_mapping(spec) -> bool:
             and all(isinstance(key, str) for key in spec.context))
 
 
+#: Factories named after a tensor (``x.new_empty(shape)``), which read only its dtype and device,
+#: and their twins that read no tensor.
+FACTORIES = {"new_empty": torch.ops.aten.empty.memory_format, "new_zeros": torch.ops.aten.zeros.default,
+             "new_ones": torch.ops.aten.ones.default, "new_full": torch.ops.aten.full.default}
+
+
+def _factories(program: torch.export.ExportedProgram) -> None:
+    """Rewrite ``x.new_empty(shape)`` and its kin into factories of ``x``'s dtype and device that
+    read no tensor (timm's ``drop_path`` draws its per-sample mask from ``x.new_empty``): the mask is
+    then a small op of no image, drawn once per step, as ``torch.empty(shape, dtype=x.dtype)`` is."""
+    for node in program.graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "_opname", None) not in FACTORIES:
+            continue
+        value = node.meta["val"]
+        node.target = FACTORIES[node.target._opname]
+        node.args = tuple(node.args[1:])
+        node.kwargs = {"dtype": value.dtype, "device": value.device, "pin_memory": False}
+    program.graph_module.recompile()
+
+
 def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     """Build the op graph of ``model`` for ``inputs`` (per tensor argument of its ``forward``, in
     order: ``(shape, dtype)``, ``None`` for the model's dtype; or one shape (N, C, H, W) for a
@@ -308,6 +328,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     program = _export(model, inputs)
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
+    _factories(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature
     state = dict(model.state_dict(keep_vars=True))

@@ -246,8 +246,10 @@ def _check_readers(plan: Plan) -> None:
                 continue
             field = f"inputs[{where[read[0]]}].shape {tuple(plan.inputs[where[read[0]]].shape)}"
             _, op, overload = node.target.split(".")
-            positional = [_value(a, inputs, shapes, dtype) for a in node.args if a.keyword is None]
-            keywords = {a.keyword: _value(a, inputs, shapes, dtype) for a in node.args if a.keyword is not None}
+            floating = [inputs[name].dtype for name in read if inputs[name].is_floating_point()]
+            like = floating[0] if floating else dtype  # the model's tensors are in its floating input's dtype
+            positional = [_value(a, inputs, shapes, like) for a in node.args if a.keyword is None]
+            keywords = {a.keyword: _value(a, inputs, shapes, like) for a in node.args if a.keyword is not None}
             try:
                 result = getattr(getattr(torch.ops.aten, op), overload)(*positional, **keywords)
             except (RuntimeError, ValueError, TypeError, IndexError) as error:

@@ -1027,9 +1027,19 @@ def drop_connect(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor
 
 
 def drop_path(x: torch.Tensor, drop_prob: float = 0.0, training: bool = False) -> torch.Tensor:
-    """timm's ``drop_path`` (as timm 0.4 wrote it): a per-sample mask ``floor(keep + U[0, 1))``
-    floored in place, the input scaled by ``1 / keep``; in training only. (timm's current one
-    draws with ``x.new_empty(shape).bernoulli_(keep)``.)"""
+    """timm's ``drop_path`` as timm 1.0 writes it: a per-sample mask drawn with
+    ``x.new_empty(shape).bernoulli_(keep)``, divided in place by ``keep``; in training only."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep = 1 - drop_prob
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    mask.div_(keep)
+    return x * mask
+
+
+def drop_path_0_4(x: torch.Tensor, drop_prob: float = 0.0, training: bool = False) -> torch.Tensor:
+    """timm's ``drop_path`` as timm 0.4 wrote it: a per-sample mask ``floor(keep + U[0, 1))``
+    floored in place, the input scaled by ``1 / keep``; in training only."""
     if drop_prob == 0.0 or not training:
         return x
     keep = 1 - drop_prob
@@ -1071,25 +1081,27 @@ class DropConnectNet(nn.Module):
 
 
 class DropPathBlock(nn.Module):
-    """timm's residual block: ``shortcut + drop_path(branch)`` with ``self.drop_path_rate``."""
+    """timm's residual block: ``shortcut + drop_path(branch)`` with ``self.drop_path_rate`` (timm
+    0.4's ``drop_path`` where ``legacy``)."""
 
-    def __init__(self, channels: int, drop_path_rate: float):
+    def __init__(self, channels: int, drop_path_rate: float, legacy: bool = False):
         super().__init__()
         self.branch = nn.Sequential(conv_bn(channels, channels), conv_bn(channels, channels, activation=None))
         self.drop_path_rate = drop_path_rate
+        self.drop = drop_path_0_4 if legacy else drop_path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x + drop_path(self.branch(x), self.drop_path_rate, self.training))
+        return torch.relu(x + self.drop(self.branch(x), self.drop_path_rate, self.training))
 
 
 class DropPathNet(nn.Module):
-    """A small ResNet of ``DropPathBlock`` s (drop-path 0.1, 0.25) and torchvision's
+    """A small ResNet of ``DropPathBlock`` s (drop-path 0.1 as timm 0.4, 0.25 as timm 1.0) and torchvision's
     ``StochasticDepth`` (p = 0.3) on a third block, with a pooled linear head."""
 
     def __init__(self, classes: int = 5):
         super().__init__()
         self.stem = conv_bn(3, 8, 3, stride=2)
-        self.blocks = nn.Sequential(DropPathBlock(8, 0.1), DropPathBlock(8, 0.25))
+        self.blocks = nn.Sequential(DropPathBlock(8, 0.1, legacy=True), DropPathBlock(8, 0.25))
         self.last = nn.Sequential(conv_bn(8, 8), StochasticDepth(0.3))
         self.fc = nn.Linear(8, classes)
 
