@@ -115,9 +115,7 @@ def test_classifier_on_a_background_slide_reuses_tiles_forward_and_backward(grid
 
 @pytest.mark.parametrize("grid", GRIDS[:2])
 def test_training_batch_norm_network_on_a_background_slide_is_exact(grid):
-    """One tiled segment, its batch statistics by sweeps: every sweep reuses. (Cut into segments,
-    a later segment's input is a materialised activation, which CPU channels-last convolutions
-    round differently by position even over a constant input: its slices are not constant.)"""
+    """One tiled segment, its batch statistics by sweeps: every sweep reuses."""
     model = _seeded(Slide(ResNetHead()), train=True)
     image = _slide()
     count = len(trace(model, [(SHAPE, "uint8")]))
@@ -216,3 +214,18 @@ def test_a_segment_drawing_element_wise_dropout_never_reuses_and_one_without_may
     flags = [[step.run.reuse for step in model.steps if hasattr(step.run, "reuse")] for model in (drawing, plain)]
     assert flags[0] and not all(flags[0])  # the segments drawing dropout
     assert flags[1] and all(flags[1])
+
+
+def test_a_later_segment_reuses_the_tiles_whose_slices_of_a_stored_activation_are_equal():
+    """Cut in two, the second segment reads an activation the first wrote, whose background tiles
+    are copies of one representative's owned values but not one constant: those tiles are keyed
+    by their slices' bits (``Keys.find``), and the second segment reuses them too."""
+    model = _seeded(Slide(ResNetHead()))
+    shape = (1, 3, 110, 97)
+    image = _slide(shape, tissue=(slice(4, 30), slice(6, 25)))
+    count = len(trace(model, [(shape, "uint8")]))
+    tiled = build(model, [(shape, "uint8")], segments=[(0, count // 2, (7, 6)), (count // 2, count, (7, 6))],
+                  dtype="float64")
+    errors = _compare(model, tiled, [image])
+    assert max(errors.values()) <= TOLERANCE, errors
+    assert tiled.reuse.passes["segment 1 level 1"][1] > 0, tiled.reuse.passes

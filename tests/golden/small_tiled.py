@@ -1186,10 +1186,15 @@ an op reads absolute positions: such a segment has ``reuse`` off (the op rules' 
 
 This is found at run time from the slices the tiles read anyway, comparing bits: a slice is constant
 where, per sample and channel, the minimum and the maximum of its elements read as integers of their
-width are equal (so 0.0 and -0.0, or two NaNs, are never one constant). A tile's *key* is its classes,
-the sizes of its reads, owned parts and partials, and its slices' constants; ``None`` where a slice
-is not constant. In the order this process runs the tiles, the first tile of a key is its
-*representative*, the later ones its *members*:
+width are equal (so 0.0 and -0.0, or two NaNs, are never one constant). A slice of a tensor in memory
+that is not constant (a stored activation over background, whose tiles copied one representative's
+owned values, rounded by position within it) is fingerprinted by the sums of its bits per sample and
+channel, and a tile whose fingerprints match an earlier tile's is that tile's member only where its
+slices hold the same bits as that tile's, read again (``Keys.find``); a file is never read twice, so a
+slice of a ``Source`` counts only where it is constant. A tile's *key* is its classes, the sizes of its
+reads, owned parts and partials, and its slices' constants or fingerprints; ``None`` where it has no
+equal. In the order this process runs the tiles, the first tile of a key is its *representative*, the
+later ones its *members*:
 
 * forward: a member merges the representative's partials in its own place in the order, which gives
   the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
@@ -1203,6 +1208,7 @@ is not constant. In the order this process runs the tiles, the first tile of a k
   slice (exact up to rounding too); an input whose gradient is rolled groups only the tiles of one
   row, whose reads its band holds.
 """
+
 
 
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -1230,16 +1236,61 @@ def constants(x, spatial):
     return tuple(low.reshape(-1).tolist())
 
 
-def tile_key(segment, tile, row, col):
-    """The key of one tile (module docstring) from its slices ``tile``; ``None`` where it is unique
-    (or the segment's tiles are never reused)."""
+def fingerprint(x, spatial):
+    """The sums of the bits of slice ``x`` per sample and channel over its image dims ``spatial``, as a
+    tuple of integers (``None`` for widths without integers)."""
+    bits = as_bits(x)
+    if bits is None:
+        return None
+    return tuple(bits.sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
+
+
+def slice_key(x, spatial, source):
+    """What one slice contributes to its tile's key: ``("c", constants)`` where it is constant, else
+    ``("f", fingerprint)`` of a slice of a tensor (not of a ``source``), else ``None``."""
+    found = constants(x, spatial)
+    if found is not None:
+        return "c", found
+    if source:
+        return None
+    found = fingerprint(x, spatial)
+    return None if found is None else ("f", found)
+
+
+def tile_key(segment, xs, tile, row, col):
+    """The key of one tile (module docstring) from its slices ``tile`` of the segment's sliced inputs
+    ``xs``; ``None`` where it has no equal (or the segment's tiles are never reused)."""
     if not segment.reuse:
         return None
-    found = [constants(x, spatial) for x, spatial in zip(tile, segment.sliced, strict=True)]
+    found = [slice_key(t, spatial, isinstance(x, Source)) for x, t, spatial in zip(xs, tile, segment.sliced,
+                                                                                   strict=True)]
     if any(c is None for c in found):
         return None
     sizes = tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
     return row[2], col[2], sizes, tuple(found)
+
+
+class Keys(dict):
+    """Per tile index, its key in this step (``None``: it has no equal); ``first``: per key, its
+    representative's row and column entries."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = {}
+
+    def find(self, segment, xs, tile, index, row, col):
+        """The key of tile ``index`` from its slices ``tile``, recorded: a tile whose fingerprinted
+        slices do not hold the bits of its key's representative's has none."""
+        key = tile_key(segment, xs, tile, row, col)
+        if key is not None:
+            first = self.first.setdefault(key, (row, col))
+            if first != (row, col) and not all(
+                    kind == "c" or same_bits(t, region(x, spatial, first[0][0][i], first[1][0][i]))
+                    for i, (x, t, spatial, (kind, _)) in enumerate(zip(xs, tile, segment.sliced, key[3],
+                                                                       strict=True))):
+                key = None
+        self[index] = key
+        return key
 
 
 def same_bits(a, b):
@@ -1699,7 +1750,7 @@ def read_tile(segment, xs, keys, index, row, col):
     """One tile's slices, and its key (``tilec.runtime.reuse``), found once per step in ``keys``."""
     tile = slices(segment, xs, row, col)
     if index not in keys:
-        keys[index] = tile_key(segment, tile, row, col)
+        keys.find(segment, xs, tile, index, row, col)
     return tile, keys[index]
 
 
@@ -1756,7 +1807,7 @@ class Tiled(torch.autograd.Function):
         device = run.device.type
         autocast = (device, *autocast_state(device))
         arena = segment.arena(run, autocast, run.kernels(device))
-        r, parts, active, keys = {}, {}, {}, {}
+        r, parts, active, keys = {}, {}, {}, Keys()
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
         with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from tilec.runtime.arena import Arena
 from tilec.runtime.kernels import copy_in, narrow
 from tilec.runtime.reduce import merged, own_share
-from tilec.runtime.reuse import same_bits, tile_key
+from tilec.runtime.reuse import Keys, same_bits
 from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import Rolled, autocast_state, grad_channels_last, input_gradient, outputs, slices, sum_over
 
@@ -103,7 +103,7 @@ def read_tile(segment, xs, keys, index, row, col):
     """One tile's slices, and its key (``tilec.runtime.reuse``), found once per step in ``keys``."""
     tile = slices(segment, xs, row, col)
     if index not in keys:
-        keys[index] = tile_key(segment, tile, row, col)
+        keys.find(segment, xs, tile, index, row, col)
     return tile, keys[index]
 
 
@@ -160,7 +160,7 @@ class Tiled(torch.autograd.Function):
         device = run.device.type
         autocast = (device, *autocast_state(device))
         arena = segment.arena(run, autocast, run.kernels(device))
-        r, parts, active, keys = {}, {}, {}, {}
+        r, parts, active, keys = {}, {}, {}, Keys()
         # Without autocast's cache: it would keep a cast copy of every parameter the tiles read
         # until the step's forward ends; each tile's call casts its own (the plan counts one per call).
         with torch.autocast(autocast[0], dtype=autocast[2], enabled=autocast[1], cache_enabled=False):
