@@ -98,13 +98,23 @@ class Plane:
 
 class OpenSlidePlane:
     """Level ``level`` of an ``openslide.OpenSlide`` read as (rows, cols, 3) uint8: RGBA regions
-    composited onto white (OpenSlide gives transparent pixels where nothing was scanned)."""
+    composited onto white (OpenSlide gives transparent pixels where nothing was scanned). Only
+    levels whose downsample is a whole number are read exactly (``check``)."""
 
-    def __init__(self, handle, level: int):
-        self.handle, self.level = handle, level
+    def __init__(self, handle, level: int, name: str):
+        self.handle, self.level, self.name = handle, level, name
         width, height = handle.level_dimensions[level]
         self.shape, self.dtype = (height, width, 3), np.dtype("uint8")
         self.downsample = handle.level_downsamples[level]
+
+    def check(self):
+        """Refuse a level whose downsample is not a whole number: OpenSlide places a region at
+        level-0 coordinates divided by it, and draws a fractional position resampled, so the same
+        pixel read in two regions could differ."""
+        if self.downsample != int(self.downsample):
+            raise SlideError(f"{self.name}: OpenSlide resamples reads at level {self.level} (its downsample "
+                             f"{self.downsample:.6g} is not a whole number); read level 0, or the file with "
+                             f"tifffile (reader='tifffile') where it is a TIFF")
 
     def read(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
         size = (cols[1] - cols[0], rows[1] - rows[0])
@@ -157,6 +167,8 @@ class Slide:
         self.name, self.planes, self.levels = name, planes, levels
         self.level = level % len(planes)
         self.plane = planes[self.level]
+        if hasattr(self.plane, "check"):
+            self.plane.check()
         height, width, channels = self.plane.shape
         self.shape, self.dtype, self.ndim = (1, channels, height, width), self.plane.dtype, 4
         self.mpp = levels[self.level].mpp
@@ -252,19 +264,17 @@ def _open_path(path: Path, reader: str | None):
     suffix = path.suffix.lower()
     if reader == "openslide":
         return _open_openslide(path)
-    if reader == "tifffile":
-        return _open_tiff(path, _module("tifffile", f"reading {path.name}"))
     if suffix == ".npy":
         plane = _array_plane(np.load(path, mmap_mode="r"), str(path))
         return str(path), [plane], (Level(plane.shape[0], plane.shape[1]),)
-    if suffix == ".zarr" or path.is_dir():
+    if reader is None and (suffix == ".zarr" or path.is_dir()):
         return _open_zarr(path)
-    if suffix in TIFF_SUFFIXES:
+    if reader == "tifffile" or suffix in TIFF_SUFFIXES:
         tifffile = _module("tifffile", f"reading {path.name}")
         try:
             return _open_tiff(path, tifffile)
-        except (tifffile.TiffFileError, ValueError, RuntimeError, OSError) as error:
-            if importlib.util.find_spec("openslide") is None:
+        except (tifffile.TiffFileError, ValueError, RuntimeError, OSError, IndexError) as error:
+            if reader == "tifffile" or importlib.util.find_spec("openslide") is None:
                 raise SlideError(f"tifffile cannot read {path} ({error}); OpenSlide may: pip install "
                                  f"openslide-python (and the OpenSlide library, e.g. apt-get install "
                                  f"libopenslide0)") from None
@@ -340,7 +350,7 @@ def _open_openslide(path: Path):
         raise SlideError(f"{path} is not a slide format tifffile or OpenSlide reads") from None
     except openslide.OpenSlideError as error:
         raise SlideError(f"OpenSlide cannot read {path}: {error}") from None
-    planes = [OpenSlidePlane(handle, k) for k in range(handle.level_count)]
+    planes = [OpenSlidePlane(handle, k, str(path)) for k in range(handle.level_count)]
     x, y = (handle.properties.get(f"openslide.mpp-{a}") for a in "xy")
     mpp = (float(y), float(x)) if x and y and math.isfinite(float(x)) else None
     return str(path), planes, _with_mpp(planes, mpp)
