@@ -1,7 +1,7 @@
 """Train on a whole slide kept on disk as uint8, within a memory budget.
 
     python examples/train_slide.py --size 8192 --budget 1GiB --steps 2
-    python examples/train_slide.py --size 8192 --budget 1GiB --mask          # background made white
+    python examples/train_slide.py --size 8192 --budget 1GiB --no-mask       # background as scanned
     python examples/train_slide.py --format npy --level 0 --size 4096
     python examples/train_slide.py --task segment --size 4096 --budget 1GiB
 
@@ -13,8 +13,8 @@ each level half the one before, as a scanner's generic TIFF), ``--format tiff`` 
 trains from that and ``--format npy`` from the ``.npy``. Both are opened with ``tilec.slide``,
 seen as the (1, 3, H, W) array the model takes: each tile reads its own region of the file (of
 the TIFF, only the file tiles under it are decoded), and nothing holds the slide, as uint8 or as
-float. ``--level`` picks a pyramid level of the TIFF; ``--mask`` sets everything outside the
-tissue (Otsu on the saturation of the coarsest level) to white.
+float. ``--level`` picks a pyramid level of the TIFF. Everything outside the tissue (Otsu on the
+saturation of the coarsest level) is made white (``--no-mask`` keeps the slide as written).
 
 ``classify``: the ResNet-50 of ``examples/resnet50.py`` (frozen BatchNorm) under a slide-level
 label; the model converts its uint8 input to normalised float itself, pools globally and returns
@@ -197,7 +197,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--format", choices=("tiff", "npy"), default="tiff", help="train from the TIFF or the .npy")
     parser.add_argument("--level", type=int, default=0, help="pyramid level of the TIFF to train on")
-    parser.add_argument("--mask", action="store_true", help="make everything outside the tissue white")
+    parser.add_argument("--mask", action=argparse.BooleanOptionalAction, default=True,
+                        help="make everything outside the tissue white (--no-mask: train on the slide as written)")
     parser.add_argument("--dir", type=Path, default=Path("out/slides"), help="where the slide files go")
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
