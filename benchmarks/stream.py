@@ -2,14 +2,18 @@
 
     python benchmarks/stream.py --model resnet50 --size 8192 --budget 1GiB --source disk
     python benchmarks/stream.py --model small --size 100000 --budget 2GiB --source disk --dir /data
+    python benchmarks/stream.py --model resnet18 --size 32768 --budget 512MiB --source tiff --mask
 
 The slide is ``examples/train_slide.py``'s synthetic one, an H x W x 3 uint8 ``.npy`` (written
 first if missing, band by band), read through ``np.load(mmap_mode="r")`` as the (1, 3, H, W)
 array the model takes (``--source disk``), or loaded whole into a uint8 tensor (``--source
-memory``). The model converts it to normalised float itself and returns its cross-entropy loss
-against a slide label, a second input:
+memory``), or written once more as a pyramidal tiled TIFF (deflate-compressed 256-pixel tiles,
+``train_slide.write_tiff``) and read through ``tilec.slide`` (``--source tiff``, tifffile through
+zarr; ``--mask``: the background outside the tissue made white). The model converts it to
+normalised float itself and returns its cross-entropy loss against a slide label, a second input:
 
   resnet50  ``examples/resnet50.py`` (frozen BatchNorm, two classes);
+  resnet18  ``examples/resnet18.py`` (BatchNorm in training mode, two classes);
   small     a strided 4x4 stem to 16 channels, three 3x3 stride-2 convolutions with ReLU to 32,
             64 and 64 channels, global average pooling and a linear layer to two classes.
 
@@ -24,7 +28,8 @@ and spent reading it (``TiledModel.reading``), and ``read_bytes``. With ``--devi
 model and its plan are on the GPU (the slide stays on the host and is copied tile by tile):
 ``peak_bytes`` is then ``torch.cuda.max_memory_allocated()`` over the step above what was
 allocated before it, ``reserved_bytes`` the same of ``max_memory_reserved()``, and
-``host_peak_bytes`` the growth of the process's resident memory.
+``host_peak_bytes`` the growth of the process's resident memory. ``--forward-only`` measures the
+forward alone (where a whole step runs too long for the machine at hand).
 """
 
 from __future__ import annotations
@@ -47,8 +52,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 
 from step import Meter, import_file, parse_bytes, parse_segments  # noqa: E402
-from train_slide import SlideClassifier, _example, write_slide  # noqa: E402
+from train_slide import SlideClassifier, _example, write_slide, write_tiff  # noqa: E402
 
+import tilec  # noqa: E402
 from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.codegen import render  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
@@ -73,16 +79,20 @@ class SmallCNN(nn.Module):
 
 
 def backbone(name: str) -> nn.Module:
+    if name == "resnet18":
+        return _example("resnet18").ResNet18(num_classes=2).train()
     return SmallCNN() if name == "small" else _example("resnet50").ResNet50(num_classes=2).eval()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("resnet50", "small"), default="resnet50")
+    parser.add_argument("--model", choices=("resnet50", "resnet18", "small"), default="resnet50")
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--budget", type=parse_bytes)
     parser.add_argument("--segments", type=parse_segments, help="FIRST:STOP:ROWSxCOLS,... instead of --budget")
-    parser.add_argument("--source", choices=("disk", "memory"), default="disk")
+    parser.add_argument("--source", choices=("disk", "memory", "tiff"), default="disk")
+    parser.add_argument("--mask", action="store_true", help="with --source tiff: the background made white")
+    parser.add_argument("--forward-only", action="store_true", help="measure the forward alone")
     parser.add_argument("--read-ahead", choices=("on", "off"), default="on")
     parser.add_argument("--dir", type=Path, default=Path("out/slides"))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -95,8 +105,11 @@ def main(argv=None) -> int:
         return 0
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / f"slide_{args.size}.npy"
-    if not path.exists():
+    tiff = args.dir / f"slide_{args.size}.tif"
+    if not path.exists() and not (args.source == "tiff" and tiff.exists()):
         write_slide(path, args.size)
+    if args.source == "tiff" and not tiff.exists():
+        write_tiff(tiff, path)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--write-module", out],
@@ -106,7 +119,10 @@ def main(argv=None) -> int:
     model = model.to(args.device)
     tiled = module.TiledModel(model, read_ahead=args.read_ahead == "on")
     compile_s = time.perf_counter() - start
-    slide = np.load(path, mmap_mode="r").transpose(2, 0, 1)[None]
+    if args.source == "tiff":
+        slide = tilec.slide(tiff).masked() if args.mask else tilec.slide(tiff)
+    else:
+        slide = np.load(path, mmap_mode="r").transpose(2, 0, 1)[None]
     if args.source == "memory":
         slide = torch.from_numpy(np.ascontiguousarray(slide))
     label = torch.tensor([1])
@@ -118,10 +134,12 @@ def main(argv=None) -> int:
         reserved_before = torch.cuda.memory_reserved()
     with Meter(torch.device(args.device)) as meter:
         loss = tiled(slide, label)
-        loss.backward()
+        if not args.forward_only:
+            loss.backward()
     host_peak = status_bytes("VmHWM") - host_before
     record = {
         "model": args.model, "size": args.size, "source": args.source, "read_ahead": args.read_ahead,
+        "mask": args.mask, "forward_only": args.forward_only,
         "budget_bytes": args.budget, "compile_s": round(compile_s, 2),
         "segments": [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}" for s in plan.segments],
         "predicted_peak_bytes": plan.predicted_peak_bytes, "staging_bytes": plan.staging_bytes,

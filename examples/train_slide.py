@@ -1,14 +1,20 @@
 """Train on a whole slide kept on disk as uint8, within a memory budget.
 
     python examples/train_slide.py --size 8192 --budget 1GiB --steps 2
+    python examples/train_slide.py --size 8192 --budget 1GiB --no-mask       # background as scanned
+    python examples/train_slide.py --format npy --level 0 --size 4096
     python examples/train_slide.py --task segment --size 4096 --budget 1GiB
 
 Writes a synthetic slide-like image (tissue blobs with stained texture on a white background)
 as an H x W x 3 uint8 ``.npy``, band of rows by band of rows, so that it is never held whole;
-for ``--task segment`` also its tissue mask, H x W uint8 (0 background, 1 tissue). The model
-reads the file through ``np.load(path, mmap_mode="r")``, seen as the (1, 3, H, W) array the
-model takes: each tile reads its own region of the file, and nothing holds the slide, as uint8
-or as float.
+for ``--task segment`` also its tissue mask, H x W uint8 (0 background, 1 tissue). From the
+``.npy`` it writes a pyramidal tiled TIFF with tifffile (deflate-compressed 256-pixel tiles,
+each level half the one before, as a scanner's generic TIFF), ``--format tiff`` (the default)
+trains from that and ``--format npy`` from the ``.npy``. Both are opened with ``tilec.slide``,
+seen as the (1, 3, H, W) array the model takes: each tile reads its own region of the file (of
+the TIFF, only the file tiles under it are decoded), and nothing holds the slide, as uint8 or as
+float. ``--level`` picks a pyramid level of the TIFF. Everything outside the tissue (Otsu on the
+saturation of the coarsest level) is made white (``--no-mask`` keeps the slide as written).
 
 ``classify``: the ResNet-50 of ``examples/resnet50.py`` (frozen BatchNorm) under a slide-level
 label; the model converts its uint8 input to normalised float itself, pools globally and returns
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 import time
 from pathlib import Path
@@ -35,9 +42,7 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
-from tilec.config import parse_bytes
-from tilec.errors import TilecError
-from tilec.pipeline import build
+import tilec
 
 EXAMPLES = Path(__file__).parent
 #: ImageNet's per-channel mean and standard deviation, on the 0..255 scale.
@@ -113,6 +118,23 @@ def write_mask(path: Path, size: int, seed: int = 0) -> None:
                                 for start in range(0, size, rows_per_band)))
 
 
+def write_tiff(path: Path, npy: Path, smallest: int = 256) -> None:
+    """The ``.npy`` slide as a pyramidal tiled TIFF: level 0 and each level half the one before,
+    down to ``smallest`` pixels a side, reduced levels marked so (tifffile and OpenSlide read them
+    as a pyramid); written tile by tile from the memory-mapped file, to a ``.partial`` first."""
+    import tifffile
+
+    level = np.load(npy, mmap_mode="r")
+    count = 1 + max(0, int(math.log2(min(level.shape[:2]) / smallest)))
+    partial = path.with_suffix(".partial")
+    with tifffile.TiffWriter(partial, bigtiff=level.nbytes > 2 ** 31) as writer:
+        for k in range(count):
+            writer.write(level[:: 2 ** k, :: 2 ** k], tile=(256, 256), compression="zlib", photometric="rgb",
+                         subfiletype=int(k > 0), resolution=(1e4 / (0.25 * 2 ** k),) * 2,
+                         resolutionunit="CENTIMETER")
+    partial.replace(path)
+
+
 class SlideClassifier(nn.Module):
     """uint8 slide (1, 3, H, W) and its label (1,) -> cross-entropy loss of ``backbone``'s logits."""
 
@@ -173,7 +195,11 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=8192, help="slide side in pixels")
     parser.add_argument("--budget", default="1GiB", help="memory budget of the plan")
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--dir", type=Path, default=Path("out/slides"), help="where the .npy files go")
+    parser.add_argument("--format", choices=("tiff", "npy"), default="tiff", help="train from the TIFF or the .npy")
+    parser.add_argument("--level", type=int, default=0, help="pyramid level of the TIFF to train on")
+    parser.add_argument("--mask", action=argparse.BooleanOptionalAction, default=True,
+                        help="make everything outside the tissue white (--no-mask: train on the slide as written)")
+    parser.add_argument("--dir", type=Path, default=Path("out/slides"), help="where the slide files go")
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     slide_path = args.dir / f"slide_{args.size}.npy"
@@ -183,20 +209,27 @@ def main(argv=None) -> int:
         write_slide(slide_path, args.size)
     if args.task == "segment" and not mask_path.exists():
         write_mask(mask_path, args.size)
+    tiff_path = args.dir / f"slide_{args.size}.tif"
+    if args.format == "tiff" and not tiff_path.exists():
+        print(f"writing {tiff_path}")
+        write_tiff(tiff_path, slide_path)
 
     torch.manual_seed(0)
     model = model_for(args.task, args.arch)
-    second = ((1, args.size, args.size), "uint8") if args.task == "segment" else ((1,), "int64")
     start = time.perf_counter()
     try:
-        tiled = build(model, [((1, 3, args.size, args.size), "uint8"), second],
-                      memory_budget=parse_bytes(args.budget), name=f"slide_{args.task}")
-    except TilecError as error:
+        slide = tilec.slide(tiff_path if args.format == "tiff" else slide_path, level=args.level)
+        if args.task == "segment" and slide.level > 0:
+            raise tilec.SlideError("--task segment trains on level 0 (its mask file is level 0's)")
+        slide = slide.masked() if args.mask else slide
+        second = ((1, *slide.shape[2:]), "uint8") if args.task == "segment" else ((1,), "int64")
+        tiled = tilec.compile(model, [(slide.shape, "uint8"), second], memory_budget=args.budget,
+                              name=f"slide_{args.task}")
+    except tilec.TilecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"compiled in {time.perf_counter() - start:.1f} s: {len(tiled.plan.segments)} segments, "
+    print(f"{slide}; compiled in {time.perf_counter() - start:.1f} s: {len(tiled.plan.segments)} segments, "
           f"budget {args.budget}")
-    slide = np.load(slide_path, mmap_mode="r").transpose(2, 0, 1)[None]  # (1, 3, H, W), no copy
     target = np.load(mask_path, mmap_mode="r")[None] if args.task == "segment" else torch.tensor([1])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

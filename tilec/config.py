@@ -99,6 +99,17 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+def budget_bytes(budget: int | str | None) -> int | None:
+    """A memory budget as the API takes it, bytes or text (``"2GiB"``, ``parse_bytes``), in bytes."""
+    if budget is None:
+        return None
+    if isinstance(budget, str):
+        return parse_bytes(budget)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise BudgetError(f"memory_budget must be a positive number of bytes or a text such as '2GiB', got {budget!r}")
+    return budget
+
+
 def parse_segments(text: str) -> tuple[tuple, ...]:
     """``"0:10@8x8,10:31@1x1"`` -> ``((0, 10, (8, 8)), (10, 31, (1, 1)))``; half-open layer ranges."""
     segments = []

@@ -31,3 +31,8 @@ class BudgetError(TilecError):
 
 class OutputError(TilecError):
     """An output file or directory cannot be written."""
+
+
+class SlideError(TilecError):
+    """A slide cannot be opened or read: a missing reader package, a file no reader opens, a level
+    out of range."""

@@ -11,7 +11,7 @@ from torch import nn
 from tilec.calibrate import conv_workspace_of, measure_kernels, search_device
 from tilec.clock import clock
 from tilec.codegen import load_source, render
-from tilec.config import CompileConfig
+from tilec.config import CompileConfig, budget_bytes
 from tilec.distribute import distribute
 from tilec.errors import GridError, ShapeError, TilecError
 from tilec.graph import Graph
@@ -70,11 +70,13 @@ def target_for(graph: Graph, dtype: str, shared: bool = False) -> Target:
 
 def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=None, memory_budget=None,
              dtype="float32", progress=None) -> Plan:
-    """Plan from exactly one of: a grid, explicit segments, or a memory budget in bytes. A budget
+    """Plan from exactly one of: a grid, explicit segments, or a memory budget (bytes, or text such
+    as ``"2GiB"``: ``tilec.config.budget_bytes``). A budget
     plans for the device it will run on (``search_device``), measured there once: its kernels'
     state (``tilec.calibrate.measure_kernels``), which weight gradient tiles compute and the time
     estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
     plan's nodes include the copies)."""
+    memory_budget = budget_bytes(memory_budget)
     given = [option for option in (grid, segments, memory_budget) if option is not None]
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
@@ -122,7 +124,7 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
 
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
     argument of its forward ``(shape, dtype)`` (``tilec.trace``).
-    Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes); none means grid 1x1.
+    Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes or text, ``"2GiB"``); none means grid 1x1.
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
     ``autocast``: "DEVICE:DTYPE" of the ``torch.autocast`` the step runs under (``tilec.trace``).

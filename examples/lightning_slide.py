@@ -1,0 +1,151 @@
+"""Train a slide classifier from slide files inside PyTorch Lightning, with a ``TiledModel``.
+
+    python examples/lightning_slide.py --size 2048 --slides 4 --epochs 2 --budget 512MiB
+
+Writes ``--slides`` synthetic pyramidal TIFFs (``examples/train_slide.py``'s slide, one seed each;
+odd seeds labelled 1), opens each with ``tilec.slide`` (read by region, background made white) and
+trains a small ResNet-18 classifier on them under ``Trainer(precision="bf16-mixed")`` on the CPU
+(``"16-mixed"`` on a GPU), validating on the last slide each epoch. The LightningModule compiles
+its model once per slide shape, on first use, into a ``TiledModel`` that it calls as it would call
+the model: Lightning's autocast, optimizer, gradient clipping, checkpoints and loops work as
+usual. The ``TiledModel`` is kept out of the module's registered children, so checkpoints hold the
+model's parameters once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import tilec
+
+EXAMPLES = Path(__file__).parent
+#: ImageNet's per-channel mean and standard deviation, on the 0..255 scale.
+MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class SlideNet(nn.Module):
+    """uint8 slide (1, 3, H, W) -> class logits (1, K): normalised in the model's own dtype, so each
+    tile converts only its own region."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1))
+
+    def forward(self, slide: torch.Tensor) -> torch.Tensor:
+        return self.backbone((slide.to(self.mean.dtype) - self.mean) / self.std)
+
+
+class Slides(Dataset):
+    """``(path, label)`` pairs -> ``(tilec.slide(path, level), label)``, masked to the tissue if
+    ``mask``. A slide is not a tensor: batches are single slides (``single``)."""
+
+    def __init__(self, items, level: int = 0, mask: bool = True):
+        self.items, self.level, self.mask = list(items), level, mask
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):
+        path, label = self.items[index]
+        slide = tilec.slide(path, level=self.level)
+        return (slide.masked() if self.mask else slide), torch.tensor([label])
+
+
+def single(items):
+    """The collate function of batches of one slide."""
+    (item,) = items
+    return item
+
+
+class TiledClassifier(L.LightningModule):
+    """``model`` (uint8 slide -> logits) trained by cross-entropy through a ``TiledModel``
+    compiled per slide shape with ``compile_options`` (``tilec.compile``'s: a ``memory_budget``
+    or a ``grid``, ``autocast="cpu:bfloat16"`` to budget for mixed precision). ``tiled=False``
+    trains the model itself, for comparison."""
+
+    def __init__(self, model: nn.Module, lr: float = 1e-3, tiled: bool = True, **compile_options):
+        super().__init__()
+        self.model, self.lr, self.tiled, self.compile_options = model, lr, tiled, compile_options
+        self.compiled = {}  # slide shape -> TiledModel, a plain dict: not a registered child
+
+    def forward(self, slide):
+        if not self.tiled:
+            return self.model(torch.as_tensor(slide[...]))
+        shape = tuple(slide.shape)
+        if shape not in self.compiled:
+            self.compiled[shape] = tilec.compile(self.model, [(shape, "uint8")], name="lightning_slide",
+                                                 **self.compile_options)
+        return self.compiled[shape](slide)
+
+    def training_step(self, batch, index):
+        slide, label = batch
+        loss = F.cross_entropy(self(slide).float(), label)
+        self.log("train_loss", loss, batch_size=1, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, index):
+        slide, label = batch
+        logits = self(slide).float()
+        self.log("val_loss", F.cross_entropy(logits, label), batch_size=1, prog_bar=True)
+        self.log("val_acc", (logits.argmax(1) == label).float().mean(), batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.model.parameters(), lr=self.lr, momentum=0.9)
+
+
+def write_slides(folder: Path, size: int, count: int) -> list[tuple[Path, int]]:
+    """``count`` synthetic pyramidal TIFFs of ``size`` pixels a side, with labels (odd seeds: 1)."""
+    train_slide = _example("train_slide")
+    folder.mkdir(parents=True, exist_ok=True)
+    items = []
+    for seed in range(count):
+        npy, tiff = folder / f"slide_{size}_{seed}.npy", folder / f"slide_{size}_{seed}.tif"
+        if not tiff.exists():
+            train_slide.write_slide(npy, size, seed=seed)
+            train_slide.write_tiff(tiff, npy, smallest=min(256, size))
+            npy.unlink()
+        items.append((tiff, seed % 2))
+    return items
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=2048, help="slide side in pixels")
+    parser.add_argument("--slides", type=int, default=4, help="slides written; the last one validates")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--budget", default="512MiB", help="memory budget of the plan")
+    parser.add_argument("--dir", type=Path, default=Path("out/lightning_slides"))
+    args = parser.parse_args(argv)
+    items = write_slides(args.dir, args.size, args.slides)
+    torch.manual_seed(0)
+    model = SlideNet(_example("resnet18").ResNet18(num_classes=2).train())
+    module = TiledClassifier(model, memory_budget=args.budget, autocast="cpu:bfloat16")
+    trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_epochs=args.epochs, logger=False,
+                        enable_checkpointing=False, log_every_n_steps=1)
+    train = DataLoader(Slides(items[:-1]), batch_size=1, shuffle=True, collate_fn=single)
+    validate = DataLoader(Slides(items[-1:]), batch_size=1, collate_fn=single)
+    trainer.fit(module, train, validate)
+    print({name: round(float(value), 4) for name, value in trainer.callback_metrics.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
