@@ -49,7 +49,7 @@ def _module(name: str, what: str):
     try:
         return importlib.import_module(name)
     except (ImportError, OSError) as error:
-        extra = " and the OpenSlide library (e.g. apt-get install libopenslide0)" if name == "openslide" else ""
+        extra = " and the OpenSlide library (pip install openslide-bin)" if name == "openslide" else ""
         package = PACKAGES[name.split(".")[0]]
         raise SlideError(f"{what} needs the Python package {package!r}{extra}: pip install "
                          f"{package} (or pip install 'tilec[slide]'); importing {name} failed: {error}") from None
@@ -278,8 +278,7 @@ def _open_path(path: Path, reader: str | None):
         except (tifffile.TiffFileError, ValueError, RuntimeError, OSError, IndexError) as error:
             if reader == "tifffile" or importlib.util.find_spec("openslide") is None:
                 raise SlideError(f"tifffile cannot read {path} ({error}); OpenSlide may: pip install "
-                                 f"openslide-python (and the OpenSlide library, e.g. apt-get install "
-                                 f"libopenslide0)") from None
+                                 f"openslide-python openslide-bin") from None
     return _open_openslide(path)
 
 
