@@ -33,26 +33,29 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    def __init__(self, num_classes: int = 1000):
+    """ResNet-18, or with ``blocks`` per stage another basic-block ResNet ((3, 4, 6, 3): ResNet-34)."""
+
+    def __init__(self, num_classes: int = 1000, blocks: tuple[int, int, int, int] = (2, 2, 2, 2)):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         self.inplanes = 64
-        self.layer1 = self._layer(64, 1)
-        self.layer2 = self._layer(128, 2)
-        self.layer3 = self._layer(256, 2)
-        self.layer4 = self._layer(512, 2)
+        self.layer1 = self._layer(64, 1, blocks[0])
+        self.layer2 = self._layer(128, 2, blocks[1])
+        self.layer3 = self._layer(256, 2, blocks[2])
+        self.layer4 = self._layer(512, 2, blocks[3])
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(512, num_classes)
 
-    def _layer(self, planes: int, stride: int) -> nn.Sequential:
+    def _layer(self, planes: int, stride: int, blocks: int) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes:
             downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False),
                                        nn.BatchNorm2d(planes))
-        layers = [BasicBlock(self.inplanes, planes, stride, downsample), BasicBlock(planes, planes)]
+        layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
+        layers += [BasicBlock(planes, planes) for _ in range(blocks - 1)]
         self.inplanes = planes
         return nn.Sequential(*layers)
 
@@ -64,6 +67,11 @@ class ResNet18(nn.Module):
 
 def resnet18() -> nn.Module:
     return ResNet18().train()
+
+
+def resnet34() -> nn.Module:
+    """torchvision's ResNet-34 layout (``--attr resnet34``), in training mode."""
+    return ResNet18(blocks=(3, 4, 6, 3)).train()
 
 
 model = resnet18
