@@ -15,7 +15,6 @@ model's parameters once.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,16 +26,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import tilec
 
-EXAMPLES = Path(__file__).parent
-#: ImageNet's per-channel mean and standard deviation, on the 0..255 scale.
-MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
-
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).parent))
+import train_slide  # noqa: E402  (the synthetic slides, their normalisation and the example models)
 
 
 class SlideNet(nn.Module):
@@ -46,8 +37,8 @@ class SlideNet(nn.Module):
     def __init__(self, backbone: nn.Module):
         super().__init__()
         self.backbone = backbone
-        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1))
-        self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1))
+        self.register_buffer("mean", torch.tensor(train_slide.MEAN).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(train_slide.STD).view(1, 3, 1, 1))
 
     def forward(self, slide: torch.Tensor) -> torch.Tensor:
         return self.backbone((slide.to(self.mean.dtype) - self.mean) / self.std)
@@ -113,7 +104,6 @@ class TiledClassifier(L.LightningModule):
 
 def write_slides(folder: Path, size: int, count: int) -> list[tuple[Path, int]]:
     """``count`` synthetic pyramidal TIFFs of ``size`` pixels a side, with labels (odd seeds: 1)."""
-    train_slide = _example("train_slide")
     folder.mkdir(parents=True, exist_ok=True)
     items = []
     for seed in range(count):
@@ -136,7 +126,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     items = write_slides(args.dir, args.size, args.slides)
     torch.manual_seed(0)
-    model = SlideNet(_example("resnet18").ResNet18(num_classes=2).train())
+    model = SlideNet(train_slide.load_example("resnet18").ResNet18(num_classes=2).train())
     module = TiledClassifier(model, memory_budget=args.budget, autocast="cpu:bfloat16")
     trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_epochs=args.epochs, logger=False,
                         enable_checkpointing=False, log_every_n_steps=1)

@@ -49,7 +49,7 @@ EXAMPLES = Path(__file__).parent
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
 
 
-def _example(name: str):
+def load_example(name: str):
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -165,10 +165,10 @@ class SlideSegmenter(nn.Module):
 
 def model_for(task: str, arch: str) -> nn.Module:
     if task == "segment":
-        return SlideSegmenter(_example("unet").UNet(classes=2).eval())
+        return SlideSegmenter(load_example("unet").UNet(classes=2).eval())
     if arch == "resnet18":
-        return SlideClassifier(_example("resnet18").ResNet18(num_classes=2).train())
-    return SlideClassifier(_example("resnet50").ResNet50(num_classes=2).eval())
+        return SlideClassifier(load_example("resnet18").ResNet18(num_classes=2).train())
+    return SlideClassifier(load_example("resnet50").ResNet50(num_classes=2).eval())
 
 
 def resident() -> tuple[int, int]:
