@@ -201,9 +201,11 @@ class Tiled(torch.autograd.Function):
                     known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)
             found = merge_tile(found, part, level.merges)
             run.report(f"{segment.label} level {level.index}", done + 1, total, reused)
-        if run.group is not None:  # a rank without tiles here: one tile tells the partials' shapes
-            _, row, col = next(segment.tiles())
-            like = found if found is not None else partial(row, col, slices(segment, xs, row, col))
+        if run.group is not None:
+            like = found
+            if like is None:  # a rank without tiles here: one tile tells the partials' shapes
+                _, row, col = next(segment.tiles())
+                like = partial(row, col, slices(segment, xs, row, col))
             found = exchange(run.group, found, like, level.merges)
         return found
 
