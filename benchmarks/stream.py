@@ -14,6 +14,7 @@ normalised float itself and returns its cross-entropy loss against a slide label
 
   resnet50  ``examples/resnet50.py`` (frozen BatchNorm, two classes);
   resnet18  ``examples/resnet18.py`` (BatchNorm in training mode, two classes);
+  resnet18-frozen  the same with frozen BatchNorm (eval mode: running statistics);
   small     a strided 4x4 stem to 16 channels, three 3x3 stride-2 convolutions with ReLU to 32,
             64 and 64 channels, global average pooling and a linear layer to two classes.
 
@@ -52,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 
 from step import Meter, import_file, parse_bytes, parse_segments  # noqa: E402
-from train_slide import SlideClassifier, _example, write_slide, write_tiff  # noqa: E402
+from train_slide import SlideClassifier, load_example, write_slide, write_tiff  # noqa: E402
 
 import tilec  # noqa: E402
 from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
@@ -79,14 +80,14 @@ class SmallCNN(nn.Module):
 
 
 def backbone(name: str) -> nn.Module:
-    if name == "resnet18":
-        return _example("resnet18").ResNet18(num_classes=2).train()
-    return SmallCNN() if name == "small" else _example("resnet50").ResNet50(num_classes=2).eval()
+    if name.startswith("resnet18"):
+        return load_example("resnet18").ResNet18(num_classes=2).train(name == "resnet18")
+    return SmallCNN() if name == "small" else load_example("resnet50").ResNet50(num_classes=2).eval()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("resnet50", "resnet18", "small"), default="resnet50")
+    parser.add_argument("--model", choices=("resnet50", "resnet18", "resnet18-frozen", "small"), default="resnet50")
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--budget", type=parse_bytes)
     parser.add_argument("--segments", type=parse_segments, help="FIRST:STOP:ROWSxCOLS,... instead of --budget")
