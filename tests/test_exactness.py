@@ -127,7 +127,7 @@ def test_default_runs_with_other_grids(name):
     runs = default_segments(graph, (7, 7))
     grids = iter([(2, 3), (3, 2), (4, 1), (1, 4), (5, 5)] * 4)
     segments, split = [], False
-    for first, stop, _, mode in runs:
+    for first, stop, _, mode, _ in runs:
         if mode == "stored":
             segments.append((first, stop, (1, 1)))
         elif not split and stop - first > 1:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from tilec import search
 from tilec.cli import main
 from tilec.cone import axis_tiles
 from tilec.errors import BudgetError
@@ -96,7 +97,8 @@ def _budgets(graph) -> list[int]:
 def _brute_force(costs: _Costs, budget: int) -> float:
     """Least estimated seconds over every segmentation at the cut candidates, each segment stored
     or tiled with, per margin, the coarsest grid that fits with that share of the budget to spare,
-    or the finest (the search's options), its peaks as
+    or the finest, each also with every batch that is faster and fits (the search's options), its
+    peaks as
     the planner predicts them (``Estimator.step_peaks``); a partial plan already slower than the
     best complete one, or over the budget, is abandoned."""
     best, last = float("inf"), costs.cuts[-1]
@@ -115,11 +117,17 @@ def _brute_force(costs: _Costs, budget: int) -> float:
             best = seconds
             return
         for stop in (c for c in costs.cuts if c > first):
-            tiled = [((first, stop, "tiled"), costs.option(first, stop, grid)) for grid in costs.grids(first, stop)]
+            grids = costs.grids(first, stop)
+            tiled = [((first, stop, "tiled"), costs.option(first, stop, grid)) for grid in grids]
             coarsest = [next((option for option in tiled if fits([*chosen, option], budget - budget * share)), None)
                         for share in MARGINS]
             stored = ((first, stop, "stored"), costs.option(first, stop, None))
-            for option in {id(o[1]): o for o in [stored, *coarsest, *tiled[-1:]] if o}.values():
+            offered = {id(o[1]): o for o in [stored, *coarsest, *tiled[-1:]] if o}
+            for grid, (span, cost) in zip(grids, tiled, strict=True):
+                if id(cost) in offered:
+                    batched = [(span, costs.option(first, stop, grid, batch)) for batch in costs.batches(first, stop)]
+                    offered.update({id(o[1]): o for o in batched if o[1].seconds < cost.seconds})
+            for option in offered.values():
                 extend(stop, seconds + option[1].seconds, [*chosen, option])
 
     extend(0, 0.0, [])
@@ -172,7 +180,8 @@ def test_every_budget_gets_a_plan_that_fits_it(graph):
         assert chosen.predicted_peak_bytes == max(s.predicted_peak_bytes for s in chosen.segments)
 
 
-def test_dynamic_programming_matches_brute_force(graph):
+def test_dynamic_programming_matches_brute_force(graph, monkeypatch):
+    monkeypatch.setattr(search, "BATCHES", (4,))  # one batch besides one by one: the brute force stays small
     for recomputed, variant in variants(graph, TINY):
         costs = _Costs(variant, TINY, "float32")
         for budget in _budgets(graph):
@@ -181,8 +190,8 @@ def test_dynamic_programming_matches_brute_force(graph):
             if best is None:
                 assert expected == float("inf"), (recomputed, format_bytes(budget))
                 continue
-            found = sum(costs.option(first, stop, None if mode == "stored" else grid).seconds
-                        for first, stop, grid, mode in best.choices)
+            found = sum(costs.option(first, stop, None if mode == "stored" else grid, batch).seconds
+                        for first, stop, grid, mode, batch in best.choices)
             assert found == pytest.approx(expected, rel=1e-12), (recomputed, format_bytes(budget))
 
 

@@ -390,7 +390,7 @@ def test_stochastic_depth_and_dropout2d_under_one_seed(seed):
     graph = trace(TRAIN_ZOO[name](), TRAIN_SHAPES[name])
     cut = next(k for k, n in enumerate(graph.order) if graph.nodes[n].op == "feature_dropout")
     segments = []
-    for first, stop, grid, mode in default_segments(graph, (2, 2)):
+    for first, stop, grid, mode, _ in default_segments(graph, (2, 2)):
         segments += [(first, cut, grid, mode), (cut, stop, grid, mode)] if first < cut < stop else [
             (first, stop, grid, mode)]
     check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], segments=segments, seed=seed)

@@ -15,18 +15,22 @@ from tilec.pipeline import build
 
 
 def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None, grid=None, segments=None,
-            recomputed=(), dtype: str = "float32", autocast: str | None = None, name: str = "model",
-            ranks: int | None = None, process_group=None, progress: bool = False, kernels: str = "auto") -> nn.Module:
+            batch: int | None = None, recomputed=(), dtype: str = "float32", autocast: str | None = None,
+            name: str = "model", ranks: int | None = None, process_group=None, progress: bool = False,
+            kernels: str = "auto") -> nn.Module:
     """Trace, plan and render ``model`` for ``inputs`` in memory; return its ``TiledModel``.
 
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
     argument of its forward ``(shape, dtype)``: ``[((1, 3, 65536, 65536), "uint8"), ((1,), "int64")]``.
     Give one of ``memory_budget`` (bytes, or text as ``tilec compile --memory-budget`` takes it:
     ``"2GiB"``), ``grid`` (``(4, 4)`` or ``"4x4"``) or ``segments`` (``[(0, 10, (8, 8)), ...]`` or
-    ``"0:10@8x8,..."``); none means a 1x1 grid. The other options are ``tilec.pipeline.build``'s."""
+    ``"0:10@8x8,..."``); none means a 1x1 grid. ``batch``: with a grid or segments, up to that many
+    consecutive tiles of one shape class run as one call (a budget chooses it itself). The other
+    options are ``tilec.pipeline.build``'s."""
     grid = parse_grid(grid) if isinstance(grid, str) else grid
     segments = parse_segments(segments) if isinstance(segments, str) else segments
-    return build(model, inputs, grid, segments=segments, memory_budget=memory_budget, recomputed=recomputed,
+    return build(model, inputs, grid, segments=segments, memory_budget=memory_budget, batch=batch,
+                 recomputed=recomputed,
                  dtype=dtype, autocast=autocast, name=name, progress=progress, ranks=ranks,
                  process_group=process_group, kernels=kernels)
 

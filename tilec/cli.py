@@ -75,6 +75,9 @@ def main() -> None:
               "(positions as `tilec inspect PLAN --nodes` lists them; 1x1 = stored, untiled).")
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
               "(recomputing long-lived tensors where that is faster than keeping them).")
+@click.option("--batch", type=click.IntRange(min=1), help="With --grid or --segments: run up to N consecutive "
+              "tiles of one shape class as one call, stacked along the batch axis (where a segment's tiles can; "
+              "--memory-budget chooses it itself).")
 @click.option("--recompute", help="Nodes NAME,... whose late readers recompute them from the input instead of "
               "keeping them (names as `tilec inspect PLAN --nodes` lists them; --segments then counts the copies).")
 @click.option("--ranks", type=click.IntRange(min=1), help="Plan for N ranks of a process group sharing each tiled "
@@ -88,8 +91,8 @@ def main() -> None:
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
-def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, recompute, ranks, dtype,
-                    autocast, name, out_dir, plan_dir) -> None:
+def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, batch, recompute, ranks,
+                    dtype, autocast, name, out_dir, plan_dir) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
@@ -99,6 +102,7 @@ def compile_command(model_file, attr, inputs, input_shape, grid, segments, memor
             grid=parse_grid(grid) if grid is not None else None,
             segments=parse_segments(segments) if segments is not None else None,
             memory_budget=parse_bytes(memory_budget) if memory_budget is not None else None,
+            batch=batch,
             recompute=parse_names(recompute) if recompute is not None else (),
             ranks=ranks,
             dtype=dtype,

@@ -22,6 +22,7 @@ class CompileConfig:
     grid: tuple[int, int] | None = None
     segments: tuple[tuple, ...] | None = None
     memory_budget: int | None = None
+    batch: int | None = None
     recompute: tuple[str, ...] = ()
     ranks: int | None = None
     dtype: str = "float32"

@@ -192,11 +192,13 @@ class TileView:
         of its first input's dtype (autocast's, where it casts)."""
         self.focus(node, row, col, in_place)
         if (row.out.length == 0 or col.out.length == 0) and not rule(node).pixel:
-            shape = list(node.shape)
-            shape[node.spatial[0]], shape[node.spatial[1]] = row.out.length, col.out.length
+            shape = [repr(size) for size in node.shape]
+            shape[node.spatial[0]], shape[node.spatial[1]] = repr(row.out.length), repr(col.out.length)
+            source = self.var(node.inputs[0])
+            if rule(node).batchable(node, self.shapes) and node.shape[0] == self.shapes.shape(node.inputs[0])[0]:
+                shape[0] = f"{source}.shape[0]"  # as many samples as tiles stacked (``tilec.runtime.batches``)
             dtype = f", dtype=torch.{node.autocast_dtype}" if node.autocast_dtype else ""
-            return Statement(var(node.name), f"{self.var(node.inputs[0])}.new_empty({tuple(shape)!r}{dtype})",
-                             self.uses)
+            return Statement(var(node.name), f"{source}.new_empty(({', '.join(shape)},){dtype})", self.uses)
         expr = rule(node).emit(node, self)
         return Statement(var(node.name), expr, self.uses)
 

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 Shape = tuple[int, ...]
 #: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
@@ -220,6 +220,10 @@ class Segment(Frozen):
         default=(), description="with Plan.ranks, per rank the tiles it runs (row-major indices); else empty")
     rank_seconds: float | None = Field(
         default=None, description="with Plan.ranks, estimated time of this segment on its busiest rank")
+    batch: int = Field(
+        default=1, ge=1, description="a tiled segment's tiles run this many at a time, as one call on their slices "
+                                     "stacked along the batch axis: consecutive tiles of one shape class "
+                                     "(tilec.runtime.batches); 1: one by one")
 
     @property
     def reductions(self) -> tuple[str, ...]:

@@ -47,8 +47,8 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     traced = trace_modes(model, inputs, config.autocast)
     target = target_for(traced.graphs[0], config.dtype, shared=bool(config.ranks))
     the_plan = plan_modes(traced, target, name, grid=config.grid, segments=config.segments,
-                          recomputed=config.recompute, memory_budget=config.memory_budget, dtype=config.dtype,
-                          progress=progress)
+                          recomputed=config.recompute, memory_budget=config.memory_budget, batch=config.batch,
+                          dtype=config.dtype, progress=progress)
     the_plan = distribute(the_plan, config.ranks)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
@@ -69,9 +69,11 @@ def target_for(graph: Graph, dtype: str, shared: bool = False) -> Target:
 
 
 def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=None, memory_budget=None,
-             dtype="float32", progress=None) -> Plan:
+             batch=None, dtype="float32", progress=None) -> Plan:
     """Plan from exactly one of: a grid, explicit segments, or a memory budget (bytes, or text such
-    as ``"2GiB"``: ``tilec.config.budget_bytes``). A budget
+    as ``"2GiB"``: ``tilec.config.budget_bytes``); ``batch``: with a grid or segments, the tiles of
+    one shape class per call where a segment's tiles can run stacked (a budget search chooses it
+    itself). A budget
     plans for the device it will run on (``search_device``), measured there once: its kernels'
     state (``tilec.calibrate.measure_kernels``), which weight gradient tiles compute and the time
     estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
@@ -80,6 +82,8 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
     given = [option for option in (grid, segments, memory_budget) if option is not None]
     if len(given) != 1:
         raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
+    if batch is not None and memory_budget is not None:
+        raise GridError("--batch goes with --grid or --segments: with --memory-budget the search chooses the batch")
     if memory_budget is not None:
         device, measured_dtype = search_device(graph.autocast, dtype)
         target = replace(target, device=device)
@@ -87,11 +91,11 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
         choice = choose(graph, target, memory_budget, dtype)
         graph, segments = choice.graph, choice.segments
     return plan(graph, target, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
-                progress=progress)
+                batch=batch, progress=progress)
 
 
 def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments=None, recomputed=(),
-               memory_budget=None, dtype="float32", progress=None) -> Plan:
+               memory_budget=None, batch=None, dtype="float32", progress=None) -> Plan:
     """``plan_for`` each mode's graph of ``traced``, ``recomputed`` nodes recomputed for their late
     readers (``tilec.recompute``): the plan of the model's mode, carrying the other mode's where its
     graph differs (``Plan.other``), or why the other mode has none (``Plan.refused``: it does not
@@ -100,7 +104,7 @@ def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments
     and recomputes those of the nodes it has."""
     first = traced.graphs[0]
     the_plan = plan_for(recompute(first, recomputed), target, name, grid=grid, segments=segments,
-                        memory_budget=memory_budget, dtype=dtype, progress=progress)
+                        memory_budget=memory_budget, batch=batch, dtype=dtype, progress=progress)
     if first.mode is None:
         return the_plan
     other, refused = None, traced.refused
@@ -111,13 +115,13 @@ def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments
                        default=(1, 1))
         try:
             other = plan_for(recompute(graph, [n for n in recomputed if n in graph.nodes]), target, name,
-                             grid=grid, memory_budget=memory_budget, dtype=dtype, progress=progress)
+                             grid=grid, memory_budget=memory_budget, batch=batch, dtype=dtype, progress=progress)
         except TilecError as error:
             refused = f"its {graph.mode}-mode graph cannot be planned: {error}"
     return the_plan.model_copy(update={"other": other, "refused": refused})
 
 
-def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, recomputed=(),
+def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, batch=None, recomputed=(),
           dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None,
           kernels="auto"):
     """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
@@ -125,6 +129,7 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
     argument of its forward ``(shape, dtype)`` (``tilec.trace``).
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes or text, ``"2GiB"``); none means grid 1x1.
+    ``batch``: with ``grid`` or ``segments``, tiles of one shape class per call (``tilec.runtime.batches``).
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
     ``autocast``: "DEVICE:DTYPE" of the ``torch.autocast`` the step runs under (``tilec.trace``).
@@ -135,7 +140,7 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     traced = trace_modes(model, inputs, autocast)
     target = target_for(traced.graphs[0], dtype, shared=bool(ranks) or process_group is not None)
     the_plan = plan_modes(traced, target, name, grid=grid, segments=segments, recomputed=recomputed,
-                          memory_budget=memory_budget, dtype=dtype)
+                          memory_budget=memory_budget, batch=batch, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
     return tiled_class(model, progress=progress, process_group=process_group, kernels=kernels)

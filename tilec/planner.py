@@ -20,18 +20,20 @@ from tilec.errors import GridError
 from tilec.graph import Graph
 from tilec.ir import AxisTile, Plan, Segment, SegmentInput
 from tilec.ops import rule
-from tilec.sweeps import levels, role
+from tilec.sweeps import batchable, levels, role
 from tilec.target import REFERENCE, Target
 
 
 class SegmentChoice(NamedTuple):
-    """A segment: node positions ``[first, stop)``, its grid ``(rows, cols)`` and mode (``None``:
-    stored for a 1x1 grid, else tiled)."""
+    """A segment: node positions ``[first, stop)``, its grid ``(rows, cols)``, mode (``None``:
+    stored for a 1x1 grid, else tiled) and how many tiles of one shape class run as one call
+    (``batch``, ``Segment.batch``)."""
 
     first: int
     stop: int
     grid: tuple[int, int]
     mode: str | None = None
+    batch: int = 1
 
     @property
     def chosen_mode(self) -> str:
@@ -130,8 +132,13 @@ def default_segments(graph: Graph, grid: tuple[int, int]) -> list[SegmentChoice]
     return choices
 
 
-def _checked(graph: Graph, choice: SegmentChoice) -> SegmentChoice:
+def _checked(graph: Graph, choice: SegmentChoice, batch: int | None) -> SegmentChoice:
+    """``choice`` checked, its batch ``batch`` where given (only a tiled segment whose tiles may run
+    stacked, ``tilec.sweeps.batchable``, runs more than one tile per call)."""
     first, stop, grid, mode = choice.first, choice.stop, choice.grid, choice.chosen_mode
+    batch = choice.batch if batch is None else batch
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise GridError(f"batch must be a positive number of tiles, got {batch!r}")
     where = f"nodes {first}:{stop}"
     if mode == "tiled":
         blocker = next((n for n in graph.members(first, stop) if not n.tileable), None)
@@ -143,7 +150,9 @@ def _checked(graph: Graph, choice: SegmentChoice) -> SegmentChoice:
         if not sizes:
             raise GridError(f"segment {where} cannot be tiled: it makes no image and reduces none; give it grid 1x1")
         grid = check_grid(grid, sizes, f"segment {where}")
-    return SegmentChoice(first, stop, (1, 1) if mode == "stored" else grid, mode)
+    if mode == "stored" or not batchable(graph, first, stop):
+        batch = 1
+    return SegmentChoice(first, stop, (1, 1) if mode == "stored" else grid, mode, batch)
 
 
 def plan(
@@ -155,14 +164,16 @@ def plan(
     segments: Sequence[tuple] | None = None,
     dtype: str = "float32",
     memory_budget: int | None = None,
+    batch: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
     """Plan ``graph`` for ``target`` (default: nothing measured) with one grid for the network, or
     an explicit segmentation.
 
-    A segment is a ``SegmentChoice`` or a tuple ``(first, stop, (rows, cols)[, mode])`` over
-    positions in the node order. ``progress(done, total)`` is called after each axis of each
-    tiled segment is planned.
+    A segment is a ``SegmentChoice`` or a tuple ``(first, stop, (rows, cols)[, mode[, batch]])``
+    over positions in the node order. ``batch``: tiles of one shape class per call in every tiled
+    segment whose tiles may run stacked (else the segments' own, 1 by default).
+    ``progress(done, total)`` is called after each axis of each tiled segment is planned.
     """
     segments_given = segments
     if segments is None:
@@ -170,11 +181,11 @@ def plan(
             check_grid(grid, [(10**12, 10**12)], "the network")
         segments = default_segments(graph, tuple(grid))
     check_segments(segments, len(graph))
-    choices = [_checked(graph, SegmentChoice(*choice)) for choice in segments]
+    choices = [_checked(graph, SegmentChoice(*choice), batch) for choice in segments]
     total, done = 2 * sum(choice.mode == "tiled" for choice in choices), 0
     estimator = Estimator(graph, target, dtype)
     planned = []
-    for index, (first, stop, seg_grid, mode) in enumerate(choices):
+    for index, (first, stop, seg_grid, mode, seg_batch) in enumerate(choices):
         rows = cols = ()
         if mode == "tiled":
             axes = []
@@ -187,9 +198,9 @@ def plan(
         planned.append(Segment(
             index=index, first=first, stop=stop, grid=seg_grid, mode=mode, inputs=graph.inputs_of(first, stop),
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
-            rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (),
+            rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (), batch=seg_batch,
         ))
-    costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored") for s in planned]
+    costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored", s.batch) for s in planned]
     spans = [(s.first, s.stop, s.mode) for s in planned]
     rolls = [cost.rolled(estimator.made_tiled(s.first, spans)) for s, cost in zip(planned, costs, strict=True)]
     peaks = estimator.step_peaks(costs, rolls)

@@ -85,7 +85,8 @@ def _outputs(plan: Plan, segment: Segment) -> str:
 
 
 def describe_plan(plan: Plan) -> Table:
-    """One row per segment: nodes, mode, grid, shape classes, largest slice, outputs, predicted cost."""
+    """One row per segment: nodes, mode, grid (and tiles per call, ``Segment.batch``), shape classes,
+    largest slice, outputs, predicted cost."""
     budget = f", budget {_mib(plan.memory_budget)}" if plan.memory_budget else ""
     autocast = f" (autocast {plan.autocast})" if plan.autocast else ""
     mode = f" ({plan.mode} mode)" if plan.mode else ""
@@ -126,7 +127,7 @@ def describe_plan(plan: Plan) -> Table:
             str(segment.index),
             f"{segment.first}..{segment.stop - 1}: {_where(nodes[segment.first])} .. {_where(nodes[segment.stop - 1])}",
             segment.mode,
-            f"{segment.grid[0]}x{segment.grid[1]}",
+            f"{segment.grid[0]}x{segment.grid[1]}" + (f" ({segment.batch} per call)" if segment.batch > 1 else ""),
             str(classes) if tiled else "-",
             _largest_slice(segment) if tiled else "-",
             _outputs(plan, segment),

@@ -56,7 +56,7 @@ from tilec.graph import Graph
 from tilec.ops import rule
 from tilec.planner import SegmentChoice, owned_sizes
 from tilec.recompute import candidates, recompute
-from tilec.sweeps import role
+from tilec.sweeps import batchable, role
 from tilec.target import Target
 
 #: Tiles per side tried for a tiled segment: every count to 16 (one step from 8 to 12 tiles per
@@ -65,6 +65,9 @@ GRIDS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 #: Shares of the budget a tiled segment may leave to spare for later ones (their kernel state,
 #: their working set): the search offers the coarsest grid that fits with each.
 MARGINS = (0, 1 / 256, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8)
+#: Tiles of one shape class per call a tiled segment may run besides one by one
+#: (``tilec.runtime.batches``): the search offers the fastest that fits the budget.
+BATCHES = (2, 4, 8, 16, 32, 64)
 #: The coarsest grid, in tiles a side, ``smallest_budget`` tries besides the finest.
 FINE_GRIDS_FROM = 8
 #: Share of the budget a plan's predicted peak may use. The rest is headroom for what the cost
@@ -180,14 +183,20 @@ class _Costs:
         self.estimator = Estimator(graph, target, dtype)
         self.cuts = cut_points(graph, self.estimator.full)
         self.option = cache(self._option)
+        self.batches = cache(self._batches)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
 
-    def _option(self, first: int, stop: int, grid: tuple[int, int] | None) -> SegmentCost:
-        """Stored for ``grid=None``, else tiled with ``grid``."""
+    def _option(self, first: int, stop: int, grid: tuple[int, int] | None, batch: int = 1) -> SegmentCost:
+        """Stored for ``grid=None``, else tiled with ``grid``, ``batch`` tiles of one class per call."""
         if grid is None:
             return self.estimator.stored(first, stop)
-        return self.estimator.tiled(first, stop, self.prefix(stop, 0)[grid[0]], self.prefix(stop, 1)[grid[1]])
+        return self.estimator.tiled(first, stop, self.prefix(stop, 0)[grid[0]], self.prefix(stop, 1)[grid[1]], batch)
+
+    def _batches(self, first: int, stop: int) -> tuple[int, ...]:
+        """The batches a tiled segment ``[first, stop)`` may run its tiles in besides one by one
+        (``BATCHES``; none where its tiles cannot run stacked, ``tilec.sweeps.batchable``)."""
+        return BATCHES if batchable(self.graph, first, stop) else ()
 
     def _prefix(self, stop: int, axis: int) -> dict[int, AxisArrays]:
         """Axis arrays for every grid a segment ending at ``stop`` may take."""
@@ -293,9 +302,9 @@ def _search(costs: _Costs, budget: int) -> Partial | None:
         seconds, held, peak, choices = entry
         made = costs.made_tiled(first, choices)
 
-        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost) -> Partial:
+        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost, batch: int = 1) -> Partial:
             return Partial(seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
-                           (*choices, SegmentChoice(first, stop, grid, mode)))
+                           (*choices, SegmentChoice(first, stop, grid, mode, batch)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
             stored = costs.option(first, stop, None)
@@ -320,7 +329,16 @@ def _search(costs: _Costs, budget: int) -> Partial | None:
             if peak_with(grids[-1]) <= budget:
                 chosen.append(grids[-1])
             for grid in dict.fromkeys(chosen):
-                yield grown(grid, "tiled", costs.option(first, stop, grid))
+                cost = costs.option(first, stop, grid)
+                yield grown(grid, "tiled", cost)
+                # the same grid with several tiles per call, where that is faster and fits (a larger
+                # batch holds more: past the budget, none larger fits)
+                for batch in costs.batches(first, stop):
+                    batched = costs.option(first, stop, grid, batch)
+                    if _peak(costs, held, peak, batched, made) > budget:
+                        break
+                    if batched.seconds < cost.seconds:
+                        yield grown(grid, "tiled", batched, batch)
 
     return min(costs.recurse(Partial(0.0, 0, 0, ()), extend, 3), default=None)
 

@@ -34,6 +34,17 @@ def role(graph: Graph, name: str) -> str:
     return "reduction" if rule(node).reduces(node, graph) else "tile"
 
 
+def batchable(graph: Graph, first: int, stop: int) -> bool:
+    """Whether the tiles of nodes ``[first, stop)`` tiled may run several in one call, stacked along
+    dim 0 (``tilec.runtime.batches``): its images hold one sample each, and every node computes
+    each sample on its own (``Op.batchable``) and reads no absolute position (``Op.positional``)."""
+    names = [*(i.name for i in graph.inputs_of(first, stop)), *graph.order[first:stop]]
+    if any(graph.shape(name)[0] != 1 for name in names if graph.is_image(name)):
+        return False
+    return all(rule(node).batchable(node, graph) and not rule(node).positional(node, graph)
+               for node in graph.members(first, stop))
+
+
 def _levels(graph: Graph, first: int, stop: int) -> tuple[Level, ...]:
     depth: dict[str, int] = {}
     reductions: dict[int, list[str]] = {}

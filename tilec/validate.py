@@ -55,7 +55,7 @@ from tilec.ir import SCHEMA_VERSION, Arg, AxisStep, AxisTile, NodeSpec, OutputTr
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments
 from tilec.regions import Interval
-from tilec.sweeps import levels, may_roll
+from tilec.sweeps import batchable, levels, may_roll
 
 AXES = ("rows", "cols")
 
@@ -313,7 +313,11 @@ def _check_segment(segment: Segment, graph: Graph) -> None:
         if grid != (1, 1) or segment.rows or segment.cols:
             _fail(f"{where} is stored but has grid {grid[0]}x{grid[1]} and {len(segment.rows)}x{len(segment.cols)} "
                   f"axis tiles; a stored segment runs untiled (grid 1x1, no tiles)")
+        if segment.batch != 1:
+            _fail(f"{where} is stored but has batch {segment.batch}; it has no tiles to batch")
         return
+    if segment.batch > 1 and not batchable(graph, first, stop):
+        _fail(f"{where} has batch {segment.batch}, but its tiles cannot run stacked (tilec.sweeps.batchable)")
     blocker = next((n for n in graph.members(first, stop) if not n.tileable), None)
     if blocker is not None:
         _fail(f"{where} is tiled but node {blocker.name} (aten.{blocker.op}) cannot run tile by tile")
@@ -450,7 +454,7 @@ def _check_grid(plan: Plan, graph: Graph) -> None:
     if any(n < 1 for n in plan.grid):
         _fail(f"grid {tuple(plan.grid)} is not two positive sizes")
     found = [(s.first, s.stop, tuple(s.grid), s.mode) for s in plan.segments]
-    expected = [tuple(choice) for choice in default_segments(graph, tuple(plan.grid))]
+    expected = [tuple(choice)[:4] for choice in default_segments(graph, tuple(plan.grid))]
     if found != expected:
         _fail(f"the segments (first, stop, grid, mode) {found} are not those grid {plan.grid[0]}x{plan.grid[1]} "
               f"makes: {expected}")

@@ -13,6 +13,7 @@ with NaN, so an output element no tile writes shows up as an error too. ``kernel
 runs the generic tile kernels (``tilec.runtime.device``: CUDA's path) instead of the CPU's.
 ``eval_after=True`` then puts both models in eval mode and compares one more forward's outputs
 (``eval output...``): a plan compiled in training mode validates with plain's outputs.
+``batch``: tiles of one shape class per call (``tilec.runtime.batches``).
 ``check_close`` compares in float32, within rounding, relative to each tensor's scale.
 ``tiled_segments(tiled)`` gives the ``TiledSegment`` s behind a ``TiledModel``.
 """
@@ -65,7 +66,7 @@ def counted(model: nn.Module):
     return forward
 
 
-def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), seed: int = 0,
+def max_errors(model: nn.Module, shape, *, grid=None, segments=None, batch=None, recomputed=(), seed: int = 0,
                tiled: nn.Module | None = None, kernels: str = "auto", dtype: torch.dtype = torch.float64,
                device: str = "cpu", relative: bool = False, noise_floor: float | None = None,
                counter: bool = False, eval_after: bool = False) -> dict[str, float]:
@@ -87,7 +88,7 @@ def max_errors(model: nn.Module, shape, *, grid=None, segments=None, recomputed=
     reference = copy.deepcopy(model)
     exact = copy.deepcopy(model).double() if noise_floor else None
     if tiled is None:  # compiled on the CPU; the TiledModel reads the model's tensors where they are
-        tiled = build(model, shape, grid, segments=segments, recomputed=recomputed,
+        tiled = build(model, shape, grid, segments=segments, batch=batch, recomputed=recomputed,
                       dtype=str(dtype).removeprefix("torch."), kernels=kernels)
     model, reference = model.to(device), reference.to(device)
     x = torch.randn(shape, dtype=dtype, generator=generator).to(device)
@@ -174,13 +175,13 @@ def _assert_within(errors: dict[str, float], tolerance: float, what: str) -> Non
     )
 
 
-def check_exact(model: nn.Module, shape, *, grid=None, segments=None, recomputed=(), tolerance: float = TOLERANCE,
-                seed: int = 0, kernels: str = "auto", device: str = "cpu", counter: bool = False,
-                eval_after: bool = False) -> dict[str, float]:
+def check_exact(model: nn.Module, shape, *, grid=None, segments=None, batch=None, recomputed=(),
+                tolerance: float = TOLERANCE, seed: int = 0, kernels: str = "auto", device: str = "cpu",
+                counter: bool = False, eval_after: bool = False) -> dict[str, float]:
     """Assert tiled == untiled within ``tolerance`` (float64) for outputs, every gradient and every
     buffer (``counter``: ``max_errors``'s; with ``eval_after``, an eval-mode forward's outputs after
     the step)."""
-    errors = max_errors(model, shape, grid=grid, segments=segments, recomputed=recomputed, seed=seed,
+    errors = max_errors(model, shape, grid=grid, segments=segments, batch=batch, recomputed=recomputed, seed=seed,
                         kernels=kernels, device=device, counter=counter, eval_after=eval_after)
     _assert_within(errors, tolerance, "abs")
     return errors

@@ -91,12 +91,13 @@ class Estimator:
         self.partials = cache(self._partials)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
-                stored: bool) -> SegmentCost:
-        """Cost of nodes ``[first, stop)``, stored, or tiled with the given axis tiles."""
+                stored: bool, batch: int = 1) -> SegmentCost:
+        """Cost of nodes ``[first, stop)``, stored, or tiled with the given axis tiles, ``batch``
+        tiles of one shape class per call."""
         if stored:
             return self.stored(first, stop)
         return self.tiled(first, stop, AxisArrays.of_tiles(self.graph, first, stop, rows),
-                          AxisArrays.of_tiles(self.graph, first, stop, cols))
+                          AxisArrays.of_tiles(self.graph, first, stop, cols), batch)
 
     def _stored(self, first: int, stop: int) -> SegmentCost:
         facts = self.facts
@@ -128,13 +129,18 @@ class Estimator:
         return ([round(float(peaks[events])) for _, events, _, _ in ahead.marks],
                 [round(float(alive[changes])) for changes, _, _, _ in ahead.marks])
 
-    def tiled(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> SegmentCost:
-        """Cost of nodes ``[first, stop)`` tiled; ``rows`` and ``cols`` cover at least those nodes."""
+    def tiled(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays, batch: int = 1) -> SegmentCost:
+        """Cost of nodes ``[first, stop)`` tiled; ``rows`` and ``cols`` cover at least those nodes.
+        With ``batch`` > 1, consecutive tiles of one shape class run that many per call
+        (``tilec.runtime.batches``): the working set of the largest call, its slices and the one
+        read ahead, fewer calls of larger kernels."""
         facts, nodes = self.facts, self.facts.nodes
         simulated = self.program(first, stop, True)
-        sizes = self._pair_bytes(simulated, rows, cols)
+        calls_made, largest, sizes_run = (rows.parts * cols.parts, 1, (1,)) if batch == 1 else _batches(
+            _class_ids(simulated, rows), _class_ids(simulated, cols), batch)
+        sizes = self._pair_bytes(simulated, rows, cols) * largest
         outputs, in_grad, fixed = self.boundary(first, stop)
-        flops, flop_seconds, calls, halo = self.sweep_work(first, stop, rows, cols)
+        flops, flop_seconds, calls, halo = self.sweep_work(first, stop, rows, cols, calls_made)
         # every tile copies its convolutions' weights: forward (once where packed), autograd re-run, backward
         packed = self.packed_bytes(first, stop)
         copied_weights = packed + rows.parts * cols.parts * sum(
@@ -145,7 +151,7 @@ class Estimator:
         bands = [(name, _band(rows, name, readers)) for name, readers in simulated.slices if name in rollable]
         rolls = tuple((name, self.full[name] - self.full[name] * band // self.graph.size(name, 0))
                       for name, band in bands if band is not None)
-        staging = self.staging(simulated, sizes)
+        staging = self.staging(simulated, sizes) * (largest + 1) // (2 * largest)
         partials = self.partials(first, stop)
         return SegmentCost(  # in backward, the merged partials' gradients too (``tilec.runtime.sweeps``)
             forward_local=outputs + partials + packed + staging + simulated.forward.peak(sizes),
@@ -156,8 +162,9 @@ class Estimator:
             calls=calls,
             copied=copied,
             seconds=self.speed.seconds(flop_seconds, calls, copied),
-            kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col)) for p in facts.convolutions
-                                      if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)),
+            kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col, size)) for p in facts.convolutions
+                                      if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)
+                                      for size in sizes_run),
             rolls=rolls,
             staging=staging,
         )
@@ -179,16 +186,19 @@ class Estimator:
         columns = [k for k, (name, _) in enumerate(program.slices) if self.graph.is_input(name)]
         return 2 * round(float(sizes[:, columns].sum(axis=1).max())) if columns and len(sizes) else 0
 
-    def sweep_work(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays) -> tuple[float, float, int, float]:
-        """FLOPs, their seconds at each node's rate, op calls per tile and the halo's FLOP ratio of
-        one step of a tiled segment: every forward sweep (``tilec.sweeps``: per level, what its
-        partials need; then the image outputs, if any), and in backward every recompute sweep (per
-        swept level that is not direct, and the last) and the back-propagation of what depends on
-        what it differentiates: into the parameters as well in the last sweep only."""
+    def sweep_work(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays,
+                   calls_made: int | None = None) -> tuple[float, float, int, float]:
+        """FLOPs, their seconds at each node's rate, op calls and the halo's FLOP ratio of one step
+        of a tiled segment whose tiles run in ``calls_made`` calls (default: one each): every
+        forward sweep (``tilec.sweeps``: per level, what its partials need; then the image outputs,
+        if any), and in backward every recompute sweep (per swept level that is not direct, and the
+        last) and the back-propagation of what depends on what it differentiates: into the
+        parameters as well in the last sweep only."""
         facts, graph = self.facts, self.graph
+        calls_made = rows.parts * cols.parts if calls_made is None else calls_made
         row_sums = rows.sums[first - rows.offset:stop - rows.offset]
         col_sums = cols.sums[first - cols.offset:stop - cols.offset]
-        per_second = facts.seconds_per_flop(first, stop, row_sums * col_sums / (rows.parts * cols.parts))
+        per_second = facts.seconds_per_flop(first, stop, row_sums * col_sums / calls_made)
         tiled_per_node = facts.pixel_flops[first:stop] * row_sums * col_sums
         images = np.array([graph.is_image(name) for name in graph.order[first:stop]])
         tiled = float(tiled_per_node[images].sum())
@@ -210,7 +220,7 @@ class Estimator:
                 work += tiled_per_node
                 work[after] += input_backward[after]
                 calls += (stop - first) + len(after)
-        return float(work.sum()), float((work * per_second).sum()), rows.parts * cols.parts * calls, halo
+        return float(work.sum()), float((work * per_second).sum()), calls_made * calls, halo
 
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
@@ -315,12 +325,41 @@ def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
     return set(zip(length.tolist(), (arrays.padded[:, column] - length).tolist(), strict=True))
 
 
-def _classes(program: Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
-    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
+def _class_ids(program: Program, arrays: AxisArrays) -> np.ndarray:
+    """Per tile of one axis, in order, a number shared by the tiles whose lengths are all equal and
+    whose reads touch the same ends of what they read (what their shape class is, as far as the
+    cost model sees it: a first and a last tile may have equal lengths, padded at opposite ends)."""
+    ends = [np.stack([start[arrays.tiles] == 0, stop[arrays.tiles] == stop.max()], axis=1)
+            for reads in arrays.reads.values() for _, start, stop in reads]
+    table = np.concatenate([_table(program, arrays), *ends], axis=1)
+    _, ids = np.unique(table, axis=0, return_inverse=True)
+    return ids.reshape(-1)
+
+
+def _batches(row_ids: np.ndarray, col_ids: np.ndarray, batch: int) -> tuple[int, int, tuple[int, ...]]:
+    """Calls of a grid whose tiles run row-major, consecutive tiles of one class (``row_ids`` x
+    ``col_ids``) ``batch`` at a time: how many, the most tiles of one, and the distinct numbers of
+    tiles they take."""
+    pairs = (row_ids[:, None] * (int(col_ids.max()) + 1) + col_ids[None, :]).reshape(-1)
+    edges = np.flatnonzero(np.diff(pairs)) + 1
+    runs = np.diff(np.concatenate([[0], edges, [len(pairs)]]))
+    calls = int((-(-runs // batch)).sum())
+    sizes = {min(batch, int(run)) for run in runs} | {int(run) % batch for run in runs if run > batch} - {0}
+    return calls, max(sizes), tuple(sorted(sizes))
+
+
+def _table(program: Program, arrays: AxisArrays) -> np.ndarray:
+    """Per tile of one axis, its lengths: of each slice's hull, and per node its output, padded
+    read, padded copy and whether it makes one."""
     columns = slice(program.first - arrays.offset, program.stop - arrays.offset)
     hulls = [_hull(arrays, name, readers) for name, readers in program.slices]
-    table = np.concatenate([np.array(hulls, dtype=np.int64).reshape(-1, arrays.parts).T, arrays.out[:, columns],
-                            arrays.padded[:, columns], arrays.copied[:, columns], arrays.copies[:, columns]], axis=1)
+    return np.concatenate([np.array(hulls, dtype=np.int64).reshape(-1, arrays.parts).T, arrays.out[:, columns],
+                           arrays.padded[:, columns], arrays.copied[:, columns], arrays.copies[:, columns]], axis=1)
+
+
+def _classes(program: Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
+    table = _table(program, arrays)
     table = table[list({row.tobytes(): index for index, row in enumerate(table)}.values())]
     count, width = len(program.slices), program.stop - program.first
     out, padded, copied, copies = (table[:, count + k * width:count + (k + 1) * width] for k in range(4))

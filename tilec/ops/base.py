@@ -181,6 +181,12 @@ class Op:
         prediction and target, of one extent)."""
         return shapes.sliced_inputs(node)
 
+    def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
+        """Whether tiles stacked along dim 0 compute ``node`` in one call as each would alone: it
+        computes each sample on its own and keeps the samples along dim 0
+        (``tilec.runtime.batches``)."""
+        return True
+
     def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
         """Whether ``node`` reads absolute positions (a reduction of nothing drawing by position,
         module docstring): identical tiles of its segment are then never computed once

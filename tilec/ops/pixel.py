@@ -253,6 +253,7 @@ class Reshape(Pixel):
     def emit(self, node: NodeSpec, tile) -> str:
         shape = list(node.shape)
         shape[node.spatial[0]], shape[node.spatial[1]] = tile.row.out.length, tile.col.out.length
+        shape[0] = -1  # the samples (``check``): as many as the tiles stacked (``tilec.runtime.batches``)
         return tile.call(node, [tile.read(node.inputs[0]), repr(shape)])
 
 
@@ -369,6 +370,10 @@ class Stack(Pixel):
         if node.spatial is None:
             fail(node, "unbinding an image axis is not supported")
         return super().check(node, shapes)
+
+    def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
+        ndim = len(shapes.shape(node.inputs[0])) + (node.op == "stack")
+        return dim(const(node, 1, 0), ndim) > 0  # the samples stay along dim 0
 
 
 class Squeeze(Pixel):

@@ -129,6 +129,9 @@ class MaxPool(Reduce):
     def merge(self, node: NodeSpec) -> str:
         return "argmax"
 
+    def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return False  # its partial's index counts from the tile's origin
+
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         return (prod(shapes.shape(node.inputs[0])[:2]),) * 2  # maxima and their indices
 

@@ -8,5 +8,5 @@ imports are gathered at the top of the module. Names are unique across the files
 """
 
 SOURCES = ("memory.py", "device.py", "arena.py", "kernels.py", "sources.py", "reduce.py", "dropout.py", "reuse.py",
-           "tiles.py",
+           "batches.py", "tiles.py",
            "sweeps.py", "checks.py", "model.py")

@@ -235,8 +235,8 @@ def norm_apply(x, stats, groups, weight, bias):
     * a`` per (sample,) channel, one pass over ``x`` whose backward keeps ``x`` only."""
     mean, scale = stats
     trailing = (1,) * (x.dim() - 2)
-    if groups is not None:  # per (sample, group) -> per (sample, channel)
-        n, channels = x.shape[:2]
+    if groups is not None:  # per (sample, group) -> per (sample, channel); one sample broadcasts over stacked tiles
+        n, channels = mean.shape[0], x.shape[1]
         mean, scale = (t.reshape(n, groups, 1).expand(n, groups, channels // groups).reshape(n, channels, *trailing)
                        for t in (mean, scale))
     if weight is not None:

@@ -45,11 +45,21 @@ import torch
 import torch.distributed as dist
 
 from tilec.runtime.arena import Arena
+from tilec.runtime.batches import Pending, batch_partials, stack_in, unstacked
 from tilec.runtime.kernels import copy_in, narrow
 from tilec.runtime.reduce import merged, own_share
 from tilec.runtime.reuse import Keys, same_bits
 from tilec.runtime.sources import Source, region
-from tilec.runtime.tiles import Rolled, autocast_state, grad_channels_last, input_gradient, outputs, slices, sum_over
+from tilec.runtime.tiles import (
+    Progress,
+    Rolled,
+    autocast_state,
+    grad_channels_last,
+    input_gradient,
+    outputs,
+    slices,
+    sum_over,
+)
 
 
 def flat(value):
@@ -143,6 +153,17 @@ def share_pairs(kind, merged_part, grads, part):
     return [(t, g) for t, g in zip(own, grads, strict=True) if g is not None and t.requires_grad]
 
 
+def alone(segment, key):
+    """Whether a forward pass runs a tile whose ``key`` no tile before it had by itself, so that the
+    later tiles of its key reuse it (``tilec.runtime.reuse``): every such tile of a segment running
+    its tiles one by one; in one that batches them, those whose slices are all constant (the
+    background, where tiles repeat), while a tile keyed by its slices' bit sums, which seldom
+    repeat, runs stacked with its neighbours and is not reused forward."""
+    if key is None:
+        return False
+    return segment.batch == 1 or all(kind == "c" for kind, _ in key[3])
+
+
 def scaled(pairs, k):
     """(tensor, gradient) ``pairs`` with the gradients ``k`` times (the ``k`` tiles one represents)."""
     return pairs if k == 1 else [(a, b * k) for a, b in pairs]
@@ -183,58 +204,97 @@ class Tiled(torch.autograd.Function):
     def partials(segment, level, run, xs, bs, p, arena, r, keys):
         """One forward sweep: per reduction of ``level``, the tiles' partials merged as the tiles run
         (and over the ranks of a group), which the step keeps for its backward. A tile whose key
-        (``keys``, ``tilec.runtime.reuse``) an earlier one had merges that one's partials."""
-        def partial(row, col, tile):
+        (``keys``, ``tilec.runtime.reuse``) an earlier one had merges that one's partials; a key's
+        first tile runs by itself (``alone``), the others ``segment.batch`` at a time
+        (``tilec.runtime.batches``)."""
+        def partial(batch):
             arena.reset()
+            _, row, col, tile = batch[0]
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
-            return run_tile(level.prefix[row[2], col[2]], tile, bs, p, arena, r, row, col)
+            fn = level.prefix[row[2], col[2]]
+            found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col))
+            return batch_partials(found, len(batch), level.merges)
 
-        found, total, known, reused = None, segment.count(run.group), {}, 0
-        for done, (index, row, col) in enumerate(segment.tiles(run.group, xs, owned=level.direct)):
+        progress = Progress(run, f"{segment.label} level {level.index}", segment.count(run.group))
+        found, known, pending = None, {}, Pending(1 if level.direct else segment.batch)
+
+        def flush():
+            nonlocal found
+            if pending:
+                batch = pending.take()
+                found = merge_tile(found, partial(batch), level.merges)
+                progress.ran(len(batch))
+
+        for index, row, col in segment.tiles(run.group, xs, owned=level.direct):
             tile, key = (None, None) if level.direct else read_tile(segment, xs, keys, index, row, col)
             if key is not None and key in known:
-                part, reused = known[key], reused + 1
+                found = merge_tile(found, known[key], level.merges)
+                progress.reused()
+            elif alone(segment, key):
+                part = partial([(index, row, col, tile)])
+                known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)  # past the arena's reset
+                found = merge_tile(found, part, level.merges)
+                progress.ran(1)
             else:
-                part = partial(row, col, tile)
-                if key is not None:  # kept past the arena's reset
-                    known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)
-            found = merge_tile(found, part, level.merges)
-            run.report(f"{segment.label} level {level.index}", done + 1, total, reused)
+                if not pending.fits(row, col):
+                    flush()
+                pending.add((index, row, col, tile))
+        flush()
         if run.group is not None:
             like = found
             if like is None:  # a rank without tiles here: one tile tells the partials' shapes
                 _, row, col = next(segment.tiles())
-                like = partial(row, col, slices(segment, xs, row, col))
+                like = partial([(0, row, col, slices(segment, xs, row, col))])
             found = exchange(run.group, found, like, level.merges)
         return found
 
     @staticmethod
     def images(segment, run, xs, bs, p, arena, r, keys):
         """The last forward sweep: the image outputs, every tile writing its owned parts; a tile whose
-        key (``keys``, ``tilec.runtime.reuse``) an earlier one had copies that one's parts."""
-        group, outs, total, known, reused = run.group, None, segment.count(run.group), {}, 0
-        for done, (index, row, col) in enumerate(segment.tiles(group, xs)):
+        key (``keys``, ``tilec.runtime.reuse``) an earlier one had copies that one's parts. A key's
+        first tile runs by itself (``alone``), the others ``segment.batch`` at a time
+        (``tilec.runtime.batches``)."""
+        group, outs = run.group, None
+
+        def compute(batch):
+            nonlocal outs
+            arena.reset()
+            _, row, col, _ = batch[0]
+            parts, _ = segment.functions[row[2], col[2]](stack_in(arena, [item[3] for item in batch]), bs, p, arena,
+                                                        r, origins(row, col))
+            if outs is None:
+                outs = outputs(segment, parts, zeros=group is not None)
+            for k, (out, (_, spatial, _), part) in enumerate(zip(outs, segment.images, parts, strict=True)):
+                for (_, tile_row, tile_col, _), piece in zip(batch, unstacked(part, len(batch)), strict=True):
+                    narrow(out, spatial, tile_row[1][k], tile_col[1][k]).copy_(piece)
+
+        progress = Progress(run, f"{segment.label} forward", segment.count(group))
+        known, pending = {}, Pending(segment.batch)
+
+        def flush():
+            if pending:
+                batch = pending.take()
+                compute(batch)
+                progress.ran(len(batch))
+
+        for index, row, col in segment.tiles(group, xs):
             tile, key = read_tile(segment, xs, keys, index, row, col)
             if key is not None and key in known:
                 first_rows, first_cols = known[key]
                 for out, (_, spatial, _), rows, cols, source_rows, source_cols in zip(
                         outs, segment.images, row[1], col[1], first_rows, first_cols, strict=True):
                     narrow(out, spatial, rows, cols).copy_(narrow(out, spatial, source_rows, source_cols))
-                reused += 1
-                run.report(f"{segment.label} forward", done + 1, total, reused)
-                continue
-            if key is not None:
+                progress.reused()
+            elif alone(segment, key):
                 known[key] = row[1], col[1]
-            arena.reset()
-            parts, _ = run_tile(segment.functions[row[2], col[2]], tile, bs, p, arena, r, row, col)
-            if outs is None:
-                outs = outputs(segment, parts, zeros=group is not None)
-            for out, (_, spatial, _), part, rows, cols in zip(outs, segment.images, parts, row[1], col[1],
-                                                               strict=True):
-                narrow(out, spatial, rows, cols).copy_(part)
-            del parts  # before the next tile allocates
-            run.report(f"{segment.label} forward", done + 1, total, reused)
+                compute([(index, row, col, tile)])
+                progress.ran(1)
+            else:
+                if not pending.fits(row, col):
+                    flush()
+                pending.add((index, row, col, tile))
+        flush()
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
@@ -368,95 +428,116 @@ class Sweep:
                    for g, (_, spatial, _), rows, cols, a, b in zip(self.image_grads, self.segment.images, row[1],
                                                                    col[1], first_row[1], first_col[1], strict=True))
 
-    def recompute(self, row, col, r, needs, frozen=False):
-        """One tile's function again under autograd (the forward's autocast state): its slices
-        (requiring grad per ``needs``), its owned outputs and its partials. ``frozen``: with the
-        broadcast inputs and parameters detached, for a sweep that wants only the leaves' gradients
-        (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
+    def recompute(self, batch, r, needs, frozen=False):
+        """The function of the tiles ``batch`` (``(index, row, col)`` each, of one shape class: one
+        call, ``tilec.runtime.batches``) again under autograd (the forward's autocast state): per
+        tile its slices (requiring grad per ``needs``), the owned outputs (stacked) and the batch's
+        partials. ``frozen``: with the broadcast inputs and parameters detached, for a sweep that
+        wants only the leaves' gradients (a tile convolution adds its weight gradient into the
+        weight's ``grad`` as it goes)."""
         bs, p = ([t.detach() for t in self.bs], [t.detach() for t in self.p]) if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
-        tile = [region(x, spatial, rows, cols).detach().requires_grad_(need)
-                for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
-                                                        strict=True)]
+        tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
+                  for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
+                                                          strict=True)]
+                 for _, row, col in batch]
+        _, row, col = batch[0]
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-            outs, partials = self.segment.functions[row[2], col[2]](copy_in(self.arena, tile), bs, p, self.arena, r,
+            outs, partials = self.segment.functions[row[2], col[2]](stack_in(self.arena, tiles), bs, p, self.arena, r,
                                                                    origins(row, col))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
-        return tile, outs, partials
+            partials = batch_partials(partials, len(batch), self.segment.merges)
+        return tiles, outs, partials
 
-    def pairs(self, row, col, outs, partials, shares):
-        """(tensor, gradient) to back-propagate from one tile: its owned outputs and its shares of
-        the merged partials' gradients of the levels in ``shares``."""
-        pairs = [(part, narrow(g, spatial, rows, cols))
-                 for part, g, (_, spatial, _), rows, cols in zip(outs, self.image_grads, self.segment.images, row[1],
-                                                                  col[1], strict=True)
-                 if part.requires_grad and g is not None]
+    def pairs(self, batch, outs, partials, shares):
+        """(tensor, gradient) to back-propagate from the tiles ``batch`` run as one call: their owned
+        outputs and the batch's shares of the merged partials' gradients of the levels in ``shares``."""
+        pairs = []
+        for k, (part, g, (_, spatial, _)) in enumerate(zip(outs, self.image_grads, self.segment.images, strict=True)):
+            if part.requires_grad and g is not None:
+                pieces = [narrow(g, spatial, row[1][k], col[1][k]) for _, row, col in batch]
+                pairs.append((part, pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
         for level in self.segment.levels:
             for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
                 pairs += share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
         return pairs
 
+    def calls(self, label, groups, members):
+        """The tiles this process runs in one backward sweep, as ``(batch, group)``: ``batch`` the
+        tiles ``(index, row, col)`` that run as one call, ``group`` the tiles a representative runs
+        for (``groups``, by itself), else ``None``; its ``members`` are read (as read ahead) and
+        counted, not run. Consecutive tiles of one shape class run ``segment.batch`` at a time."""
+        segment, run = self.segment, self.run
+        progress, pending = Progress(run, label, segment.count(run.group)), Pending(segment.batch)
+        for index, row, col in segment.tiles(run.group, self.xs):
+            if index in members:
+                slices(segment, self.xs, row, col)
+                progress.reused()
+                continue
+            group = groups.get(index)
+            if group is not None and len(group) > 1:
+                yield [(index, row, col)], group
+                progress.ran(1)
+                continue
+            if not pending.fits(row, col):
+                batch = pending.take()
+                yield batch, None
+                progress.ran(len(batch))
+            pending.add((index, row, col))
+        if pending:
+            batch = pending.take()
+            yield batch, None
+            progress.ran(len(batch))
+
     def leaf_grads(self, r, names, shares):
         """A backward sweep: the gradient of the leaves ``names``, summed over the tiles, of the
         tiles' outputs and of the partials of the levels in ``shares``."""
-        run = self.run
         chosen = {name: grad_leaf(r[name]) for name in names}
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
-        totals, done, reused = [None] * len(wanted), 0, 0
+        totals = [None] * len(wanted)
         groups, members = self.groups(shares, False)
-        for index, row, col in self.segment.tiles(run.group, self.xs):
-            done += 1
-            if index in members:
-                slices(self.segment, self.xs, row, col)  # read, as read ahead
-                reused += 1
-                run.report(f"{self.segment.label} backward sweep", done, self.segment.count(run.group), reused)
-                continue
-            _, outs, partials = self.recompute(row, col, with_leaves, [False] * len(self.xs), frozen=True)
-            pairs = scaled(self.pairs(row, col, outs, partials, shares), len(groups.get(index, ((),))))
+        for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
+            _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
+            pairs = scaled(self.pairs(batch, outs, partials, shares), len(group) if group else 1)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
                 totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
-            run.report(f"{self.segment.label} backward sweep", done, self.segment.count(run.group), reused)
         totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
-        if run.group is not None:
-            sum_over(run.group, totals)
+        if self.run.group is not None:
+            sum_over(self.run.group, totals)
         return by_name(names, chosen, totals)
 
     def last(self, r, collect, shares, sums):
         """The last backward sweep (module docstring, step 2): the gradients of the leaves
-        ``collect``, summed over the tiles."""
-        run, needs = self.run, [s is not None for s in sums]
+        ``collect``, summed over the tiles. The input gradients' accumulators move on tile by tile,
+        in order, once a call has read its tiles (``tilec.runtime.tiles.Rolled``)."""
+        needs = [s is not None for s in sums]
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
-        total, reused = self.segment.count(run.group), 0
         groups, members = self.groups(shares, any(isinstance(s, Rolled) for s in sums))
-        for done, (index, row, col) in enumerate(self.segment.tiles(run.group, self.xs)):
-            for accumulated, (start, stop) in zip(sums, row[0], strict=True):
-                if accumulated is not None and stop > start:
-                    accumulated.move(start)
-            if index in members:
-                slices(self.segment, self.xs, row, col)  # read, as read ahead
-                reused += 1
-                run.report(f"{self.segment.label} backward", done + 1, total, reused)
-                continue
-            group = groups.get(index, ((index, row, col),))
-            tile, outs, partials = self.recompute(row, col, with_leaves, needs)
-            pairs = scaled(self.pairs(row, col, outs, partials, shares), len(group))
-            wanted = [t for t in (*tile, *self.leaves, *collected) if t.requires_grad]
+        for batch, group in self.calls(f"{self.segment.label} backward", groups, members):
+            tiles, outs, partials = self.recompute(batch, with_leaves, needs)
+            pairs = scaled(self.pairs(batch, outs, partials, shares), len(group) if group else 1)
+            wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
-            for k, (accumulated, t) in enumerate(zip(sums, tile, strict=True)):
-                if accumulated is not None and t.grad is not None:
-                    grad = t.grad if len(group) == 1 else t.grad / len(group)
-                    for _, member_row, member_col in group:
+            for (_, row, col), tile in zip(batch, tiles, strict=True):
+                for k, (accumulated, t, (start, stop)) in enumerate(zip(sums, tile, row[0], strict=True)):
+                    if accumulated is None:
+                        continue
+                    if stop > start:
+                        accumulated.move(start)
+                    if t.grad is None:
+                        continue
+                    grad = t.grad if group is None else t.grad / len(group)
+                    for _, member_row, member_col in group or ((None, row, col),):
                         accumulated.add(member_row[0][k], member_col[0][k], grad)
-            run.report(f"{self.segment.label} backward", done + 1, total, reused)
         grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
-        if run.group is not None and grads:
-            sum_over(run.group, grads)
+        if self.run.group is not None and grads:
+            sum_over(self.run.group, grads)
         return by_name(collect, chosen, grads)
 
     def direct_inputs(self, r, level, share, sums):

@@ -75,6 +75,24 @@ class Run:
             print(f"\rtilec {self.plan} {label}: tile {done}/{total}{note}", end=end, file=sys.stderr, flush=True)
 
 
+class Progress:
+    """One pass's tiles counted as they finish, and reported (``Run.report``): ``ran`` ones and
+    ``reused`` ones (``tilec.runtime.reuse``), of ``total``."""
+
+    def __init__(self, run, label, total):
+        self.run, self.label, self.total = run, label, total
+        self.done = self.reuses = 0
+
+    def ran(self, count):
+        for _ in range(count):
+            self.done += 1
+            self.run.report(self.label, self.done, self.total, self.reuses)
+
+    def reused(self):
+        self.reuses += 1
+        self.ran(1)
+
+
 @dataclass(frozen=True)
 class LevelSpec:
     """One level of a tiled segment's reductions (the plan's ``Level``): its ``index``, ``direct``
@@ -113,13 +131,14 @@ class TiledSegment:
     slices of its reduced inputs (``reduced``: per reduction of the direct level, its index among the
     segment's and the indices of those inputs among the sliced ones), ``o`` their origins; whether
     identical tiles may be computed once (``reuse``: no op reads absolute positions,
-    ``tilec.runtime.reuse``); and the arena capacity its passes needed so far, by device, dtype and
-    autocast state."""
+    ``tilec.runtime.reuse``); how many consecutive tiles of one shape class run as one call
+    (``batch``, ``tilec.runtime.batches``); and the arena capacity its passes needed so far, by
+    device, dtype and autocast state."""
 
     def __init__(self, label, functions, rows, cols, sliced, broadcast, outputs, costs, shares, rolled, levels=(),
-                 direct=None, reduced=(), reuse=True):
+                 direct=None, reduced=(), reuse=True, batch=1):
         self.label, self.functions, self.rows, self.cols = label, functions, rows, cols
-        self.reuse = reuse
+        self.reuse, self.batch = reuse, batch
         self.sliced, self.broadcast, self.outputs, self.costs = sliced, broadcast, outputs, costs
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
@@ -185,6 +204,11 @@ class TiledSegment:
                                else region(xs[i], self.sliced[i], rows, cols).detach().requires_grad_(needs[i])
                                for i in inputs))
         return found
+
+    @property
+    def merges(self):
+        """Per reduction of the segment, in the order of a tile's partials, the kind it merges by."""
+        return tuple(kind for level in self.levels for kind in level.merges)
 
     @property
     def images(self):
