@@ -7,6 +7,7 @@ untiled step (``check_exact``), on odd sizes and grids whose rows hold border an
 """
 
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from tilec.cli import main
-from tilec.cost.estimator import Estimator, _batches
+from tilec.cost.estimator import Estimator, _calls
 from tilec.errors import GridError
 from tilec.ir import Plan
 from tilec.pipeline import build
@@ -157,11 +158,18 @@ def test_the_estimate_counts_a_batch_s_working_set_and_its_calls():
     assert batched.predicted_peak_bytes > planned.predicted_peak_bytes
 
 
-def test_run_counting_follows_row_major_order():
-    assert _batches(torch.tensor([0, 1, 1, 2]).numpy(), torch.tensor([0, 1, 1, 1, 1, 2]).numpy(), 3) == (
-        4 * 4, 3, (1, 3))
+def test_calls_follow_the_runtime_s_order():
+    rows, cols = np.array([0, 1, 1, 2]), np.array([0, 1, 1, 1, 1, 2])
+    assert _calls(rows, cols, 3) == (4 * 4, 3, (1, 3), 0)
     # one column: consecutive rows of one class stack
-    assert _batches(torch.tensor([0, 1, 1, 1, 1, 1, 2]).numpy(), torch.tensor([0]).numpy(), 2) == (5, 2, (1, 2))
+    assert _calls(np.array([0, 1, 1, 1, 1, 1, 2]), np.array([0]), 2) == (5, 2, (1, 2), 0)
+    # constant tiles (the right half) run once per class, by themselves; the others stack
+    constant = np.zeros((4, 6), dtype=bool)
+    constant[:, 3:] = True  # classes (r, 1) and (r, 2) for r in 0, 1, 2: 6 representatives, 6 reused
+    assert _calls(rows, cols, 3)[0] == 16
+    calls, largest, sizes, reused = _calls(rows, cols, 3, constant)
+    assert reused == 12 - 6 and largest == 2  # rows run [0, 1, 1]: 1 + 1 calls
+    assert calls == 6 + 4 * 2
 
 
 def test_compile_takes_batch_with_a_grid_and_refuses_it_with_a_budget(tmp_path):

@@ -21,7 +21,9 @@ def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None,
     """Trace, plan and render ``model`` for ``inputs`` in memory; return its ``TiledModel``.
 
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
-    argument of its forward ``(shape, dtype)``: ``[((1, 3, 65536, 65536), "uint8"), ((1,), "int64")]``.
+    argument of its forward ``(shape, dtype)``: ``[((1, 3, 65536, 65536), "uint8"), ((1,), "int64")]``,
+    or an array-like of its shape and dtype (``[slide, label]``): a masked ``tilec.slide`` tells where
+    it is background, and the plan's time then counts the tiles computed once.
     Give one of ``memory_budget`` (bytes, or text as ``tilec compile --memory-budget`` takes it:
     ``"2GiB"``), ``grid`` (``(4, 4)`` or ``"4x4"``) or ``segments`` (``[(0, 10, (8, 8)), ...]`` or
     ``"0:10@8x8,..."``); none means a 1x1 grid. ``batch``: with a grid or segments, up to that many

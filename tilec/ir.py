@@ -220,6 +220,10 @@ class Segment(Frozen):
         default=(), description="with Plan.ranks, per rank the tiles it runs (row-major indices); else empty")
     rank_seconds: float | None = Field(
         default=None, description="with Plan.ranks, estimated time of this segment on its busiest rank")
+    reused: int = Field(
+        default=0, ge=0, description="tiles per pass that estimated_seconds counts as computed once for their "
+                                     "identical ones (tilec.runtime.reuse): those whose cone reads only background the "
+                                     "compile knew of (Plan.backgrounds), all but one per shape class")
     batch: int = Field(
         default=1, ge=1, description="a tiled segment's tiles run this many at a time, as one call on their slices "
                                      "stacked along the batch axis: consecutive tiles of one shape class "
@@ -284,6 +288,10 @@ class Plan(Frozen):
                     "peak above its start is predicted_peak_bytes - kernel_state_bytes")
     model: ModelFingerprint
     segments: tuple[Segment, ...]
+    backgrounds: tuple[str, ...] = Field(
+        default=(), description="model inputs whose background (where they hold one constant colour: a masked "
+                                "slide's) was known when compiling: the estimate counts the tiles computed once "
+                                "(Segment.reused), and a budget search chose the plan knowing it")
     ranks: int | None = Field(
         default=None, description="ranks of a process group sharing each tiled segment's tiles (compile "
         "--ranks); every rank holds the full boundary tensors, so its peak is predicted_peak_bytes")

@@ -12,6 +12,7 @@ from tilec.calibrate import conv_workspace_of, measure_kernels, search_device
 from tilec.clock import clock
 from tilec.codegen import load_source, render
 from tilec.config import CompileConfig, budget_bytes
+from tilec.cost.background import Background
 from tilec.distribute import distribute
 from tilec.errors import GridError, ShapeError, TilecError
 from tilec.graph import Graph
@@ -20,6 +21,7 @@ from tilec.modelfile import load_model
 from tilec.planio import dumps, write_bytecode, write_files
 from tilec.planner import plan
 from tilec.recompute import recompute
+from tilec.runtime.sources import dtype_name
 from tilec.search import choose
 from tilec.target import Target
 from tilec.trace import Traced, trace_modes
@@ -69,11 +71,13 @@ def target_for(graph: Graph, dtype: str, shared: bool = False) -> Target:
 
 
 def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=None, memory_budget=None,
-             batch=None, dtype="float32", progress=None) -> Plan:
+             batch=None, backgrounds=None, dtype="float32", progress=None) -> Plan:
     """Plan from exactly one of: a grid, explicit segments, or a memory budget (bytes, or text such
     as ``"2GiB"``: ``tilec.config.budget_bytes``); ``batch``: with a grid or segments, the tiles of
     one shape class per call where a segment's tiles can run stacked (a budget search chooses it
-    itself). A budget
+    itself); ``backgrounds``: per model input, where it is known to be background
+    (``tilec.cost.background``): the estimate, and so a budget search, counts the tiles computed
+    once. A budget
     plans for the device it will run on (``search_device``), measured there once: its kernels'
     state (``tilec.calibrate.measure_kernels``), which weight gradient tiles compute and the time
     estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
@@ -88,14 +92,14 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
         device, measured_dtype = search_device(graph.autocast, dtype)
         target = replace(target, device=device)
         target = clock(measure_kernels(target, measured_dtype), measured_dtype, graph.autocast)
-        choice = choose(graph, target, memory_budget, dtype)
+        choice = choose(graph, target, memory_budget, dtype, backgrounds)
         graph, segments = choice.graph, choice.segments
     return plan(graph, target, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
-                batch=batch, progress=progress)
+                batch=batch, backgrounds=backgrounds, progress=progress)
 
 
 def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments=None, recomputed=(),
-               memory_budget=None, batch=None, dtype="float32", progress=None) -> Plan:
+               memory_budget=None, batch=None, backgrounds=None, dtype="float32", progress=None) -> Plan:
     """``plan_for`` each mode's graph of ``traced``, ``recomputed`` nodes recomputed for their late
     readers (``tilec.recompute``): the plan of the model's mode, carrying the other mode's where its
     graph differs (``Plan.other``), or why the other mode has none (``Plan.refused``: it does not
@@ -104,7 +108,8 @@ def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments
     and recomputes those of the nodes it has."""
     first = traced.graphs[0]
     the_plan = plan_for(recompute(first, recomputed), target, name, grid=grid, segments=segments,
-                        memory_budget=memory_budget, batch=batch, dtype=dtype, progress=progress)
+                        memory_budget=memory_budget, batch=batch, backgrounds=backgrounds, dtype=dtype,
+                        progress=progress)
     if first.mode is None:
         return the_plan
     other, refused = None, traced.refused
@@ -115,10 +120,30 @@ def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments
                        default=(1, 1))
         try:
             other = plan_for(recompute(graph, [n for n in recomputed if n in graph.nodes]), target, name,
-                             grid=grid, memory_budget=memory_budget, batch=batch, dtype=dtype, progress=progress)
+                             grid=grid, memory_budget=memory_budget, batch=batch, backgrounds=backgrounds,
+                             dtype=dtype, progress=progress)
         except TilecError as error:
             refused = f"its {graph.mode}-mode graph cannot be planned: {error}"
     return the_plan.model_copy(update={"other": other, "refused": refused})
+
+
+def described(inputs) -> tuple[object, dict[int, Background]]:
+    """``inputs`` as ``tilec.trace`` takes them, an array-like given for an input (anything with a
+    ``shape`` and a ``dtype``: a tensor, a ``tilec.slide``) described by its shape and dtype; and
+    per input position, the background known of it: its ``background()``, where it has one and
+    that gives one (a masked slide)."""
+    if not isinstance(inputs, list | tuple) or all(isinstance(n, int) for n in inputs):
+        return inputs, {}
+    specs, known = [], {}
+    for k, item in enumerate(inputs):
+        if isinstance(item, tuple | list) or not (hasattr(item, "shape") and hasattr(item, "dtype")):
+            specs.append(item)
+            continue
+        specs.append((tuple(int(n) for n in item.shape), dtype_name(item)))
+        found = item.background() if callable(getattr(item, "background", None)) else None
+        if found is not None:
+            known[k] = found
+    return specs, known
 
 
 def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, batch=None, recomputed=(),
@@ -127,7 +152,9 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
-    argument of its forward ``(shape, dtype)`` (``tilec.trace``).
+    argument of its forward ``(shape, dtype)`` (``tilec.trace``) or an array-like of that shape and
+    dtype (a tensor, a ``tilec.slide``): one whose ``background()`` gives where it is background (a
+    masked slide's, ``tilec.cost.background``) makes the estimate count the tiles computed once.
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes or text, ``"2GiB"``); none means grid 1x1.
     ``batch``: with ``grid`` or ``segments``, tiles of one shape class per call (``tilec.runtime.batches``).
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
@@ -137,10 +164,12 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
+    inputs, known = described(inputs)
     traced = trace_modes(model, inputs, autocast)
     target = target_for(traced.graphs[0], dtype, shared=bool(ranks) or process_group is not None)
+    backgrounds = {traced.graphs[0].inputs[k].name: background for k, background in known.items()}
     the_plan = plan_modes(traced, target, name, grid=grid, segments=segments, recomputed=recomputed,
-                          memory_budget=memory_budget, batch=batch, dtype=dtype)
+                          memory_budget=memory_budget, batch=batch, backgrounds=backgrounds, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
     return tiled_class(model, progress=progress, process_group=process_group, kernels=kernels)

@@ -10,11 +10,12 @@ segment's peak, time and FLOP overhead. Backward regions follow the owned-output
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple
 from typing import NamedTuple
 
 from tilec.cone import axis_tiles
+from tilec.cost.background import Background
 from tilec.cost.estimator import Estimator
 from tilec.errors import GridError
 from tilec.graph import Graph
@@ -165,6 +166,7 @@ def plan(
     dtype: str = "float32",
     memory_budget: int | None = None,
     batch: int | None = None,
+    backgrounds: Mapping[str, Background] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
     """Plan ``graph`` for ``target`` (default: nothing measured) with one grid for the network, or
@@ -172,8 +174,10 @@ def plan(
 
     A segment is a ``SegmentChoice`` or a tuple ``(first, stop, (rows, cols)[, mode[, batch]])``
     over positions in the node order. ``batch``: tiles of one shape class per call in every tiled
-    segment whose tiles may run stacked (else the segments' own, 1 by default).
-    ``progress(done, total)`` is called after each axis of each tiled segment is planned.
+    segment whose tiles may run stacked (else the segments' own, 1 by default). ``backgrounds``:
+    per model input, where it is known to be background (``tilec.cost.background``): the estimate
+    counts the tiles computed once. ``progress(done, total)`` is called after each axis of each
+    tiled segment is planned.
     """
     segments_given = segments
     if segments is None:
@@ -183,7 +187,7 @@ def plan(
     check_segments(segments, len(graph))
     choices = [_checked(graph, SegmentChoice(*choice), batch) for choice in segments]
     total, done = 2 * sum(choice.mode == "tiled" for choice in choices), 0
-    estimator = Estimator(graph, target, dtype)
+    estimator = Estimator(graph, target, dtype, backgrounds)
     planned = []
     for index, (first, stop, seg_grid, mode, seg_batch) in enumerate(choices):
         rows = cols = ()
@@ -206,7 +210,7 @@ def plan(
     peaks = estimator.step_peaks(costs, rolls)
     planned = [
         s.model_copy(update={"predicted_peak_bytes": peak, "flop_overhead": round(cost.flop_overhead, 6),
-                             "estimated_seconds": round(cost.seconds, 6),
+                             "estimated_seconds": round(cost.seconds, 6), "reused": cost.reused,
                              "rolled": tuple(i.name for i in s.inputs if i.name in names)})
         for s, cost, peak, names in zip(planned, costs, peaks, rolls, strict=True)
     ]
@@ -229,4 +233,5 @@ def plan(
         segments=tuple(planned),
         mode=graph.mode,
         flipped=graph.flipped,
+        backgrounds=tuple(name for name in graph.input_names if name in (backgrounds or {})),
     )

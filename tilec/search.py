@@ -40,7 +40,7 @@ known plan) by a lower bound of their peak are not costed in full.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from math import inf
@@ -50,6 +50,7 @@ import numpy as np
 
 from tilec.cone import cone
 from tilec.cost.arrays import AxisArrays
+from tilec.cost.background import Background
 from tilec.cost.estimator import Estimator, SegmentCost
 from tilec.errors import BudgetError
 from tilec.graph import Graph
@@ -65,6 +66,9 @@ GRIDS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 #: Shares of the budget a tiled segment may leave to spare for later ones (their kernel state,
 #: their working set): the search offers the coarsest grid that fits with each.
 MARGINS = (0, 1 / 256, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8)
+#: With a known background (``Estimator.backgrounds``), the search also offers every grid up to
+#: this many times the coarsest that fits, in tiles a side.
+FINER = 4
 #: Tiles of one shape class per call a tiled segment may run besides one by one
 #: (``tilec.runtime.batches``): the search offers the fastest that fits the budget.
 BATCHES = (2, 4, 8, 16, 32, 64)
@@ -176,11 +180,12 @@ class Smallest(NamedTuple):
 
 
 class _Costs:
-    """Cached costs of the segment options of one traced model on one target."""
+    """Cached costs of the segment options of one traced model on one target (``backgrounds``: the
+    model inputs' known background, ``Estimator``)."""
 
-    def __init__(self, graph: Graph, target: Target, dtype: str):
+    def __init__(self, graph: Graph, target: Target, dtype: str, backgrounds: Mapping[str, Background] | None = None):
         self.graph = graph
-        self.estimator = Estimator(graph, target, dtype)
+        self.estimator = Estimator(graph, target, dtype, backgrounds)
         self.cuts = cut_points(graph, self.estimator.full)
         self.option = cache(self._option)
         self.batches = cache(self._batches)
@@ -274,12 +279,14 @@ def variants(graph: Graph, target: Target, dtype: str = "float32") -> list[tuple
     return [((), graph)] + [(tuple(names[:k]), recompute(graph, names[:k])) for k in range(1, len(names) + 1)]
 
 
-def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32") -> Choice:
+def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
+           backgrounds: Mapping[str, Background] | None = None) -> Choice:
     """The plan of least estimated time on ``target``, over ``variants``, with every predicted
-    step peak <= ``usable(budget)`` bytes."""
+    step peak <= ``usable(budget)`` bytes (its time counting the tiles computed once where the
+    inputs' ``backgrounds`` are known)."""
     found, costs = [], []
     for recomputed, variant in variants(graph, target, dtype):
-        costs.append(_Costs(variant, target, dtype))
+        costs.append(_Costs(variant, target, dtype, backgrounds))
         best = _search(costs[-1], usable(budget))
         if best is not None:
             found.append(Choice(variant, recomputed, best.choices, best.seconds))
@@ -328,6 +335,11 @@ def _search(costs: _Costs, budget: int) -> Partial | None:
                     break
             if peak_with(grids[-1]) <= budget:
                 chosen.append(grids[-1])
+            if chosen and costs.estimator.backgrounds:
+                # a known background favours finer tiles, more of them computed once: every grid up
+                # to ``FINER`` times the coarsest that fits, tiles a side
+                coarsest = max(chosen[0])
+                chosen += [grid for grid in grids if coarsest < max(grid) <= FINER * coarsest]
             for grid in dict.fromkeys(chosen):
                 cost = costs.option(first, stop, grid)
                 yield grown(grid, "tiled", cost)

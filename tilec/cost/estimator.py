@@ -29,13 +29,15 @@ with the image axes replaced by the tile's lengths, times the element size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
+from tilec.cone import cone
 from tilec.cost.arrays import AxisArrays
+from tilec.cost.background import Background
 from tilec.cost.constants import PARTIAL_TENSOR_BYTES
 from tilec.cost.facts import Facts
 from tilec.cost.liveness import COPY, KINDS, Forward, Program, program
@@ -67,6 +69,9 @@ class SegmentCost:
     #: Per sliced input whose gradient the tiles may roll (``Estimator.rollable``), its name and
     #: the bytes ``backward_local`` holds less if they do: its full gradient less the band.
     rolls: tuple[tuple[str, int], ...] = ()
+    #: Tiles per pass computed once for their identical ones, where the inputs' background is known
+    #: (``Estimator.constant_tiles``): ``seconds`` counts the others.
+    reused: int = 0
 
     def rolled(self, made: frozenset[str]) -> frozenset[str]:
         """The inputs the tiles roll, of those tiled segments made (``Estimator.made_tiled``)."""
@@ -74,10 +79,13 @@ class SegmentCost:
 
 
 class Estimator:
-    """Costs of segment choices for one traced graph on one target (module docstring)."""
+    """Costs of segment choices for one traced graph on one target (module docstring);
+    ``backgrounds``: per model input, where it is known to be background (``Background``), so
+    that the time counts the tiles computed once."""
 
-    def __init__(self, graph: Graph, target: Target, dtype: str):
+    def __init__(self, graph: Graph, target: Target, dtype: str, backgrounds: Mapping[str, Background] | None = None):
         self.graph, self.target = graph, target
+        self.backgrounds = dict(backgrounds or {})
         self.facts = facts = Facts(graph, target, dtype)
         self.speed = target.rates
         self.full = facts.full
@@ -89,6 +97,7 @@ class Estimator:
         self.boundary = cache(self._boundary)
         self.rollable = cache(self._rollable)
         self.partials = cache(self._partials)
+        self.constant_tiles = cache(self._constant_tiles)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool, batch: int = 1) -> SegmentCost:
@@ -136,14 +145,20 @@ class Estimator:
         read ahead, fewer calls of larger kernels."""
         facts, nodes = self.facts, self.facts.nodes
         simulated = self.program(first, stop, True)
-        calls_made, largest, sizes_run = (rows.parts * cols.parts, 1, (1,)) if batch == 1 else _batches(
-            _class_ids(simulated, rows), _class_ids(simulated, cols), batch)
+        constant = self.constant_tiles(first, stop, rows.parts, cols.parts)
+        if batch == 1 and constant is None:
+            calls_made, largest, sizes_run, reused = rows.parts * cols.parts, 1, (1,), 0
+        else:
+            members = frozenset(self.graph.order[first:stop])
+            calls_made, largest, sizes_run, reused = _calls(
+                _class_ids(simulated, rows, members), _class_ids(simulated, cols, members), batch, constant)
         sizes = self._pair_bytes(simulated, rows, cols) * largest
         outputs, in_grad, fixed = self.boundary(first, stop)
         flops, flop_seconds, calls, halo = self.sweep_work(first, stop, rows, cols, calls_made)
-        # every tile copies its convolutions' weights: forward (once where packed), autograd re-run, backward
+        flop_seconds *= 1 - reused / (rows.parts * cols.parts)
+        # every call copies its convolutions' weights: forward (once where packed), autograd re-run, backward
         packed = self.packed_bytes(first, stop)
-        copied_weights = packed + rows.parts * cols.parts * sum(
+        copied_weights = packed + calls_made * sum(
             (1 if nodes[p].packed else 2) * nodes[p].weight_copies + nodes[p].backward_weight_copies
             for p in range(first, stop))
         copied = outputs + 2 * in_grad + copied_weights
@@ -167,7 +182,30 @@ class Estimator:
                                       for size in sizes_run),
             rolls=rolls,
             staging=staging,
+            reused=reused,
         )
+
+    def _constant_tiles(self, first: int, stop: int, row_parts: int, col_parts: int) -> np.ndarray | None:
+        """``[row tile, column tile]``: whether the tile of segment ``[first, stop)`` tiled
+        ``row_parts`` x ``col_parts`` reads only known background of the model's image inputs through
+        its whole cone from them (``backgrounds``), so that its slices are constant and the runtime
+        computes it once with the others of its class (``tilec.runtime.reuse``); ``None`` where no
+        tile can be known so: no background given, an image input read without one, a cone that
+        does not reach the inputs through tileable nodes, or an op reading absolute positions."""
+        graph = self.graph
+        if not self.backgrounds or any(rule(n).positional(n, graph) for n in graph.members(first, stop)):
+            return None
+        if any(not graph.nodes[name].tileable for name in graph.order[:stop]):
+            return None
+        regions = [cone(graph, 0, stop, axis, [parts]).regions for axis, parts in ((0, row_parts), (1, col_parts))]
+        images = [name for name in graph.input_names if graph.is_image(name) and name in regions[0]]
+        if not images or any(name not in self.backgrounds for name in images):
+            return None
+        constant = np.ones((row_parts, col_parts), dtype=bool)
+        for name in images:
+            rows, cols = (np.stack(region[name], axis=1) for region in regions)
+            constant &= self.backgrounds[name].constant(rows, cols)
+        return constant
 
     def _partials(self, first: int, stop: int) -> int:
         """Bytes of the merged partials of the reductions of segment ``[first, stop)``, which the
@@ -325,27 +363,35 @@ def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
     return set(zip(length.tolist(), (arrays.padded[:, column] - length).tolist(), strict=True))
 
 
-def _class_ids(program: Program, arrays: AxisArrays) -> np.ndarray:
+def _class_ids(program: Program, arrays: AxisArrays, members: frozenset[str]) -> np.ndarray:
     """Per tile of one axis, in order, a number shared by the tiles whose lengths are all equal and
-    whose reads touch the same ends of what they read (what their shape class is, as far as the
-    cost model sees it: a first and a last tile may have equal lengths, padded at opposite ends)."""
+    whose reads of the segment's nodes ``members`` touch the same ends of what they read (what their
+    shape class is, as far as the cost model sees it: a first and a last tile may have equal
+    lengths, padded at opposite ends)."""
     ends = [np.stack([start[arrays.tiles] == 0, stop[arrays.tiles] == stop.max()], axis=1)
-            for reads in arrays.reads.values() for _, start, stop in reads]
+            for name, reads in arrays.reads.items() if name in members for _, start, stop in reads]
     table = np.concatenate([_table(program, arrays), *ends], axis=1)
     _, ids = np.unique(table, axis=0, return_inverse=True)
     return ids.reshape(-1)
 
 
-def _batches(row_ids: np.ndarray, col_ids: np.ndarray, batch: int) -> tuple[int, int, tuple[int, ...]]:
-    """Calls of a grid whose tiles run row-major, consecutive tiles of one class (``row_ids`` x
-    ``col_ids``) ``batch`` at a time: how many, the most tiles of one, and the distinct numbers of
-    tiles they take."""
+def _calls(row_ids: np.ndarray, col_ids: np.ndarray, batch: int,
+           constant: np.ndarray | None = None) -> tuple[int, int, tuple[int, ...], int]:
+    """The calls of one pass over a grid whose tiles run row-major (``tilec.runtime.sweeps``): the
+    ``constant`` ones (``[row tile, column tile]``) once per class (``row_ids`` x ``col_ids``),
+    each by itself, and the others, consecutive tiles of one class ``batch`` at a time. Returns how
+    many calls, the most tiles of one, the distinct numbers of tiles they take, and how many tiles
+    are computed once for another (reused)."""
     pairs = (row_ids[:, None] * (int(col_ids.max()) + 1) + col_ids[None, :]).reshape(-1)
-    edges = np.flatnonzero(np.diff(pairs)) + 1
-    runs = np.diff(np.concatenate([[0], edges, [len(pairs)]]))
-    calls = int((-(-runs // batch)).sum())
-    sizes = {min(batch, int(run)) for run in runs} | {int(run) % batch for run in runs if run > batch} - {0}
-    return calls, max(sizes), tuple(sorted(sizes))
+    flat = np.zeros(len(pairs), dtype=bool) if constant is None else constant.reshape(-1)
+    alone = len(np.unique(pairs[flat]))
+    rest = pairs[~flat]
+    edges = np.flatnonzero(np.diff(rest)) + 1
+    runs = np.diff(np.concatenate([[0], edges, [len(rest)]])) if len(rest) else np.zeros(0, dtype=np.int64)
+    calls = alone + int((-(-runs // batch)).sum())
+    sizes = ({min(batch, int(run)) for run in runs} | {int(run) % batch for run in runs if run > batch}
+             | ({1} if alone else set())) - {0}
+    return calls, max(sizes, default=1), tuple(sorted(sizes)) or (1,), int(flat.sum()) - alone
 
 
 def _table(program: Program, arrays: AxisArrays) -> np.ndarray:

@@ -1,0 +1,117 @@
+"""A background known when compiling (a masked slide given to ``tilec.compile``): the time estimate
+counts the tiles the runtime computes once (``Segment.reused``), and a budget search plans with it.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import tilec
+from tilec.cost.background import Background
+from tilec.pipeline import described, plan_for
+from tilec.search import choose
+from tilec.slides import slide
+from tilec.target import Speed, Target
+from tilec.trace import trace
+
+from support.exactness import TOLERANCE
+from support.zoo import TINY, ResNetHead
+
+SIZE = 256
+BACKGROUND = 245
+
+
+class Converted(nn.Module):
+    """``body`` on a uint8 slide it converts itself (``/ 255``, in float64)."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, image):
+        return self.body(image.to(torch.float64) / 255)
+
+
+def masked_slide(tissue=(slice(0, 9), slice(0, 12)), cells=32):
+    """A SIZE² RGB slide, textured, masked to the ``tissue`` cells of a ``cells``² mask: everything
+    outside reads as white."""
+    image = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    mask = np.zeros((cells, cells), dtype=bool)
+    mask[tissue] = True
+    return slide(image).masked(mask)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 40), st.integers(1, 40), st.data())
+def test_a_rectangle_is_background_where_every_pixel_is(cell_rows, cell_cols, height, width, data):
+    mask = np.array(data.draw(st.lists(st.lists(st.booleans(), min_size=cell_cols, max_size=cell_cols),
+                                       min_size=cell_rows, max_size=cell_rows)))
+    pixels = mask[np.arange(height)[:, None] * cell_rows // height, np.arange(width)[None, :] * cell_cols // width]
+    intervals = st.tuples(st.integers(0, 40), st.integers(0, 40))
+    rows = np.array(data.draw(st.lists(intervals, min_size=1, max_size=4)))
+    cols = np.array(data.draw(st.lists(intervals, min_size=1, max_size=4)))
+    rows, cols = np.minimum(rows, height), np.minimum(cols, width)
+    found = Background(mask, height, width).constant(rows, cols)
+    for i, (r0, r1) in enumerate(rows):
+        for j, (c0, c1) in enumerate(cols):
+            assert found[i, j] == bool(pixels[r0:r1, c0:c1].all()), (rows[i], cols[j])
+
+
+def test_a_masked_slide_tells_its_background_and_an_unmasked_one_none():
+    masked = masked_slide()
+    specs, known = described([masked, ((1,), "int64")])
+    assert specs == [((1, 3, SIZE, SIZE), "uint8"), ((1,), "int64")] and list(known) == [0]
+    assert slide(np.zeros((8, 8, 3), dtype=np.uint8)).background() is None
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (6, 7)])
+def test_the_estimate_reuses_what_the_runtime_reuses(grid):
+    """One tiled segment over a slide whose tissue is the top-left corner: the tiles whose cone is
+    all background, all but one per shape class, are the ones the runtime computes once."""
+    torch.manual_seed(0)
+    model = Converted(ResNetHead()).double().eval()
+    masked = masked_slide()
+    count = len(trace(model, [((1, 3, SIZE, SIZE), "uint8")]))
+    graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])
+    blind = plan_for(graph, TINY, "m", segments=[(0, count - 2, grid), (count - 2, count, (1, 1))])
+    known = plan_for(graph, TINY, "m", segments=[(0, count - 2, grid), (count - 2, count, (1, 1))],
+                     backgrounds={graph.input_names[0]: masked.background()})
+    assert known.backgrounds == (graph.input_names[0],) and blind.backgrounds == ()
+    reused = known.segments[0].reused
+    assert blind.segments[0].reused == 0 and 0 < reused < grid[0] * grid[1]
+    assert known.segments[0].estimated_seconds < blind.segments[0].estimated_seconds
+    tiled = tilec.compile(model, [masked], segments=[(0, count - 2, grid), (count - 2, count, (1, 1))],
+                          dtype="float64")
+    want = model(torch.from_numpy(np.ascontiguousarray(masked[...])))
+    assert (tiled(masked) - want).abs().max().item() <= TOLERANCE
+    assert tiled.reuse.passes["segment 0 level 1"][1] == reused
+
+
+def test_a_budget_search_knowing_the_background_batches_the_tissue_tiles_on_a_launch_bound_device():
+    """Where each op call costs far more than its FLOPs (a GPU's launches) and the background is
+    known (scattered specks of tissue), the search takes finer tiles, most of them computed once,
+    and stacks the others; blind to it, a coarser grid one tile at a time is fastest (stacked tiles
+    hold more than a coarser grid of as many calls, and compute more halo)."""
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 2))
+    model = Converted(body).double().eval()
+    image = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    masked = slide(image).masked(np.random.default_rng(1).random((32, 32)) < 0.02)
+    graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])
+    launch_bound = Target(speed=Speed(flop_rate=1e13, call_seconds=1e-4, copy_rate=1e11), kernel_state=256)
+    known = choose(graph, launch_bound, 1 << 20, "float64", {graph.input_names[0]: masked.background()})
+    blind = choose(graph, launch_bound, 1 << 20, "float64")
+    assert max(c.batch for c in blind.segments) == 1
+    tiled_known = [c for c in known.segments if c.mode == "tiled"]
+    assert max(c.batch for c in tiled_known) > 1, known.segments
+    assert max(c.grid for c in tiled_known) > max(c.grid for c in blind.segments if c.mode == "tiled")
+    assert known.seconds < blind.seconds
+    tiled = tilec.compile(model, [masked], segments=[tuple(c) for c in known.segments], dtype="float64")
+    want = model(torch.from_numpy(np.ascontiguousarray(masked[...])))
+    assert (tiled(masked) - want).abs().max().item() <= TOLERANCE
+    assert sum(reused for _, reused in tiled.reuse.passes.values()) > 0
