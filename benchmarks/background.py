@@ -1,7 +1,7 @@
 """Background tiles computed once: one plan, a slide mostly background against the same slide textured.
 
     python benchmarks/background.py --model examples/resnet50.py --size 8192 --budget 4GiB \\
-        --backgrounds 0 0.7 --repeats 2
+        --backgrounds 0 0.7 --repeats 2 [--known] [--warmup 0]
 
 The model file's ``model()`` is wrapped to read a uint8 slide and convert it itself
 (``image.to(float32) / 255``). The driver plans it once (``--budget`` bytes, or ``--grid RxC``) for
@@ -10,10 +10,13 @@ it writes a uint8 ``.npy`` slide: random texture (the same seed for every fracti
 ``f`` of the columns are set to one colour, touching the top, right and bottom borders; and it runs
 each fraction in a process of its own (``--run``), which memory-maps the slide, builds the
 ``TiledModel`` from the rendered module and times ``--repeats`` steps (forward and ``out.sum()``'s
-backward; the best is reported, after one untimed step that sizes the arenas). Each child prints one
-JSON line: ``step_s`` (best), ``steps_s`` (all), the tiles ran and reused in the last step
-(``TiledModel.reuse``) and the output checksum. The driver prints a table with each step's ratio to
-the first fraction's (give 0 first: the textured slide).
+backward; the best is reported, after ``--warmup`` untimed steps that size the arenas). With
+``--known`` (and ``--budget``), each fraction above 0 also runs a plan chosen knowing where that
+slide is background (``tilec.cost.background``: the estimate counts the tiles computed once), in
+a process of its own. Each child prints one JSON line: ``step_s`` (best), ``steps_s`` (all), the
+tiles ran and reused in the last step (``TiledModel.reuse``) and the output checksum; the driver
+adds the plan's segments and estimate. It prints a table with each step's ratio to the first
+fraction's (give 0 first: the textured slide).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.step import import_file, parse_bytes, parse_grid  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
+from tilec.cost.background import Background  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402
 
@@ -74,42 +78,60 @@ def run(args) -> dict:
     tiled = load_source(args.run.read_text(), "background_tiled").TiledModel(model)
     image = np.load(args.slide, mmap_mode="r")
     times = []
-    for _ in range(args.repeats + 1):
+    for _ in range(args.repeats + args.warmup):
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         out = tiled(image)
         out.sum().backward()
         times.append(time.perf_counter() - start)
-    return {"background": args.background, "step_s": min(times[1:]), "steps_s": times[1:],
+    timed = times[args.warmup:]
+    return {"background": args.background, "step_s": min(timed), "steps_s": timed,
             "tiles_ran": tiled.reuse.ran, "tiles_reused": tiled.reuse.reused, "checksum": float(out.detach().sum())}
+
+
+def background_of(size: int, background: float) -> Background:
+    """Where ``write_slide``'s slide is background: its right ``background`` of the columns."""
+    mask = np.zeros((1, size), dtype=bool)
+    mask[:, size - round(background * size):] = True
+    return Background(mask, size, size)
 
 
 def drive(args) -> list[dict]:
     shape = (1, 3, args.size, args.size)
     model = slide_model(args.model)
     graph = trace(model, [(shape, "uint8")])
-    plan = plan_for(graph, target_for(graph, "float32"), "background", grid=args.grid, memory_budget=args.budget)
+    target = target_for(graph, "float32")
+    blind = plan_for(graph, target, "background", grid=args.grid, memory_budget=args.budget)
     records = []
     with tempfile.TemporaryDirectory() as folder:
-        module = Path(folder) / "background_tiled.py"
-        module.write_text(render(plan))
+        slide = Path(folder) / "slide.npy"
         for background in args.backgrounds:
-            slide = Path(folder) / "slide.npy"
             write_slide(slide, args.size, background)
-            command = [sys.executable, __file__, "--model", str(args.model), "--size", str(args.size),
-                       "--repeats", str(args.repeats), "--run", str(module), "--slide", str(slide),
-                       "--background", str(background)]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            records.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            records[-1]["segments"] = len(plan.segments)
+            plans = [("blind", blind)]
+            if args.known and background > 0:
+                plans.append(("known", plan_for(graph, target, "background", memory_budget=args.budget,
+                                                backgrounds={graph.input_names[0]: background_of(args.size,
+                                                                                                 background)})))
+            for label, plan in plans:
+                module = Path(folder) / "background_tiled.py"
+                module.write_text(render(plan))
+                command = [sys.executable, __file__, "--model", str(args.model), "--size", str(args.size),
+                           "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--run", str(module),
+                           "--slide", str(slide), "--background", str(background)]
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                records.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                records[-1].update(plan=label, segments=[f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}/{s.batch}"
+                                                         for s in plan.segments],
+                                   estimated_s=round(sum(s.estimated_seconds for s in plan.segments), 1))
     return records
 
 
 def table(records: list[dict]) -> str:
     first = records[0]["step_s"]
-    lines = ["| background | step (s) | vs first | tiles ran | tiles reused |", "|---|---|---|---|---|"]
-    lines += [f"| {r['background']:.0%} | {r['step_s']:.2f} | {r['step_s'] / first:.2f}x | {r['tiles_ran']} | "
-              f"{r['tiles_reused']} |" for r in records]
+    lines = ["| background | plan | step (s) | vs first | estimate (s) | tiles ran | tiles reused |",
+             "|---|---|--:|--:|--:|--:|--:|"]
+    lines += [f"| {r['background']:.0%} | {r['plan']} | {r['step_s']:.2f} | {r['step_s'] / first:.2f}x | "
+              f"{r['estimated_s']} | {r['tiles_ran']} | {r['tiles_reused']} |" for r in records]
     return "\n".join(lines)
 
 
@@ -122,12 +144,17 @@ def parse_args(argv=None):
     how.add_argument("--grid", type=parse_grid, help="plan one tiled segment of this grid (ROWSxCOLS)")
     parser.add_argument("--backgrounds", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
+    parser.add_argument("--known", action="store_true",
+                        help="also plan each mostly-background slide knowing its background (with --budget)")
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # a child: the rendered module
     parser.add_argument("--slide", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--background", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run is None and args.budget is None and args.grid is None:
         parser.error("give --budget or --grid")
+    if args.known and args.budget is None:
+        parser.error("--known plans for a budget: give --budget")
     return args
 
 

@@ -98,6 +98,7 @@ class Estimator:
         self.rollable = cache(self._rollable)
         self.partials = cache(self._partials)
         self.constant_tiles = cache(self._constant_tiles)
+        self.input_regions = cache(self._input_regions)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool, batch: int = 1) -> SegmentCost:
@@ -145,22 +146,33 @@ class Estimator:
         read ahead, fewer calls of larger kernels."""
         facts, nodes = self.facts, self.facts.nodes
         simulated = self.program(first, stop, True)
+        tiles = rows.parts * cols.parts
         constant = self.constant_tiles(first, stop, rows.parts, cols.parts)
         if batch == 1 and constant is None:
-            calls_made, largest, sizes_run, reused = rows.parts * cols.parts, 1, (1,), 0
+            forward_made = backward_made = (tiles, 1, (1,), 0)
         else:
-            members = frozenset(self.graph.order[first:stop])
-            calls_made, largest, sizes_run, reused = _calls(
-                _class_ids(simulated, rows, members), _class_ids(simulated, cols, members), batch, constant)
+            members = self.graph.order[first:stop]
+            ids = _class_ids(simulated, rows, members), _class_ids(simulated, cols, members)
+            forward_made = _calls(*ids, batch, constant)
+            # backward, identical tiles are computed once only where their owned output gradients are
+            # the same: a segment whose outputs are all reductions' results (global pooling, a loss)
+            uniform = not any(self.graph.is_image(name) for name in self.graph.outputs_of(first, stop))
+            backward_made = forward_made if uniform or constant is None else _calls(*ids, batch)
+        largest = max(forward_made[1], backward_made[1])
+        sizes_run = sorted({*forward_made[2], *backward_made[2]})
+        reused = forward_made[3]
         sizes = self._pair_bytes(simulated, rows, cols) * largest
         outputs, in_grad, fixed = self.boundary(first, stop)
-        flops, flop_seconds, calls, halo = self.sweep_work(first, stop, rows, cols, calls_made)
-        flop_seconds *= 1 - reused / (rows.parts * cols.parts)
+        flops, forward_seconds, backward_seconds, forward_calls, backward_calls, halo = self.sweep_work(
+            first, stop, rows, cols, backward_made[0] + backward_made[3])
+        flop_seconds = (forward_seconds * (1 - forward_made[3] / tiles)
+                        + backward_seconds * (1 - backward_made[3] / tiles))
+        calls = forward_calls * forward_made[0] + backward_calls * backward_made[0]
         # every call copies its convolutions' weights: forward (once where packed), autograd re-run, backward
         packed = self.packed_bytes(first, stop)
-        copied_weights = packed + calls_made * sum(
+        copied_weights = packed + sum(
             (1 if nodes[p].packed else 2) * nodes[p].weight_copies + nodes[p].backward_weight_copies
-            for p in range(first, stop))
+            for p in range(first, stop)) * backward_made[0]
         copied = outputs + 2 * in_grad + copied_weights
         rollable = self.rollable(first)
         bands = [(name, _band(rows, name, readers)) for name, readers in simulated.slices if name in rollable]
@@ -197,15 +209,20 @@ class Estimator:
             return None
         if any(not graph.nodes[name].tileable for name in graph.order[:stop]):
             return None
-        regions = [cone(graph, 0, stop, axis, [parts]).regions for axis, parts in ((0, row_parts), (1, col_parts))]
+        regions = [self.input_regions(stop, 0, row_parts), self.input_regions(stop, 1, col_parts)]
         images = [name for name in graph.input_names if graph.is_image(name) and name in regions[0]]
         if not images or any(name not in self.backgrounds for name in images):
             return None
         constant = np.ones((row_parts, col_parts), dtype=bool)
         for name in images:
-            rows, cols = (np.stack(region[name], axis=1) for region in regions)
-            constant &= self.backgrounds[name].constant(rows, cols)
+            constant &= self.backgrounds[name].constant(regions[0][name], regions[1][name])
         return constant
+
+    def _input_regions(self, stop: int, axis: int, parts: int) -> dict[str, np.ndarray]:
+        """Per model input the run ``[0, stop)`` reads, each of ``parts`` tiles' ``(start, stop)``
+        of it on ``axis``: the hull of its cone's reads (``tilec.cone``)."""
+        regions = cone(self.graph, 0, stop, axis, [parts]).regions
+        return {name: np.stack(regions[name], axis=1) for name in self.graph.input_names if name in regions}
 
     def _partials(self, first: int, stop: int) -> int:
         """Bytes of the merged partials of the reductions of segment ``[first, stop)``, which the
@@ -225,12 +242,13 @@ class Estimator:
         return 2 * round(float(sizes[:, columns].sum(axis=1).max())) if columns and len(sizes) else 0
 
     def sweep_work(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays,
-                   calls_made: int | None = None) -> tuple[float, float, int, float]:
-        """FLOPs, their seconds at each node's rate, op calls and the halo's FLOP ratio of one step
-        of a tiled segment whose tiles run in ``calls_made`` calls (default: one each): every
-        forward sweep (``tilec.sweeps``: per level, what its partials need; then the image outputs,
-        if any), and in backward every recompute sweep (per swept level that is not direct, and the
-        last) and the back-propagation of what depends on what it differentiates: into the
+                   calls_made: int | None = None) -> tuple[float, float, float, int, int, float]:
+        """FLOPs, their seconds at each node's rate (forward, backward), op calls per call of a
+        tile function (forward, backward) and the halo's FLOP ratio of one step of a tiled segment
+        whose tiles run in ``calls_made`` calls a pass (default: one each, which sizes the kernels):
+        every forward sweep (``tilec.sweeps``: per level, what its partials need; then the image
+        outputs, if any), and in backward every recompute sweep (per swept level that is not direct,
+        and the last) and the back-propagation of what depends on what it differentiates: into the
         parameters as well in the last sweep only."""
         facts, graph = self.facts, self.graph
         calls_made = rows.parts * cols.parts if calls_made is None else calls_made
@@ -245,20 +263,22 @@ class Estimator:
         backward = facts.backward_flops[first:stop] * images * halo
         input_backward = facts.input_backward_flops[first:stop] * images * halo
         has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
-        work = backward + tiled_per_node * (1 + has_images)  # FLOPs per node over the step
-        calls = (stop - first) * (2 + has_images)
+        forward = tiled_per_node * has_images  # FLOPs per node over the step's forward sweeps
+        work = backward + tiled_per_node  # and over its backward sweeps
+        forward_calls, calls = (stop - first) * has_images, (stop - first) * 2
         for level in levels(graph, first, stop):
             if level.index == 0 or level.direct:
                 continue
             needed = [p - first for p in prefix(graph, first, stop, level)]
-            work[needed] += tiled_per_node[needed]
-            calls += len(needed)
+            forward[needed] += tiled_per_node[needed]
+            forward_calls += len(needed)
             if level.swept:
                 after = [p - first for p in dependents(graph, first, stop, level)]
                 work += tiled_per_node
                 work[after] += input_backward[after]
                 calls += (stop - first) + len(after)
-        return float(work.sum()), float((work * per_second).sum()), calls_made * calls, halo
+        return (float(forward.sum() + work.sum()), float((forward * per_second).sum()),
+                float((work * per_second).sum()), forward_calls, calls, halo)
 
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
@@ -363,16 +383,16 @@ def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
     return set(zip(length.tolist(), (arrays.padded[:, column] - length).tolist(), strict=True))
 
 
-def _class_ids(program: Program, arrays: AxisArrays, members: frozenset[str]) -> np.ndarray:
+def _class_ids(program: Program, arrays: AxisArrays, members: Sequence[str]) -> np.ndarray:
     """Per tile of one axis, in order, a number shared by the tiles whose lengths are all equal and
     whose reads of the segment's nodes ``members`` touch the same ends of what they read (what their
     shape class is, as far as the cost model sees it: a first and a last tile may have equal
     lengths, padded at opposite ends)."""
     ends = [np.stack([start[arrays.tiles] == 0, stop[arrays.tiles] == stop.max()], axis=1)
-            for name, reads in arrays.reads.items() if name in members for _, start, stop in reads]
-    table = np.concatenate([_table(program, arrays), *ends], axis=1)
-    _, ids = np.unique(table, axis=0, return_inverse=True)
-    return ids.reshape(-1)
+            for name in members for _, start, stop in arrays.reads.get(name, ())]
+    table = np.ascontiguousarray(np.concatenate([_table(program, arrays), *ends], axis=1))
+    seen: dict[bytes, int] = {}
+    return np.array([seen.setdefault(row.tobytes(), len(seen)) for row in table], dtype=np.int64)
 
 
 def _calls(row_ids: np.ndarray, col_ids: np.ndarray, batch: int,
