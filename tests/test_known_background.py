@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_reuse import Slide
 from torch import nn
 
 import tilec
@@ -22,17 +23,6 @@ from support.zoo import TINY, ResNetHead
 
 SIZE = 256
 BACKGROUND = 245
-
-
-class Converted(nn.Module):
-    """``body`` on a uint8 slide it converts itself (``/ 255``, in float64)."""
-
-    def __init__(self, body: nn.Module):
-        super().__init__()
-        self.body = body
-
-    def forward(self, image):
-        return self.body(image.to(torch.float64) / 255)
 
 
 def masked_slide(tissue=(slice(0, 9), slice(0, 12)), cells=32):
@@ -72,7 +62,7 @@ def test_the_estimate_reuses_what_the_runtime_reuses(grid):
     """One tiled segment over a slide whose tissue is the top-left corner: the tiles whose cone is
     all background, all but one per shape class, are the ones the runtime computes once."""
     torch.manual_seed(0)
-    model = Converted(ResNetHead()).double().eval()
+    model = Slide(ResNetHead()).double().eval()
     masked = masked_slide()
     count = len(trace(model, [((1, 3, SIZE, SIZE), "uint8")]))
     graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])
@@ -99,7 +89,7 @@ def test_a_budget_search_knowing_the_background_batches_the_tissue_tiles_on_a_la
     body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(8, 2))
-    model = Converted(body).double().eval()
+    model = Slide(body).double().eval()
     image = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
     masked = slide(image).masked(np.random.default_rng(1).random((32, 32)) < 0.02)
     graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])

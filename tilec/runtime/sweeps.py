@@ -153,6 +153,38 @@ def share_pairs(kind, merged_part, grads, part):
     return [(t, g) for t, g in zip(own, grads, strict=True) if g is not None and t.requires_grad]
 
 
+def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
+    """The tiles of one forward pass of ``segment`` in the order this process runs them: a tile
+    whose key (``keys``, ``tilec.runtime.reuse``) an earlier one had is reused
+    (``reuse(key, row, col)``); a key's first tile that runs by itself (``alone``) is one call
+    ``run_call([(index, row, col, slices)], key)``; the others, consecutive tiles of one shape class,
+    ``segment.batch`` per call (``run_call(batch, None)``; one by one for a ``direct`` level, which
+    reads owned slices and no tile's). Progress is reported under ``label``."""
+    progress, known, pending = Progress(run, label, segment.count(run.group)), set(), Pending(
+        1 if direct else segment.batch)
+
+    def flush():
+        if pending:
+            batch = pending.take()
+            run_call(batch, None)
+            progress.ran(len(batch))
+
+    for index, row, col in segment.tiles(run.group, xs, owned=direct):
+        tile, key = (None, None) if direct else read_tile(segment, xs, keys, index, row, col)
+        if key is not None and key in known:
+            reuse(key, row, col)
+            progress.reused()
+        elif alone(segment, key):
+            run_call([(index, row, col, tile)], key)
+            known.add(key)
+            progress.ran(1)
+        else:
+            if not pending.fits(row, col):
+                flush()
+            pending.add((index, row, col, tile))
+    flush()
+
+
 def alone(segment, key):
     """Whether a forward pass runs a tile whose ``key`` no tile before it had by itself, so that the
     later tiles of its key reuse it (``tilec.runtime.reuse``): every such tile of a segment running
@@ -202,11 +234,9 @@ class Tiled(torch.autograd.Function):
 
     @staticmethod
     def partials(segment, level, run, xs, bs, p, arena, r, keys):
-        """One forward sweep: per reduction of ``level``, the tiles' partials merged as the tiles run
-        (and over the ranks of a group), which the step keeps for its backward. A tile whose key
-        (``keys``, ``tilec.runtime.reuse``) an earlier one had merges that one's partials; a key's
-        first tile runs by itself (``alone``), the others ``segment.batch`` at a time
-        (``tilec.runtime.batches``)."""
+        """One forward sweep (``forward_pass``): per reduction of ``level``, the tiles' partials merged
+        as the tiles run (and over the ranks of a group), which the step keeps for its backward; a
+        reused tile merges its key's first tile's partials."""
         def partial(batch):
             arena.reset()
             _, row, col, tile = batch[0]
@@ -216,31 +246,20 @@ class Tiled(torch.autograd.Function):
             found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col))
             return batch_partials(found, len(batch), level.merges)
 
-        progress = Progress(run, f"{segment.label} level {level.index}", segment.count(run.group))
-        found, known, pending = None, {}, Pending(1 if level.direct else segment.batch)
+        found, known = None, {}
 
-        def flush():
+        def run_call(batch, key):
             nonlocal found
-            if pending:
-                batch = pending.take()
-                found = merge_tile(found, partial(batch), level.merges)
-                progress.ran(len(batch))
+            part = partial(batch)
+            if key is not None:  # kept past the arena's reset
+                known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)
+            found = merge_tile(found, part, level.merges)
 
-        for index, row, col in segment.tiles(run.group, xs, owned=level.direct):
-            tile, key = (None, None) if level.direct else read_tile(segment, xs, keys, index, row, col)
-            if key is not None and key in known:
-                found = merge_tile(found, known[key], level.merges)
-                progress.reused()
-            elif alone(segment, key):
-                part = partial([(index, row, col, tile)])
-                known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)  # past the arena's reset
-                found = merge_tile(found, part, level.merges)
-                progress.ran(1)
-            else:
-                if not pending.fits(row, col):
-                    flush()
-                pending.add((index, row, col, tile))
-        flush()
+        def reuse(key, row, col):
+            nonlocal found
+            found = merge_tile(found, known[key], level.merges)
+
+        forward_pass(segment, run, xs, keys, f"{segment.label} level {level.index}", level.direct, run_call, reuse)
         if run.group is not None:
             like = found
             if like is None:  # a rank without tiles here: one tile tells the partials' shapes
@@ -251,13 +270,11 @@ class Tiled(torch.autograd.Function):
 
     @staticmethod
     def images(segment, run, xs, bs, p, arena, r, keys):
-        """The last forward sweep: the image outputs, every tile writing its owned parts; a tile whose
-        key (``keys``, ``tilec.runtime.reuse``) an earlier one had copies that one's parts. A key's
-        first tile runs by itself (``alone``), the others ``segment.batch`` at a time
-        (``tilec.runtime.batches``)."""
-        group, outs = run.group, None
+        """The last forward sweep (``forward_pass``): the image outputs, every tile writing its owned
+        parts; a reused tile copies its key's first tile's."""
+        group, outs, first = run.group, None, {}
 
-        def compute(batch):
+        def run_call(batch, key):
             nonlocal outs
             arena.reset()
             _, row, col, _ = batch[0]
@@ -268,33 +285,15 @@ class Tiled(torch.autograd.Function):
             for k, (out, (_, spatial, _), part) in enumerate(zip(outs, segment.images, parts, strict=True)):
                 for (_, tile_row, tile_col, _), piece in zip(batch, unstacked(part, len(batch)), strict=True):
                     narrow(out, spatial, tile_row[1][k], tile_col[1][k]).copy_(piece)
+            if key is not None:
+                first[key] = row[1], col[1]
 
-        progress = Progress(run, f"{segment.label} forward", segment.count(group))
-        known, pending = {}, Pending(segment.batch)
+        def reuse(key, row, col):
+            for out, (_, spatial, _), rows, cols, source_rows, source_cols in zip(
+                    outs, segment.images, row[1], col[1], *first[key], strict=True):
+                narrow(out, spatial, rows, cols).copy_(narrow(out, spatial, source_rows, source_cols))
 
-        def flush():
-            if pending:
-                batch = pending.take()
-                compute(batch)
-                progress.ran(len(batch))
-
-        for index, row, col in segment.tiles(group, xs):
-            tile, key = read_tile(segment, xs, keys, index, row, col)
-            if key is not None and key in known:
-                first_rows, first_cols = known[key]
-                for out, (_, spatial, _), rows, cols, source_rows, source_cols in zip(
-                        outs, segment.images, row[1], col[1], first_rows, first_cols, strict=True):
-                    narrow(out, spatial, rows, cols).copy_(narrow(out, spatial, source_rows, source_cols))
-                progress.reused()
-            elif alone(segment, key):
-                known[key] = row[1], col[1]
-                compute([(index, row, col, tile)])
-                progress.ran(1)
-            else:
-                if not pending.fits(row, col):
-                    flush()
-                pending.add((index, row, col, tile))
-        flush()
+        forward_pass(segment, run, xs, keys, f"{segment.label} forward", False, run_call, reuse)
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
