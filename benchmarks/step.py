@@ -15,7 +15,8 @@ Variants:
               top-level children named by ``--checkpoint-modules`` (default: every direct child
               holding two or more convolutions, e.g. ResNet's four stages);
   tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
-              ``--tilec-segments``;
+              ``--tilec-segments``; ``--tiles-per-call K`` stacks up to K tiles of one shape
+              class per call (``tilec compile --batch``);
   auto        tilec planning for ``--budget`` bytes (``memory_budget``).
 For tilec and auto the JSON line also has the plan's segments, ``predicted_peak_bytes`` (of a
 first step), ``kernel_state_bytes`` (of it, what the first step creates and later steps find) and
@@ -274,7 +275,8 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "tilec", "compile", str(args.model.resolve()), "--attr", args.attr,
                    "--input-shape", ",".join(map(str, shape)), "--name", "model", "--out-dir", out,
-                   "--plan-dir", out, *compile_flags(**how), *(["--autocast", autocast] if autocast else [])]
+                   "--plan-dir", out, *compile_flags(**how), *(["--autocast", autocast] if autocast else []),
+                   *(["--batch", str(args.tiles_per_call)] if args.tiles_per_call else [])]
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         if done.returncode:
             message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
@@ -291,6 +293,7 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["kernel_state_bytes"] = plan.kernel_state_bytes
     record["plan_segments"] = [segment_text(s) for s in plan.segments]
+    record["tiles_per_call"] = [s.batch for s in plan.segments]
     record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)
     return tiled
 
@@ -374,6 +377,7 @@ def parse_args(argv=None):
     parser.add_argument("--tilec-segments", type=parse_segments, metavar="FIRST:STOP:RxC,...",
                         help="tilec with explicit fused segments instead of --grid, e.g. 0:17:16x16,17:31:4x4")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
+    parser.add_argument("--tiles-per-call", type=int, help="tilec: stack up to K tiles of one class per call")
     parser.add_argument("--checkpoint-modules", type=lambda text: text.split(","), metavar="NAME,...",
                         help="children to checkpoint for a non-Sequential model (default: those with >= 2 convs)")
     parser.add_argument("--budget", type=parse_bytes, help="memory budget for auto, e.g. 2GiB")

@@ -13,6 +13,7 @@ from torch import nn
 import tilec
 from tilec.cost.background import Background
 from tilec.pipeline import described, plan_for
+from tilec.report import describe_plan
 from tilec.search import choose
 from tilec.slides import slide
 from tilec.target import Speed, Target
@@ -105,3 +106,13 @@ def test_a_budget_search_knowing_the_background_batches_the_tissue_tiles_on_a_la
     want = model(torch.from_numpy(np.ascontiguousarray(masked[...])))
     assert (tiled(masked) - want).abs().max().item() <= TOLERANCE
     assert sum(reused for _, reused in tiled.reuse.passes.values()) > 0
+
+
+def test_inspect_says_what_the_estimate_left_out():
+    torch.manual_seed(0)
+    model = Slide(ResNetHead()).double().eval()
+    graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])
+    planned = plan_for(graph, TINY, "m", grid=(8, 8), backgrounds={graph.input_names[0]: masked_slide().background()})
+    caption = describe_plan(planned).caption
+    assert f"background of {graph.input_names[0]} known when compiling" in caption
+    assert f"{planned.segments[0].reused} of segment 0's 64" in caption

@@ -116,6 +116,13 @@ def describe_plan(plan: Plan) -> Table:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
             f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))
     captions += clipped_grids(plan)
+    if plan.backgrounds:
+        captions.append(f"background of {', '.join(plan.backgrounds)} known when compiling: the estimate leaves "
+                        "out the tiles that reuse an identical one, " + "; ".join(
+                            f"{s.reused} of segment {s.index}'s {s.grid[0] * s.grid[1]}"
+                            for s in plan.segments if s.reused)
+                        if any(s.reused for s in plan.segments) else
+                        f"background of {', '.join(plan.backgrounds)} known when compiling: no tile lies wholly in it")
     captions += modes(plan)
     captions += [f"segment {s.index} reduces by sweeps: " + "; ".join(_level(level) for level in s.levels)
                  for s in plan.segments if s.levels]
