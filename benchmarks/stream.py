@@ -9,7 +9,8 @@ first if missing, band by band), read through ``np.load(mmap_mode="r")`` as the 
 array the model takes (``--source disk``), or loaded whole into a uint8 tensor (``--source
 memory``), or written once more as a pyramidal tiled TIFF (deflate-compressed 256-pixel tiles,
 ``train_slide.write_tiff``) and read through ``tilec.slide`` (``--source tiff``, tifffile through
-zarr; ``--mask``: the background outside the tissue made white). The model converts it to
+zarr; ``--mask``: the background outside the tissue made white, and the plan made knowing where,
+as ``tilec.compile`` plans for a masked slide). The model converts it to
 normalised float itself and returns its cross-entropy loss against a slide label, a second input:
 
   resnet50  ``examples/resnet50.py`` (frozen BatchNorm, two classes);
@@ -165,6 +166,8 @@ def write_module(args, model: nn.Module) -> None:
     target = target_for(graph, "float32")
     if args.device == "cuda":
         target = replace(target, device="cuda")
+    if args.mask:
+        how["backgrounds"] = {graph.inputs[0].name: tilec.slide(args.dir / f"slide_{args.size}.tif").masked().background()}
     plan = plan_for(graph, target, "slide", **how)
     module_path = args.write_module / "slide_tiled.py"
     write_files({args.write_module / "slide.plan.json": dumps(plan), module_path: render(plan)})
