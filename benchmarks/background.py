@@ -1,7 +1,7 @@
 """Background tiles computed once: one plan, a slide mostly background against the same slide textured.
 
     python benchmarks/background.py --model examples/resnet50.py --size 8192 --budget 4GiB \\
-        --backgrounds 0 0.7 --repeats 2 [--known] [--warmup 0]
+        --backgrounds 0 0.7 --repeats 2 [--known 0.7] [--warmup 0]
 
 The model file's ``model()`` is wrapped to read a uint8 slide and convert it itself
 (``image.to(float32) / 255``). The driver plans it once (``--budget`` bytes, or ``--grid RxC``) for
@@ -11,9 +11,10 @@ it writes a uint8 ``.npy`` slide: random texture (the same seed for every fracti
 each fraction in a process of its own (``--run``), which memory-maps the slide, builds the
 ``TiledModel`` from the rendered module and times ``--repeats`` steps (forward and ``out.sum()``'s
 backward; the best is reported, after ``--warmup`` untimed steps that size the arenas). With
-``--known`` (and ``--budget``), each fraction above 0 also runs a plan chosen knowing where that
-slide is background (``tilec.cost.background``: the estimate counts the tiles computed once), in
-a process of its own. Each child prints one JSON line: ``step_s`` (best), ``steps_s`` (all), the
+``--known F`` (and ``--budget``) the one plan is chosen knowing where the slide of fraction ``F`` is
+background (``tilec.cost.background``: the estimate counts the tiles computed once), as
+``tilec.compile`` plans for a masked slide, and every fraction runs that plan. Each child prints
+one JSON line: ``step_s`` (best), ``steps_s`` (all), the
 tiles ran and reused in the last step (``TiledModel.reuse``) and the output checksum; the driver
 adds the plan's segments and estimate. It prints a table with each step's ratio to the first
 fraction's (give 0 first: the textured slide).
@@ -85,8 +86,10 @@ def run(args) -> dict:
         out.sum().backward()
         times.append(time.perf_counter() - start)
     timed = times[args.warmup:]
+    reuse = getattr(tiled, "reuse", None)  # None: a module rendered before tiles were reused
     return {"background": args.background, "step_s": min(timed), "steps_s": timed,
-            "tiles_ran": tiled.reuse.ran, "tiles_reused": tiled.reuse.reused, "checksum": float(out.detach().sum())}
+            "tiles_ran": reuse and reuse.ran, "tiles_reused": reuse and reuse.reused,
+            "checksum": float(out.detach().sum())}
 
 
 def background_of(size: int, background: float) -> Background:
@@ -101,28 +104,23 @@ def drive(args) -> list[dict]:
     model = slide_model(args.model)
     graph = trace(model, [(shape, "uint8")])
     target = target_for(graph, "float32")
-    blind = plan_for(graph, target, "background", grid=args.grid, memory_budget=args.budget)
+    known = {} if args.known is None else {graph.input_names[0]: background_of(args.size, args.known)}
+    plan = plan_for(graph, target, "background", grid=args.grid, memory_budget=args.budget, backgrounds=known)
+    label = "blind" if args.known is None else f"knowing {args.known:.0%}"
     records = []
     with tempfile.TemporaryDirectory() as folder:
-        slide = Path(folder) / "slide.npy"
+        slide, module = Path(folder) / "slide.npy", Path(folder) / "background_tiled.py"
+        module.write_text(render(plan))
         for background in args.backgrounds:
             write_slide(slide, args.size, background)
-            plans = [("blind", blind)]
-            if args.known and background > 0:
-                plans.append(("known", plan_for(graph, target, "background", memory_budget=args.budget,
-                                                backgrounds={graph.input_names[0]: background_of(args.size,
-                                                                                                 background)})))
-            for label, plan in plans:
-                module = Path(folder) / "background_tiled.py"
-                module.write_text(render(plan))
-                command = [sys.executable, __file__, "--model", str(args.model), "--size", str(args.size),
-                           "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--run", str(module),
-                           "--slide", str(slide), "--background", str(background)]
-                done = subprocess.run(command, capture_output=True, text=True, check=True)
-                records.append(json.loads(done.stdout.strip().splitlines()[-1]))
-                records[-1].update(plan=label, segments=[f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}/{s.batch}"
-                                                         for s in plan.segments],
-                                   estimated_s=round(sum(s.estimated_seconds for s in plan.segments), 1))
+            command = [sys.executable, __file__, "--model", str(args.model), "--size", str(args.size),
+                       "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--run", str(module),
+                       "--slide", str(slide), "--background", str(background)]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            records.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            records[-1].update(plan=label, segments=[f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}/{s.batch}"
+                                                     for s in plan.segments],
+                               estimated_s=round(sum(s.estimated_seconds for s in plan.segments), 1))
     return records
 
 
@@ -145,15 +143,15 @@ def parse_args(argv=None):
     parser.add_argument("--backgrounds", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
-    parser.add_argument("--known", action="store_true",
-                        help="also plan each mostly-background slide knowing its background (with --budget)")
+    parser.add_argument("--known", type=float, metavar="F",
+                        help="plan knowing where the slide of background fraction F is background (with --budget)")
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # a child: the rendered module
     parser.add_argument("--slide", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--background", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run is None and args.budget is None and args.grid is None:
         parser.error("give --budget or --grid")
-    if args.known and args.budget is None:
+    if args.known is not None and args.budget is None:
         parser.error("--known plans for a budget: give --budget")
     return args
 

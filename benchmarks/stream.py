@@ -167,7 +167,8 @@ def write_module(args, model: nn.Module) -> None:
     if args.device == "cuda":
         target = replace(target, device="cuda")
     if args.mask:
-        how["backgrounds"] = {graph.inputs[0].name: tilec.slide(args.dir / f"slide_{args.size}.tif").masked().background()}
+        masked = tilec.slide(args.dir / f"slide_{args.size}.tif").masked()
+        how["backgrounds"] = {graph.inputs[0].name: masked.background()}
     plan = plan_for(graph, target, "slide", **how)
     module_path = args.write_module / "slide_tiled.py"
     write_files({args.write_module / "slide.plan.json": dumps(plan), module_path: render(plan)})
