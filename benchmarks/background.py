@@ -15,8 +15,8 @@ backward; the best is reported, after ``--warmup`` untimed steps that size the a
 background (``tilec.cost.background``: the estimate counts the tiles computed once), as
 ``tilec.compile`` plans for a masked slide, and every fraction runs that plan. Each child prints
 one JSON line: ``step_s`` (best), ``steps_s`` (all), the tiles ran and reused in the last step
-(``TiledModel.reuse``) and the output checksum; the driver adds the plan's segments and estimate. It prints a table with each step's ratio to the first
-fraction's (give 0 first: the textured slide).
+(``TiledModel.reuse``) and the output checksum; the driver adds the plan's segments and estimate.
+It prints a table with each step's ratio to the first fraction's (give 0 first: the textured slide).
 """
 
 from __future__ import annotations
