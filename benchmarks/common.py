@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -25,6 +26,17 @@ TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "THP_MEM_ALLOC_ENABLE": "1"}
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def covered(intervals) -> float:
+    """The length of the union of half-open intervals ``(start, stop)``: of a step's GPU
+    activities, the time some kernel or copy ran."""
+    total, reach = 0, -math.inf
+    for start, stop in sorted(intervals):
+        if stop > reach:
+            total += stop - max(start, reach)
+            reach = stop
+    return total
 
 
 def add_malloc_option(parser) -> None:

@@ -44,7 +44,8 @@ def budget_bytes(budget: str, plain: dict | None) -> int:
 
 def point(args, size: int, variant: str, **options) -> Point:
     """One point of this run: the run's model, step options and allocator unless overridden."""
-    extra = ("--grad", args.grad, "--repeats", str(args.repeats))
+    extra = ("--grad", args.grad, "--repeats", str(args.repeats), *(("--busy",) if args.busy else ()),
+             *(("--autocast", args.autocast) if args.autocast else ()))
     return Point(args.model, size, variant, extra=extra, **{"malloc": args.malloc, **options})
 
 
@@ -64,15 +65,18 @@ def points(args, size: int, plain: dict | None) -> list[Point]:
 
 
 def table(records: list[dict]) -> str:
-    """One row per record; on CUDA the peak is ``max_memory_allocated``'s growth, and a column
-    after it gives ``max_memory_reserved``'s (first step / last step)."""
+    """One row per record; on CUDA the peak is ``max_memory_allocated``'s growth, a column after it
+    gives ``max_memory_reserved``'s (first step / last step), and two after the step's wall time its
+    megapixels per second and the share of a profiled step's wall time the GPU was busy (``--busy``)."""
     cuda = any(r.get("reserved_bytes") is not None for r in records)
     lines = [
         "| image | variant | peak memory (MiB) | " + ("reserved, first / last (MiB) | " if cuda else "")
         + "code paged in (MiB) | later step (MiB) | predicted (MiB) "
-        "| step wall (s) | step CPU (s) | memory / plain | wall / plain | CPU / plain | memory / checkpoint "
+        "| step wall (s) | " + ("Mpx/s | GPU busy | " if cuda else "")
+        + "step CPU (s) | memory / plain | wall / plain | CPU / plain | memory / checkpoint "
         "| wall / checkpoint | CPU / checkpoint | CPU stall | grads = plain's |",
-        "|---|---|--:|" + ("--:|" if cuda else "") + "--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "|---|---|--:|" + ("--:|" if cuda else "") + "--:|--:|--:|--:|" + ("--:|--:|" if cuda else "")
+        + "--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for size in sorted({r["size"] for r in records}):
         rows = [r for r in records if r["size"] == size]
@@ -85,19 +89,22 @@ def table(records: list[dict]) -> str:
             if "error" in r or "skipped" in r:
                 why = r.get("error") or r.get("skipped")
                 lines.append(f"| {size}² | {label} | {'failed' if 'error' in r else 'skipped'}: {why} "
-                             + "| " * (14 if cuda else 13) + "|")
+                             + "| " * (16 if cuda else 13) + "|")
                 continue
             mem, sec, cpu = r["peak_bytes"], r["step_s"], r.get("cpu_s")
             vs_plain = r["variant"] != "plain"
             vs_ckpt = r["variant"] in ("tilec", "auto")
             stall = r.get("cpu_stall_fraction")
             reserved = f"{mebibytes(r.get('reserved_bytes'))} / {mebibytes(r.get('last_reserved_bytes'))}"
+            busy = r.get("gpu_busy_fraction")
+            device = [f"{size * size / sec / 1e6:.1f}", f"{busy:.0%}" if busy is not None else "—"]
             cells = [
                 f"{size}²", label, f"{mem / MiB:,.0f}",
                 *([reserved] if cuda else []),
                 mebibytes(r.get("code_paged_in_bytes")),
                 mebibytes(r.get("last_peak_bytes")) if vs_ckpt and len(r.get("times_s", [])) > 1 else "", predicted(r),
                 f"{sec:.1f}",
+                *(device if cuda else []),
                 f"{cpu:.1f}" if cpu is not None else "—",
                 ratio(mem, value(plain, "peak_bytes")) if vs_plain else "",
                 ratio(sec, value(plain, "step_s")) if vs_plain else "",
@@ -192,6 +199,10 @@ def main(argv=None) -> int:
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
     parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
+    parser.add_argument("--autocast", choices=("bfloat16", "float16"),
+                        help="every variant's forward under torch.autocast with this dtype (tilec plans for it)")
+    parser.add_argument("--busy", action="store_true",
+                        help="CUDA: each process also profiles one step for the share of time the GPU was busy")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON results whose matching points are reused")
     parser.add_argument("--max-stall", type=float,
                         help="with --reuse: re-measure points whose CPU stall fraction exceeded this (e.g. 0.2)")

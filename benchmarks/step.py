@@ -46,6 +46,12 @@ the process's CPU time (user + system, all threads; "cpu_s" is the best step's, 
 them) and the fraction of its wall time during which some task waited for a CPU
 ("cpu_stall_fraction", the best step's, from /proc/pressure/cpu; near 0 on an idle machine). A
 tiled module's first step also sizes the arenas of its later ones (``_Arena``).
+
+On CUDA, ``--busy`` runs one more step after the timed ones under ``torch.profiler`` with the
+CUDA activity alone (no CPU-side op events; CUPTI adds its small cost to each launch) and records
+"gpu_busy_fraction": the time some kernel, copy or fill ran on the device (the union of their
+intervals) over that step's wall time, and "busy_step_s", that wall time. It is a lower bound: the
+profiled step is no faster than an unprofiled one.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import covered  # noqa: E402
 from tilec.calibrate import cpu_stall_seconds, reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.errors import BudgetError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
@@ -341,6 +348,24 @@ def one_step(fn, x: torch.Tensor, grad: str, generator: torch.Generator | None, 
     return shape, checksum
 
 
+def gpu_busy(step) -> tuple[float, float]:
+    """``(busy fraction, wall seconds)`` of one call of ``step`` on CUDA (module docstring): kernels,
+    copies and fills count, the profiler's annotations do not."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    intervals = [(event.start_ns(), event.start_ns() + event.duration_ns())
+                 for event in prof.profiler.kineto_results.events()
+                 if event.device_type() == DeviceType.CUDA and not event.is_user_annotation()]
+    return covered(intervals) / 1e9 / wall, wall
+
+
 def warm_up(model: nn.Module, shape, device, autocast: str | None = None) -> None:
     """A tiny forward+backward of the plain model (loads kernels, starts threads), under
     ``torch.autocast`` with dtype ``autocast`` if given (the measured steps' kernels); grads reset."""
@@ -391,6 +416,8 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     parser.add_argument("--no-warmup", action="store_true", help="skip the tiny warm-up step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--busy", action="store_true",
+                        help="CUDA: one more, profiled step for the share of wall time the GPU was busy")
     parser.add_argument("--autocast", choices=("bfloat16", "float16"),
                         help="run every step's forward under torch.autocast with this dtype (tilec plans for it)")
     return parser.parse_args(argv)
@@ -445,6 +472,10 @@ def main(argv=None) -> int:
         meters.append(later)
     times = [m.seconds for m in meters]
     best = meters[times.index(min(times))]
+    busy = busy_seconds = None
+    if args.busy and device.type == "cuda":
+        model.zero_grad(set_to_none=True)
+        busy, busy_seconds = gpu_busy(lambda: one_step(fn, x, args.grad, generator, args.autocast))
 
     record.update(
         peak_bytes=meter.growth,
@@ -457,6 +488,8 @@ def main(argv=None) -> int:
         cpu_s=best.cpu_seconds,
         cpus_s=[m.cpu_seconds for m in meters],
         cpu_stall_fraction=best.stalled,
+        gpu_busy_fraction=busy,
+        busy_step_s=busy_seconds,
         loadavg_1m=os.getloadavg()[0],
         times_s=times,
         memory_method=meter.method,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The CUDA checks in one run, the most important first: the CUDA tests, then the GPU
+# measurements of benchmarks/run.py (float32, each variant in its own process, two steps each,
+# with the share of a profiled step's wall time the GPU was busy, --busy).
+#
+#   bash benchmarks/cuda.sh [SECONDS_PER_PROCESS]
+#
+# The results land in benchmarks/results/*_cuda.{md,json}. Where OUT names a folder, they are
+# also packed into $OUT/cuda.tgz after each measurement, so that what finished is kept when a
+# later one runs out of time. Plain PyTorch is measured at the largest side that fits a card of
+# about 140 GB (ResNet-50 with frozen BatchNorm peaks at about 7 GiB at 2048², so 112 GiB at 8192²).
+# Needs a CUDA build of torch and tilec's dependencies (pyproject.toml) importable.
+set -u
+cd "$(dirname "$0")/.."
+LIMIT=${1:-150}
+PYTHON=${PYTHON:-python3}
+
+pack() {
+    if [ -n "${OUT:-}" ]; then tar czf "$OUT/cuda.tgz" benchmarks/results/*_cuda.* 2>/dev/null; fi
+    return 0
+}
+
+measure() {
+    "$PYTHON" benchmarks/run.py --busy --repeats 2 --timeout "$LIMIT" "$@"
+    pack
+}
+
+timeout "$LIMIT" "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py tests/test_gpu_busy.py
+measure --model examples/resnet50.py --sizes 32768 --variants auto --budget 40GiB,16GiB --name resnet50_32768_cuda
+measure --model examples/resnet50.py --sizes 8192 --variants plain,checkpoint,auto --budget 40GiB \
+    --name resnet50_8192_cuda
+measure --model examples/resnet18.py --sizes 2048 --variants plain,checkpoint,auto --budget 10% \
+    --name resnet18_train_cuda
+measure --model examples/basic_unet.py --sizes 1024 --variants plain,checkpoint,auto --budget 10% \
+    --name basic_unet_train_cuda
+measure --model examples/resnet50.py --sizes 16384 --variants auto --budget 40GiB,16GiB --name resnet50_16384_cuda
+measure --model examples/resnet18.py --sizes 16384 --variants auto --budget 40GiB --name resnet18_train_16384_cuda
+measure --model examples/unet.py --sizes 4096,8192 --variants plain,auto --budget 40GiB --name unet_cuda
