@@ -108,6 +108,29 @@ def test_batched_and_reused_tiles_mix_exactly():
     assert found[1] == found[3] and any(reused for _, reused in found[3].values())
 
 
+def test_a_later_batched_segment_reuses_the_tiles_a_stored_activation_repeats():
+    """Cut in two, the second segment reads an activation whose background tiles are copies of one
+    representative's (keyed by their slices' bits, ``tilec.runtime.reuse``): stacked three at a
+    time, such a tile whose key a later tile of the pass has still runs alone, and the later ones
+    reuse it, as many as one by one, as the estimate counts."""
+    from test_reuse import Slide, _compare, _seeded, _slide
+
+    from support.zoo import ResNetHead
+
+    shape = (1, 3, 110, 97)
+    image = _slide(shape, tissue=(slice(4, 30), slice(6, 25)))
+    found = {}
+    for batch in (1, 3):
+        model = _seeded(Slide(ResNetHead()))
+        count = len(trace(model, [(shape, "uint8")]))
+        tiled = build(model, [(shape, "uint8")], segments=[(0, count // 2, (7, 6)), (count // 2, count, (7, 6))],
+                      batch=batch, dtype="float64")
+        errors = _compare(model, tiled, [image])
+        assert max(errors.values()) <= TOLERANCE, (batch, errors)
+        found[batch] = dict(tiled.reuse.passes)
+    assert found[1] == found[3] and found[3]["segment 1 level 1"][1] > 0, found
+
+
 def test_segments_whose_tiles_cannot_stack_run_one_by_one():
     """Two samples per image, a global max pooling's index (counted from each tile's origin) and
     element-wise dropout (masks by absolute position) keep batch 1; the plan says so."""

@@ -1923,6 +1923,7 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     reads owned slices and no tile's). Progress is reported under ``label``."""
     progress, known, pending = Progress(run, label, segment.count(run.group)), set(), Pending(
         1 if direct else segment.batch)
+    repeated = set() if direct or segment.batch == 1 else repeated_keys(segment, run, xs, keys)
 
     def flush():
         if pending:
@@ -1935,7 +1936,7 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
         if key is not None and key in known:
             reuse(key, row, col)
             progress.reused()
-        elif alone(segment, key):
+        elif alone(segment, key, repeated):
             run_call([(index, row, col, tile)], key)
             known.add(key)
             progress.ran(1)
@@ -1946,15 +1947,29 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     flush()
 
 
-def alone(segment, key):
+def alone(segment, key, repeated):
     """Whether a forward pass runs a tile whose ``key`` no tile before it had by itself, so that the
     later tiles of its key reuse it (``tilec.runtime.reuse``): every such tile of a segment running
     its tiles one by one; in one that batches them, those whose slices are all constant (the
-    background, where tiles repeat), while a tile keyed by its slices' bit sums, which seldom
-    repeat, runs stacked with its neighbours and is not reused forward."""
+    background, where tiles repeat) and those whose key a later tile of the pass has (``repeated``),
+    while the others run stacked with their neighbours."""
     if key is None:
         return False
-    return segment.batch == 1 or all(kind == "c" for kind, _ in key[3])
+    return segment.batch == 1 or key in repeated or all(kind == "c" for kind, _ in key[3])
+
+
+def repeated_keys(segment, run, xs, keys):
+    """The keys more than one tile of a pass has, found ahead (into ``keys``) from the slices of the
+    sliced inputs where all are tensors in memory; none where one is a ``Source``, whose slices are
+    read once, as the tiles run (its background tiles are constant, and run alone)."""
+    if any(isinstance(x, Source) for x in xs):
+        return set()
+    seen, repeated = set(), set()
+    for index, row, col in segment.tiles(run.group):
+        _, key = read_tile(segment, xs, keys, index, row, col)
+        if key is not None:
+            (repeated if key in seen else seen).add(key)
+    return repeated
 
 
 def scaled(pairs, k):
