@@ -2,8 +2,8 @@
 and counted.
 
 A uint8 slide whose background is one colour (the model converts it itself) is tiled; tiles of one
-shape class whose whole read region is background are computed once, forward and, where their
-gradients are the same, backward. Every test compares the outputs and every parameter gradient
+shape class whose whole read region is background are computed once, forward and backward (where an
+input gradient is wanted, only tiles whose output gradients are the same). Every test compares the outputs and every parameter gradient
 (and the input gradient where the input is float) with the untiled step, and asserts how many tiles
 were reused.
 """
@@ -138,15 +138,51 @@ def test_unet_loss_against_a_mask_with_a_constant_background_label(grid):
     assert _passes(tiled, "backward")[1] > 0, tiled.reuse.passes  # the loss's gradient is the same per pixel
 
 
-def test_a_feature_map_output_reuses_the_forward_only():
-    """A random output gradient differs per position: members are back-propagated one by one."""
+def test_a_feature_map_output_with_a_random_gradient_reuses_backward_where_no_input_gradient_is_wanted():
+    """A random output gradient differs per position: a representative back-propagates the sum of
+    its members' gradients (backprop is linear), as many tiles as forward."""
     model = _seeded(Slide(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))))
     image = _slide()
     tiled = build(model, [(SHAPE, "uint8")], (6, 5), dtype="float64")
     errors = _compare(model, tiled, [image])
     assert max(errors.values()) <= TOLERANCE, errors
+    forward = _passes(tiled, "forward")
+    assert forward[1] > 0
+    assert _passes(tiled, "backward") == forward
+
+
+def test_a_feature_map_output_with_a_random_gradient_and_a_float_input_runs_members_one_by_one():
+    """Where the input gradient is wanted, each tile needs its own output gradient's: no reuse."""
+    model = _seeded(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1)))
+    image = _slide().to(torch.float64) / 255
+    tiled = build(model, SHAPE, (6, 5), dtype="float64")
+    errors = _compare(model, tiled, [image], float_input=True)
+    assert max(errors.values()) <= TOLERANCE, errors
     assert _passes(tiled, "forward")[1] > 0
     assert _passes(tiled, "backward") == [30, 0]
+
+
+@pytest.mark.parametrize("grid", [(5, 4), (7, 6)])
+def test_a_training_segmentation_network_reuses_every_sweep_that_wants_no_input_gradient(grid):
+    """Two segments with batch statistics by sweeps and a per-pixel output with a random gradient:
+    the backward sweeps of the leaves reuse as many tiles as their forward; so does the first
+    segment's last sweep (the slide wants no gradient), not the second's (its input wants one)."""
+    model = _seeded(Slide(nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))), train=True)
+    image = _slide()
+    count = len(trace(model, [(SHAPE, "uint8")]))
+    tiled = build(model, [(SHAPE, "uint8")], segments=[(0, count - 4, grid), (count - 4, count, grid)],
+                  dtype="float64")
+    errors = _compare(model, tiled, [image])
+    assert max(errors.values()) <= TOLERANCE, errors
+    first, second = (segment.label for segment in tiled_segments(tiled))
+    passes = tiled.reuse.passes
+    assert passes[f"{first} backward sweep"] == passes[f"{first} level 1"], passes
+    assert passes[f"{first} backward"] == passes[f"{first} forward"], passes
+    assert passes[f"{first} backward"][1] > 0, passes
+    assert passes[f"{second} backward sweep"] == passes[f"{second} level 1"], passes
+    assert passes[f"{second} backward"] == [grid[0] * grid[1], 0], passes
 
 
 def _expected_reuse(segment, pixel):

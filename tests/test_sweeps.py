@@ -511,7 +511,7 @@ def test_the_estimate_counts_each_sweep_once():
     assert [(level.index, level.swept) for level in found] == [(1, True), (2, True)]
     estimator = Estimator(graph, REFERENCE, "float32")
     tiles = [AxisArrays.of_tiles(graph, 0, stop, axis_tiles(graph, 0, stop, axis, 1)) for axis in (0, 1)]
-    flops, *_ = estimator.sweep_work(0, stop, *tiles)
+    flops = estimator.sweep_work(0, stop, *tiles).flops
     facts = estimator.facts
     conv = graph.position[graph.order[3]]
     assert facts.backward_flops[conv] == 2 * facts.flops[conv] == 2 * facts.input_backward_flops[conv]

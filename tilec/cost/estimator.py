@@ -78,6 +78,22 @@ class SegmentCost:
         return frozenset(name for name, _ in self.rolls if name in made)
 
 
+@dataclass(frozen=True)
+class SweepWork:
+    """One step of a tiled segment (``Estimator.sweep_work``): its FLOPs; the seconds of those
+    FLOPs at each node's rate in the forward sweeps, the backward's sweeps of the leaves and its
+    last sweep; op calls per call of a tile function in each; and the halo's FLOP ratio."""
+
+    flops: float
+    forward_seconds: float
+    sweep_seconds: float
+    last_seconds: float
+    forward_calls: int
+    sweep_calls: int
+    last_calls: int
+    halo: float
+
+
 class Estimator:
     """Costs of segment choices for one traced graph on one target (module docstring);
     ``backgrounds``: per model input, where it is known to be background (``Background``), so
@@ -149,30 +165,32 @@ class Estimator:
         tiles = rows.parts * cols.parts
         constant = self.constant_tiles(first, stop, rows.parts, cols.parts)
         if batch == 1 and constant is None:
-            forward_made = backward_made = (tiles, 1, (1,), 0)
+            forward_made = last_made = (tiles, 1, (1,), 0)
         else:
             members = self.graph.order[first:stop]
             ids = _class_ids(simulated, rows, members), _class_ids(simulated, cols, members)
             forward_made = _calls(*ids, batch, constant)
-            # backward, identical tiles are computed once only where their owned output gradients are
-            # the same: a segment whose outputs are all reductions' results (global pooling, a loss)
+            # the backward's sweeps compute identical tiles once as the forward does; the last one
+            # only where no sliced input wants a gradient, or the segment's outputs are all
+            # reductions' results (global pooling, a loss), whose owned gradients are the same
             uniform = not any(self.graph.is_image(name) for name in self.graph.outputs_of(first, stop))
-            backward_made = forward_made if uniform or constant is None else _calls(*ids, batch)
-        largest = max(forward_made[1], backward_made[1])
-        sizes_run = sorted({*forward_made[2], *backward_made[2]})
+            inputs_grad = any(facts.needs_grad(self.graph.position[name]) for name, _ in simulated.slices)
+            last_made = forward_made if uniform or not inputs_grad or constant is None else _calls(*ids, batch)
+        largest = max(forward_made[1], last_made[1])
+        sizes_run = sorted({*forward_made[2], *last_made[2]})
         reused = forward_made[3]
         sizes = self._pair_bytes(simulated, rows, cols) * largest
         outputs, in_grad, fixed = self.boundary(first, stop)
-        flops, forward_seconds, backward_seconds, forward_calls, backward_calls, halo = self.sweep_work(
-            first, stop, rows, cols, backward_made[0] + backward_made[3])
-        flop_seconds = (forward_seconds * (1 - forward_made[3] / tiles)
-                        + backward_seconds * (1 - backward_made[3] / tiles))
-        calls = forward_calls * forward_made[0] + backward_calls * backward_made[0]
+        work = self.sweep_work(first, stop, rows, cols, last_made[0] + last_made[3])
+        flops, halo = work.flops, work.halo
+        flop_seconds = ((work.forward_seconds + work.sweep_seconds) * (1 - forward_made[3] / tiles)
+                        + work.last_seconds * (1 - last_made[3] / tiles))
+        calls = (work.forward_calls + work.sweep_calls) * forward_made[0] + work.last_calls * last_made[0]
         # every call copies its convolutions' weights: forward (once where packed), autograd re-run, backward
         packed = self.packed_bytes(first, stop)
         copied_weights = packed + sum(
             (1 if nodes[p].packed else 2) * nodes[p].weight_copies + nodes[p].backward_weight_copies
-            for p in range(first, stop)) * backward_made[0]
+            for p in range(first, stop)) * last_made[0]
         copied = outputs + 2 * in_grad + copied_weights
         rollable = self.rollable(first)
         bands = [(name, _band(rows, name, readers)) for name, readers in simulated.slices if name in rollable]
@@ -242,14 +260,13 @@ class Estimator:
         return 2 * round(float(sizes[:, columns].sum(axis=1).max())) if columns and len(sizes) else 0
 
     def sweep_work(self, first: int, stop: int, rows: AxisArrays, cols: AxisArrays,
-                   calls_made: int | None = None) -> tuple[float, float, float, int, int, float]:
-        """FLOPs, their seconds at each node's rate (forward, backward), op calls per call of a
-        tile function (forward, backward) and the halo's FLOP ratio of one step of a tiled segment
-        whose tiles run in ``calls_made`` calls a pass (default: one each, which sizes the kernels):
-        every forward sweep (``tilec.sweeps``: per level, what its partials need; then the image
-        outputs, if any), and in backward every recompute sweep (per swept level that is not direct,
-        and the last) and the back-propagation of what depends on what it differentiates: into the
-        parameters as well in the last sweep only."""
+                   calls_made: int | None = None) -> SweepWork:
+        """The work of one step of a tiled segment (``SweepWork``) whose tiles run in ``calls_made``
+        calls a pass (default: one each, which sizes the kernels): every forward sweep
+        (``tilec.sweeps``: per level, what its partials need; then the image outputs, if any), and in
+        backward every recompute sweep (per swept level that is not direct, and the last) and the
+        back-propagation of what depends on what it differentiates: into the parameters as well in
+        the last sweep only."""
         facts, graph = self.facts, self.graph
         calls_made = rows.parts * cols.parts if calls_made is None else calls_made
         row_sums = rows.sums[first - rows.offset:stop - rows.offset]
@@ -264,8 +281,9 @@ class Estimator:
         input_backward = facts.input_backward_flops[first:stop] * images * halo
         has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
         forward = tiled_per_node * has_images  # FLOPs per node over the step's forward sweeps
-        work = backward + tiled_per_node  # and over its backward sweeps
-        forward_calls, calls = (stop - first) * has_images, (stop - first) * 2
+        last = backward + tiled_per_node  # the last backward sweep's
+        swept = np.zeros_like(last)  # and the other backward sweeps'
+        forward_calls, sweep_calls = (stop - first) * has_images, 0
         for level in levels(graph, first, stop):
             if level.index == 0 or level.direct:
                 continue
@@ -274,11 +292,12 @@ class Estimator:
             forward_calls += len(needed)
             if level.swept:
                 after = [p - first for p in dependents(graph, first, stop, level)]
-                work += tiled_per_node
-                work[after] += input_backward[after]
-                calls += (stop - first) + len(after)
-        return (float(forward.sum() + work.sum()), float((forward * per_second).sum()),
-                float((work * per_second).sum()), forward_calls, calls, halo)
+                swept += tiled_per_node
+                swept[after] += input_backward[after]
+                sweep_calls += (stop - first) + len(after)
+        return SweepWork(float(forward.sum() + swept.sum() + last.sum()), float((forward * per_second).sum()),
+                         float((swept * per_second).sum()), float((last * per_second).sum()), forward_calls,
+                         sweep_calls, (stop - first) * 2, halo)
 
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll

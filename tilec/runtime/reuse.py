@@ -23,11 +23,13 @@ later ones its *members*:
   the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
   index: the first of the key's maxima in row-major order), and copies the representative's owned
   outputs into its own;
-* backward: a member whose owned output gradients have the same bits as the representative's, in a
-  sweep where identical partials get identical shares of the merged partials' gradients (no ``argmax``
-  share is wanted), is not recomputed: the representative back-propagates ``k`` times its gradients
-  (``k``: it and such members), which is their backwards' sum up to rounding, as backprop is linear.
-  Where an input needs a gradient, the representative's divided by ``k`` goes into each one's own
+* backward: a member's recompute is the representative's function of the leaves and parameters, so
+  by linearity (backprop is linear) their backwards' sum is one backward of the representative with
+  the sum of their owned output gradients and ``k`` times its shares of the merged partials'
+  gradients (``k``: it and its members; no ``argmax`` share may be wanted), exact up to rounding.
+  This serves every sweep that wants no input gradient. Where an input needs one, each tile's is
+  its own gradient's: only members whose owned output gradients have the representative's bits
+  are grouped, and the representative's input gradient divided by ``k`` goes into each one's own
   slice (exact up to rounding too); an input whose gradient is rolled groups only the tiles of one
   row, whose reads its band holds.
 """

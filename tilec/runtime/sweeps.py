@@ -211,9 +211,15 @@ def repeated_keys(segment, run, xs, keys):
     return repeated
 
 
-def scaled(pairs, k):
-    """(tensor, gradient) ``pairs`` with the gradients ``k`` times (the ``k`` tiles one represents)."""
-    return pairs if k == 1 else [(a, b * k) for a, b in pairs]
+def summed(pieces):
+    """The sum of same-shaped tensors ``pieces`` in their order, accumulated in float32 or wider,
+    in their dtype."""
+    if len(pieces) == 1:
+        return pieces[0]
+    total = pieces[0].to(torch.promote_types(pieces[0].dtype, torch.float32), copy=True)
+    for piece in pieces[1:]:
+        total.add_(piece)
+    return total.to(pieces[0].dtype)
 
 
 class Tiled(torch.autograd.Function):
@@ -413,11 +419,12 @@ class Sweep:
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
         self.keys = keys
 
-    def groups(self, shares, by_row):
+    def groups(self, shares, by_row, same):
         """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
-        ``(index, row, col)``), and the set of their other indices (``tilec.runtime.reuse``):
-        tiles of one key whose owned output gradients have the same bits, where the shares of the
-        levels in ``shares`` are the same for identical partials; with ``by_row``, of one row too."""
+        ``(index, row, col)``), and the set of their other indices (``tilec.runtime.reuse``): tiles
+        of one key, where the shares of the levels in ``shares`` are the same for identical
+        partials; with ``same``, only those whose owned output gradients have the representative's
+        bits (a sweep that wants the input gradients), and with ``by_row``, of one row too."""
         for level in self.segment.levels:
             for kind, (_, grads) in zip(level.merges, shares.get(level.index, ()), strict=False):
                 if kind == "argmax" and any(g is not None for g in grads):
@@ -431,7 +438,7 @@ class Sweep:
             if key not in first:
                 first[key] = index, row, col
                 groups[index] = [(index, row, col)]
-            elif self.same_gradients(first[key], row, col):
+            elif not same or self.same_gradients(first[key], row, col):
                 groups[first[key][0]].append((index, row, col))
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}
 
@@ -464,17 +471,20 @@ class Sweep:
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials
 
-    def pairs(self, batch, outs, partials, shares):
+    def pairs(self, batch, outs, partials, shares, group=None):
         """(tensor, gradient) to back-propagate from the tiles ``batch`` run as one call: their owned
-        outputs and the batch's shares of the merged partials' gradients of the levels in ``shares``."""
-        pairs = []
+        outputs and the batch's shares of the merged partials' gradients of the levels in ``shares``;
+        for a representative (``batch`` is it alone) of the tiles ``group``, the sum of their owned
+        output gradients and ``len(group)`` times its shares (``tilec.runtime.reuse``)."""
+        pairs, tiles = [], group or batch
         for k, (part, g, (_, spatial, _)) in enumerate(zip(outs, self.image_grads, self.segment.images, strict=True)):
             if part.requires_grad and g is not None:
-                pieces = [narrow(g, spatial, row[1][k], col[1][k]) for _, row, col in batch]
-                pairs.append((part, pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
+                pieces = [narrow(g, spatial, row[1][k], col[1][k]) for _, row, col in tiles]
+                pairs.append((part, summed(pieces) if group else pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
         for level in self.segment.levels:
             for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
-                pairs += share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
+                found = share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
+                pairs += [(a, b * len(group)) for a, b in found] if group else found
         return pairs
 
     def calls(self, label, groups, members):
@@ -511,10 +521,10 @@ class Sweep:
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals = [None] * len(wanted)
-        groups, members = self.groups(shares, False)
+        groups, members = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
             _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
-            pairs = scaled(self.pairs(batch, outs, partials, shares), len(group) if group else 1)
+            pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
                 totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
@@ -531,10 +541,10 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
-        groups, members = self.groups(shares, any(isinstance(s, Rolled) for s in sums))
+        groups, members = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
         for batch, group in self.calls(f"{self.segment.label} backward", groups, members):
             tiles, outs, partials = self.recompute(batch, with_leaves, needs)
-            pairs = scaled(self.pairs(batch, outs, partials, shares), len(group) if group else 1)
+            pairs = self.pairs(batch, outs, partials, shares, group)
             wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
