@@ -222,6 +222,24 @@ def summed(pieces):
     return total.to(pieces[0].dtype)
 
 
+#: The fewest tiles of one key whose owned output gradients differ that ``Sweep.apart`` runs for:
+#: two recomputes, a backward and an input gradient's each, against a whole backward each.
+APART = 3
+
+
+def add_input_grads(sums, row, col, grads):
+    """Add one tile's input gradients ``grads`` (per sliced input, ``None`` for none) into their
+    accumulators ``sums`` at its reads (``row``, ``col``: its table entries), moving a rolled one
+    on to its reads first."""
+    for k, (accumulated, grad, (start, stop)) in enumerate(zip(sums, grads, row[0], strict=True)):
+        if accumulated is None:
+            continue
+        if stop > start:
+            accumulated.move(start)
+        if grad is not None:
+            accumulated.add(row[0][k], col[0][k], grad)
+
+
 class Tiled(torch.autograd.Function):
     """The tiled segment ``segment`` run as ``run`` says (module docstring): its inputs ``tensors``
     are its sliced inputs, its broadcast inputs and its model tensors; it returns its outputs."""
@@ -419,16 +437,19 @@ class Sweep:
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
         self.keys = keys
 
-    def groups(self, shares, by_row, same):
+    def groups(self, shares, by_row, inputs):
         """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
-        ``(index, row, col)``), and the set of their other indices (``tilec.runtime.reuse``): tiles
-        of one key, where the shares of the levels in ``shares`` are the same for identical
-        partials; with ``same``, only those whose owned output gradients have the representative's
-        bits (a sweep that wants the input gradients), and with ``by_row``, of one row too."""
+        ``(index, row, col)``), the set of their other indices, and the representatives whose tiles
+        each back-propagate their own output gradients into their input gradients (``apart``,
+        ``Sweep.apart``): tiles of one key (``tilec.runtime.reuse``), where the shares of the levels
+        in ``shares`` are the same for identical partials. In a sweep that wants ``inputs``'
+        gradients, tiles of one key whose owned output gradients do not all have the
+        representative's bits are apart where they are at least ``APART``, else run on their own,
+        and with ``by_row`` a group holds the tiles of one row."""
         for level in self.segment.levels:
             for kind, (_, grads) in zip(level.merges, shares.get(level.index, ()), strict=False):
                 if kind == "argmax" and any(g is not None for g in grads):
-                    return {}, set()
+                    return {}, set(), set()
         first, groups = {}, {}
         for index, row, col in self.segment.tiles(self.run.group):
             key = self.keys.get(index)
@@ -436,11 +457,18 @@ class Sweep:
                 continue
             key = (key, row[0]) if by_row else key
             if key not in first:
-                first[key] = index, row, col
+                first[key] = index
                 groups[index] = [(index, row, col)]
-            elif not same or self.same_gradients(first[key], row, col):
-                groups[first[key][0]].append((index, row, col))
-        return groups, {index for group in groups.values() for index, _, _ in group[1:]}
+            else:
+                groups[first[key]].append((index, row, col))
+        apart = set()
+        for index, group in groups.items():
+            if inputs and not all(self.same_gradients(group[0], row, col) for _, row, col in group[1:]):
+                if len(group) >= APART:
+                    apart.add(index)
+                else:
+                    del group[1:]
+        return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart
 
     def same_gradients(self, first, row, col):
         """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
@@ -521,7 +549,7 @@ class Sweep:
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals = [None] * len(wanted)
-        groups, members = self.groups(shares, False, False)
+        groups, members, _ = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
             _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
             pairs = self.pairs(batch, outs, partials, shares, group)
@@ -541,28 +569,46 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
-        groups, members = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
+        groups, members, apart = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
         for batch, group in self.calls(f"{self.segment.label} backward", groups, members):
+            if batch[0][0] in apart:
+                self.apart(group, r, with_leaves, collected, needs, shares, sums)
+                continue
             tiles, outs, partials = self.recompute(batch, with_leaves, needs)
             pairs = self.pairs(batch, outs, partials, shares, group)
             wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
             for (_, row, col), tile in zip(batch, tiles, strict=True):
-                for k, (accumulated, t, (start, stop)) in enumerate(zip(sums, tile, row[0], strict=True)):
-                    if accumulated is None:
-                        continue
-                    if stop > start:
-                        accumulated.move(start)
-                    if t.grad is None:
-                        continue
-                    grad = t.grad if group is None else t.grad / len(group)
-                    for _, member_row, member_col in group or ((None, row, col),):
-                        accumulated.add(member_row[0][k], member_col[0][k], grad)
+                grad = [None if t.grad is None else t.grad if group is None else t.grad / len(group) for t in tile]
+                for _, member_row, member_col in group or ((None, row, col),):
+                    add_input_grads(sums, member_row, member_col, grad)
         grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
         if self.run.group is not None and grads:
             sum_over(self.run.group, grads)
         return by_name(collect, chosen, grads)
+
+    def apart(self, group, r, with_leaves, collected, needs, shares, sums):
+        """The last sweep's backward for the tiles ``group`` of one key whose owned output gradients
+        differ (``tilec.runtime.reuse``): their representative back-propagates the sum of their
+        gradients once into the parameters and leaves (``collected``, and the segment's own);
+        then, recomputed once more with those detached, it back-propagates each tile's own gradients
+        into that tile's input gradients, one backward each through the one graph."""
+        first = group[:1]
+        _, outs, partials = self.recompute(first, with_leaves, [False] * len(needs))
+        pairs = self.pairs(first, outs, partials, shares, group)
+        wanted = [t for t in (*self.leaves, *collected) if t.requires_grad]
+        if pairs and wanted:
+            torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
+        del outs, partials, pairs
+        (tile,), outs, partials = self.recompute(first, r, needs, frozen=True)
+        inputs = [t for t in tile if t.requires_grad]
+        for n, (index, row, col) in enumerate(group):
+            pairs = self.pairs([(index, row, col)], outs, partials, shares)
+            found = iter(torch.autograd.grad([a for a, _ in pairs], inputs, [b for _, b in pairs],
+                                             retain_graph=n + 1 < len(group), allow_unused=True)
+                         if pairs else [None] * len(inputs))
+            add_input_grads(sums, row, col, [next(found) if t.requires_grad else None for t in tile])
 
     def direct_inputs(self, r, level, share, sums):
         """A direct ``level``'s partials' shares of their merged ones' gradients ``share``
