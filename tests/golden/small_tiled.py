@@ -1200,11 +1200,13 @@ later ones its *members*:
   the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
   index: the first of the key's maxima in row-major order), and copies the representative's owned
   outputs into its own;
-* backward: a member whose owned output gradients have the same bits as the representative's, in a
-  sweep where identical partials get identical shares of the merged partials' gradients (no ``argmax``
-  share is wanted), is not recomputed: the representative back-propagates ``k`` times its gradients
-  (``k``: it and such members), which is their backwards' sum up to rounding, as backprop is linear.
-  Where an input needs a gradient, the representative's divided by ``k`` goes into each one's own
+* backward: a member's recompute is the representative's function of the leaves and parameters, so
+  by linearity (backprop is linear) their backwards' sum is one backward of the representative with
+  the sum of their owned output gradients and ``k`` times its shares of the merged partials'
+  gradients (``k``: it and its members; no ``argmax`` share may be wanted), exact up to rounding.
+  This serves every sweep that wants no input gradient. Where an input needs one, each tile's is
+  its own gradient's: only members whose owned output gradients have the representative's bits
+  are grouped, and the representative's input gradient divided by ``k`` goes into each one's own
   slice (exact up to rounding too); an input whose gradient is rolled groups only the tiles of one
   row, whose reads its band holds.
 """
@@ -1972,9 +1974,33 @@ def repeated_keys(segment, run, xs, keys):
     return repeated
 
 
-def scaled(pairs, k):
-    """(tensor, gradient) ``pairs`` with the gradients ``k`` times (the ``k`` tiles one represents)."""
-    return pairs if k == 1 else [(a, b * k) for a, b in pairs]
+def summed(pieces):
+    """The sum of same-shaped tensors ``pieces`` in their order, accumulated in float32 or wider,
+    in their dtype."""
+    if len(pieces) == 1:
+        return pieces[0]
+    total = pieces[0].to(torch.promote_types(pieces[0].dtype, torch.float32), copy=True)
+    for piece in pieces[1:]:
+        total.add_(piece)
+    return total.to(pieces[0].dtype)
+
+
+#: The fewest tiles of one key whose owned output gradients differ that ``Sweep.apart`` runs for:
+#: two recomputes, a backward and an input gradient's each, against a whole backward each.
+APART = 3
+
+
+def add_input_grads(sums, row, col, grads):
+    """Add one tile's input gradients ``grads`` (per sliced input, ``None`` for none) into their
+    accumulators ``sums`` at its reads (``row``, ``col``: its table entries), moving a rolled one
+    on to its reads first."""
+    for k, (accumulated, grad, (start, stop)) in enumerate(zip(sums, grads, row[0], strict=True)):
+        if accumulated is None:
+            continue
+        if stop > start:
+            accumulated.move(start)
+        if grad is not None:
+            accumulated.add(row[0][k], col[0][k], grad)
 
 
 class Tiled(torch.autograd.Function):
@@ -2174,15 +2200,19 @@ class Sweep:
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
         self.keys = keys
 
-    def groups(self, shares, by_row):
+    def groups(self, shares, by_row, inputs):
         """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
-        ``(index, row, col)``), and the set of their other indices (``tilec.runtime.reuse``):
-        tiles of one key whose owned output gradients have the same bits, where the shares of the
-        levels in ``shares`` are the same for identical partials; with ``by_row``, of one row too."""
+        ``(index, row, col)``), the set of their other indices, and the representatives whose tiles
+        each back-propagate their own output gradients into their input gradients (``apart``,
+        ``Sweep.apart``): tiles of one key (``tilec.runtime.reuse``), where the shares of the levels
+        in ``shares`` are the same for identical partials. In a sweep that wants ``inputs``'
+        gradients, tiles of one key whose owned output gradients do not all have the
+        representative's bits are apart where they are at least ``APART``, else run on their own,
+        and with ``by_row`` a group holds the tiles of one row."""
         for level in self.segment.levels:
             for kind, (_, grads) in zip(level.merges, shares.get(level.index, ()), strict=False):
                 if kind == "argmax" and any(g is not None for g in grads):
-                    return {}, set()
+                    return {}, set(), set()
         first, groups = {}, {}
         for index, row, col in self.segment.tiles(self.run.group):
             key = self.keys.get(index)
@@ -2190,11 +2220,18 @@ class Sweep:
                 continue
             key = (key, row[0]) if by_row else key
             if key not in first:
-                first[key] = index, row, col
+                first[key] = index
                 groups[index] = [(index, row, col)]
-            elif self.same_gradients(first[key], row, col):
-                groups[first[key][0]].append((index, row, col))
-        return groups, {index for group in groups.values() for index, _, _ in group[1:]}
+            else:
+                groups[first[key]].append((index, row, col))
+        apart = set()
+        for index, group in groups.items():
+            if inputs and not all(self.same_gradients(group[0], row, col) for _, row, col in group[1:]):
+                if len(group) >= APART:
+                    apart.add(index)
+                else:
+                    del group[1:]
+        return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart
 
     def same_gradients(self, first, row, col):
         """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
@@ -2225,17 +2262,20 @@ class Sweep:
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials
 
-    def pairs(self, batch, outs, partials, shares):
+    def pairs(self, batch, outs, partials, shares, group=None):
         """(tensor, gradient) to back-propagate from the tiles ``batch`` run as one call: their owned
-        outputs and the batch's shares of the merged partials' gradients of the levels in ``shares``."""
-        pairs = []
+        outputs and the batch's shares of the merged partials' gradients of the levels in ``shares``;
+        for a representative (``batch`` is it alone) of the tiles ``group``, the sum of their owned
+        output gradients and ``len(group)`` times its shares (``tilec.runtime.reuse``)."""
+        pairs, tiles = [], group or batch
         for k, (part, g, (_, spatial, _)) in enumerate(zip(outs, self.image_grads, self.segment.images, strict=True)):
             if part.requires_grad and g is not None:
-                pieces = [narrow(g, spatial, row[1][k], col[1][k]) for _, row, col in batch]
-                pairs.append((part, pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
+                pieces = [narrow(g, spatial, row[1][k], col[1][k]) for _, row, col in tiles]
+                pairs.append((part, summed(pieces) if group else pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
         for level in self.segment.levels:
             for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
-                pairs += share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
+                found = share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
+                pairs += [(a, b * len(group)) for a, b in found] if group else found
         return pairs
 
     def calls(self, label, groups, members):
@@ -2272,10 +2312,10 @@ class Sweep:
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals = [None] * len(wanted)
-        groups, members = self.groups(shares, False)
+        groups, members, _ = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
             _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
-            pairs = scaled(self.pairs(batch, outs, partials, shares), len(group) if group else 1)
+            pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
                 totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
@@ -2292,28 +2332,46 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
-        groups, members = self.groups(shares, any(isinstance(s, Rolled) for s in sums))
+        groups, members, apart = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
         for batch, group in self.calls(f"{self.segment.label} backward", groups, members):
+            if batch[0][0] in apart:
+                self.apart(group, r, with_leaves, collected, needs, shares, sums)
+                continue
             tiles, outs, partials = self.recompute(batch, with_leaves, needs)
-            pairs = scaled(self.pairs(batch, outs, partials, shares), len(group) if group else 1)
+            pairs = self.pairs(batch, outs, partials, shares, group)
             wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
             for (_, row, col), tile in zip(batch, tiles, strict=True):
-                for k, (accumulated, t, (start, stop)) in enumerate(zip(sums, tile, row[0], strict=True)):
-                    if accumulated is None:
-                        continue
-                    if stop > start:
-                        accumulated.move(start)
-                    if t.grad is None:
-                        continue
-                    grad = t.grad if group is None else t.grad / len(group)
-                    for _, member_row, member_col in group or ((None, row, col),):
-                        accumulated.add(member_row[0][k], member_col[0][k], grad)
+                grad = [None if t.grad is None else t.grad if group is None else t.grad / len(group) for t in tile]
+                for _, member_row, member_col in group or ((None, row, col),):
+                    add_input_grads(sums, member_row, member_col, grad)
         grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
         if self.run.group is not None and grads:
             sum_over(self.run.group, grads)
         return by_name(collect, chosen, grads)
+
+    def apart(self, group, r, with_leaves, collected, needs, shares, sums):
+        """The last sweep's backward for the tiles ``group`` of one key whose owned output gradients
+        differ (``tilec.runtime.reuse``): their representative back-propagates the sum of their
+        gradients once into the parameters and leaves (``collected``, and the segment's own);
+        then, recomputed once more with those detached, it back-propagates each tile's own gradients
+        into that tile's input gradients, one backward each through the one graph."""
+        first = group[:1]
+        _, outs, partials = self.recompute(first, with_leaves, [False] * len(needs))
+        pairs = self.pairs(first, outs, partials, shares, group)
+        wanted = [t for t in (*self.leaves, *collected) if t.requires_grad]
+        if pairs and wanted:
+            torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
+        del outs, partials, pairs
+        (tile,), outs, partials = self.recompute(first, r, needs, frozen=True)
+        inputs = [t for t in tile if t.requires_grad]
+        for n, (index, row, col) in enumerate(group):
+            pairs = self.pairs([(index, row, col)], outs, partials, shares)
+            found = iter(torch.autograd.grad([a for a, _ in pairs], inputs, [b for _, b in pairs],
+                                             retain_graph=n + 1 < len(group), allow_unused=True)
+                         if pairs else [None] * len(inputs))
+            add_input_grads(sums, row, col, [next(found) if t.requires_grad else None for t in tile])
 
     def direct_inputs(self, r, level, share, sums):
         """A direct ``level``'s partials' shares of their merged ones' gradients ``share``

@@ -82,12 +82,15 @@ class SegmentCost:
 class SweepWork:
     """One step of a tiled segment (``Estimator.sweep_work``): its FLOPs; the seconds of those
     FLOPs at each node's rate in the forward sweeps, the backward's sweeps of the leaves and its
-    last sweep; op calls per call of a tile function in each; and the halo's FLOP ratio."""
+    last sweep (and of the latter, its back-propagation into the inputs); op calls per call of a
+    tile function in each; and the halo's FLOP ratio."""
 
     flops: float
     forward_seconds: float
     sweep_seconds: float
     last_seconds: float
+    #: of ``last_seconds``, those of back-propagating into the sliced inputs alone
+    input_seconds: float
     forward_calls: int
     sweep_calls: int
     last_calls: int
@@ -165,38 +168,36 @@ class Estimator:
         tiles = rows.parts * cols.parts
         constant = self.constant_tiles(first, stop, rows.parts, cols.parts)
         if batch == 1 and constant is None:
-            forward_made = last_made = (tiles, 1, (1,), 0)
+            made = (tiles, 1, (1,), 0)
         else:
             members = self.graph.order[first:stop]
-            ids = _class_ids(simulated, rows, members), _class_ids(simulated, cols, members)
-            forward_made = _calls(*ids, batch, constant)
-            # the backward's sweeps compute identical tiles once as the forward does; the last one
-            # only where no sliced input wants a gradient, or the segment's outputs are all
-            # reductions' results (global pooling, a loss), whose owned gradients are the same
-            uniform = not any(self.graph.is_image(name) for name in self.graph.outputs_of(first, stop))
-            inputs_grad = any(facts.needs_grad(self.graph.position[name]) for name, _ in simulated.slices)
-            last_made = forward_made if uniform or not inputs_grad or constant is None else _calls(*ids, batch)
-        largest = max(forward_made[1], last_made[1])
-        sizes_run = sorted({*forward_made[2], *last_made[2]})
-        reused = forward_made[3]
-        sizes = self._pair_bytes(simulated, rows, cols) * largest
+            made = _calls(_class_ids(simulated, rows, members), _class_ids(simulated, cols, members), batch, constant)
+        reused = made[3]
+        # every backward sweep computes identical tiles once as the forward does; in the last one,
+        # where a sliced input wants a gradient and the owned output gradients may differ (outputs
+        # not all reductions' results), each reused tile still back-propagates its own into its
+        # input gradient (``tilec.runtime.sweeps.Sweep.apart``)
+        uniform = not any(self.graph.is_image(name) for name in self.graph.outputs_of(first, stop))
+        inputs_grad = any(facts.needs_grad(self.graph.position[name]) for name, _ in simulated.slices)
+        apart = reused if inputs_grad and not uniform else 0
+        sizes = self._pair_bytes(simulated, rows, cols) * made[1]
         outputs, in_grad, fixed = self.boundary(first, stop)
-        work = self.sweep_work(first, stop, rows, cols, last_made[0] + last_made[3])
+        work = self.sweep_work(first, stop, rows, cols, made[0] + reused)
         flops, halo = work.flops, work.halo
-        flop_seconds = ((work.forward_seconds + work.sweep_seconds) * (1 - forward_made[3] / tiles)
-                        + work.last_seconds * (1 - last_made[3] / tiles))
-        calls = (work.forward_calls + work.sweep_calls) * forward_made[0] + work.last_calls * last_made[0]
+        flop_seconds = ((work.forward_seconds + work.sweep_seconds + work.last_seconds) * (1 - reused / tiles)
+                        + work.input_seconds * apart / tiles)
+        calls = (work.forward_calls + work.sweep_calls + work.last_calls) * made[0] + (stop - first) * apart
         # every call copies its convolutions' weights: forward (once where packed), autograd re-run, backward
         packed = self.packed_bytes(first, stop)
         copied_weights = packed + sum(
             (1 if nodes[p].packed else 2) * nodes[p].weight_copies + nodes[p].backward_weight_copies
-            for p in range(first, stop)) * last_made[0]
+            for p in range(first, stop)) * made[0]
         copied = outputs + 2 * in_grad + copied_weights
         rollable = self.rollable(first)
         bands = [(name, _band(rows, name, readers)) for name, readers in simulated.slices if name in rollable]
         rolls = tuple((name, self.full[name] - self.full[name] * band // self.graph.size(name, 0))
                       for name, band in bands if band is not None)
-        staging = self.staging(simulated, sizes) * (largest + 1) // (2 * largest)
+        staging = self.staging(simulated, sizes) * (made[1] + 1) // (2 * made[1])
         partials = self.partials(first, stop)
         return SegmentCost(  # in backward, the merged partials' gradients too (``tilec.runtime.sweeps``)
             forward_local=outputs + partials + packed + staging + simulated.forward.peak(sizes),
@@ -209,7 +210,7 @@ class Estimator:
             seconds=self.speed.seconds(flop_seconds, calls, copied),
             kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col, size)) for p in facts.convolutions
                                       if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)
-                                      for size in sizes_run),
+                                      for size in made[2]),
             rolls=rolls,
             staging=staging,
             reused=reused,
@@ -296,7 +297,8 @@ class Estimator:
                 swept[after] += input_backward[after]
                 sweep_calls += (stop - first) + len(after)
         return SweepWork(float(forward.sum() + swept.sum() + last.sum()), float((forward * per_second).sum()),
-                         float((swept * per_second).sum()), float((last * per_second).sum()), forward_calls,
+                         float((swept * per_second).sum()), float((last * per_second).sum()),
+                         float((input_backward * per_second).sum()), forward_calls,
                          sweep_calls, (stop - first) * 2, halo)
 
     def _rollable(self, cut: int) -> frozenset[str]:
