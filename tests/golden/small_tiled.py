@@ -804,12 +804,73 @@ def rest_sum(merged, part):
 
 def partial_moments(x, dims):
     """``(count, mean, M2)`` of ``x`` over ``dims`` in one pass (``var_mean``, whose backward keeps
-    only ``x``): the count as a tensor of the mean's shape."""
+    only ``x``; ``ChannelMoments`` where it applies): the count as a tensor of the mean's shape."""
     count = 1
     for d in dims:
         count *= x.shape[d]
-    var, mean = torch.var_mean(widened(x), dims, correction=0, keepdim=True)
+    x = widened(x)
+    if ChannelMoments.applies(x, dims):
+        mean, m2 = (t.view(1, -1, 1, 1) for t in ChannelMoments.apply(x))
+        return torch.full_like(mean, count, requires_grad=False), mean, m2
+    var, mean = torch.var_mean(x, dims, correction=0, keepdim=True)
     return torch.full_like(mean, count, requires_grad=False), mean, var * count
+
+
+#: Elements of the scratch block ``ChannelMoments`` takes deviations in (1 MiB of float32: cached).
+BLOCK = 1 << 18
+
+
+class ChannelMoments(torch.autograd.Function):
+    """Per channel, ``(mean, M2)`` of a non-empty CPU float tensor ``x`` (N, C, H, W) over N, H and W,
+    where its channels are its innermost dim (channels-last, as tiles make it, or a region of such
+    a tensor): BatchNorm's partial. On such a tensor ``var_mean`` runs 3-4x slower than this.
+
+    Block by block (``BLOCK`` elements, a region's copied into a scratch), the mean is a sum,
+    vectorised over the channels, and M2 sums the squared deviations from it in the scratch; each
+    block's sums are added up in float64, and M2 corrects the mean's rounding (``M2 = S2 - S1² / n``,
+    ``S1``, ``S2``: the sums of the deviations and of their squares; the mean moves by ``S1 / n``):
+    within a float32 ulp of ``var_mean``'s, as accurate in float64."""
+
+    @staticmethod
+    def applies(x, dims):
+        return (x.device.type == "cpu" and x.dim() == 4 and tuple(dims) == (0, 2, 3) and x.numel() > 0
+                and x.dtype in (torch.float32, torch.float64) and x.stride(1) == 1)
+
+    @staticmethod
+    def forward(ctx, x):
+        rows = x.permute(0, 2, 3, 1)  # (N, H, W, C), channels innermost
+        count = x.numel() // x.shape[1]
+        height = max(1, BLOCK // (rows.shape[2] * rows.shape[3]))
+        blocks = [sample[start:start + height] for sample in rows for start in range(0, rows.shape[1], height)]
+        scratch = torch.empty((min(height, rows.shape[1]), *rows.shape[2:]), dtype=x.dtype)
+        total = torch.zeros(x.shape[1], dtype=torch.float64)
+        for block in blocks:  # a region's rows are strided: copied, its blocks sum as fast
+            total += (block if block.is_contiguous() else scratch[:block.shape[0]].copy_(block)).sum((0, 1))
+        rough = (total / count).to(x.dtype)
+        first = torch.zeros(x.shape[1], dtype=torch.float64)
+        second = torch.zeros(x.shape[1], dtype=torch.float64)
+        for block in blocks:
+            deviations = scratch[:block.shape[0]]
+            torch.sub(block, rough, out=deviations)
+            first += deviations.sum((0, 1))
+            second += deviations.square_().sum((0, 1))
+        mean = (rough + first / count).to(x.dtype)
+        ctx.save_for_backward(x, mean)
+        return mean, (second - first.square() / count).to(x.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_mean, grad_m2):
+        """``dmean/dx = 1/n``, ``dM2/dx = 2 (x - mean)``."""
+        x, mean = ctx.saved_tensors
+        shape = (1, -1, 1, 1)
+        if grad_m2 is None:
+            grad = torch.zeros_like(x)
+        else:
+            grad = torch.sub(x, mean.view(shape)).mul_(2 * grad_m2.view(shape))
+        if grad_mean is not None:
+            grad.add_(grad_mean.view(shape) / (x.numel() // x.shape[1]))
+        return grad
 
 
 def merge_moments(a, b):
