@@ -71,7 +71,8 @@ BLOCK = 1 << 18
 class ChannelMoments(torch.autograd.Function):
     """Per channel, ``(mean, M2)`` of a non-empty CPU float tensor ``x`` (N, C, H, W) over N, H and W,
     where its channels are its innermost dim (channels-last, as tiles make it, or a region of such
-    a tensor): BatchNorm's partial. On such a tensor ``var_mean`` runs 3-4x slower than this.
+    a tensor): BatchNorm's partial. On such a tensor ``var_mean`` takes 2-4x as long
+    (``benchmarks/moments.py``).
 
     Block by block (``BLOCK`` elements, a region's copied into a scratch), the mean is a sum,
     vectorised over the channels, and M2 sums the squared deviations from it in the scratch; each
