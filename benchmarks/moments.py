@@ -11,7 +11,6 @@ process, of ``tilec.runtime.reduce.partial_moments`` (which takes ``ChannelMomen
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,19 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.batching import best  # noqa: E402
 from tilec.runtime.reduce import partial_moments  # noqa: E402
 
 SHAPES = ((1, 64, 640, 640), (16, 64, 160, 160), (1, 256, 160, 160), (4, 512, 40, 40), (1, 64, 100, 100))
-
-
-def best_ms(call, repeats: int = 5) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
 
 
 def main() -> None:
@@ -42,8 +32,8 @@ def main() -> None:
         whole = torch.randn(shape, generator=torch.Generator().manual_seed(0)).contiguous(
             memory_format=torch.channels_last)
         for label, x in (("whole", whole), ("region", whole[:, :, 3:-3, 3:-3])):
-            ours = best_ms(lambda x=x: partial_moments(x, (0, 2, 3)))
-            theirs = best_ms(lambda x=x: torch.var_mean(x, (0, 2, 3), correction=0, keepdim=True))
+            ours = best(lambda x=x: partial_moments(x, (0, 2, 3))) * 1e3
+            theirs = best(lambda x=x: torch.var_mean(x, (0, 2, 3), correction=0, keepdim=True)) * 1e3
             print(f"| {'×'.join(map(str, shape))} | {label} | {ours:.1f} ms | {theirs:.1f} ms | {theirs / ours:.1f}× |")
 
 

@@ -94,6 +94,17 @@ def _compare(model, tiled, inputs, float_input=False):
     return errors
 
 
+def _float_tiled(model, rolled):
+    """``model`` on a float slide, tiled in one segment (``rolled`` ``None``) or two, the first of
+    its first node, the second's input gradient rolled or whole as ``rolled`` says."""
+    if rolled is None:
+        return build(model, SHAPE, (6, 5), dtype="float64")
+    count = len(trace(model, SHAPE))
+    tiled = build(model, SHAPE, segments=[(0, 1, (5, 4)), (1, count, (6, 5))], dtype="float64")
+    tiled_segments(tiled)[1].rolled = (rolled,)
+    return tiled
+
+
 def _passes(tiled, ending):
     """``[ran, reused]`` of the passes whose label ends with ``ending``, summed."""
     found = [counts for label, counts in tiled.reuse.passes.items() if label.endswith(ending)]
@@ -160,12 +171,7 @@ def test_a_float_input_under_a_random_output_gradient_gets_each_tile_its_own_inp
     model = _seeded(nn.Sequential(nn.Hardtanh(0.2, 0.9), nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
                                   nn.Conv2d(4, 2, 3, padding=1)))
     image = _slide().to(torch.float64) / 255
-    if rolled is None:
-        tiled = build(model, SHAPE, (6, 5), dtype="float64")
-    else:
-        count = len(trace(model, SHAPE))
-        tiled = build(model, SHAPE, segments=[(0, 1, (5, 4)), (1, count, (6, 5))], dtype="float64")
-        tiled_segments(tiled)[1].rolled = (rolled,)
+    tiled = _float_tiled(model, rolled)
     errors = _compare(model, tiled, [image], float_input=True)
     assert max(errors.values()) <= TOLERANCE, errors
     last = tiled_segments(tiled)[-1].label
@@ -231,12 +237,7 @@ def test_a_float_input_requiring_grad_gets_each_tile_its_own_gradient(rolled):
                                   nn.Conv2d(4, 5, 3, stride=2, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                                   nn.Linear(5, 2)))
     image = _slide().to(torch.float64) / 255
-    if rolled is None:
-        tiled = build(model, SHAPE, (6, 5), dtype="float64")
-    else:
-        count = len(trace(model, SHAPE))
-        tiled = build(model, SHAPE, segments=[(0, 1, (5, 4)), (1, count, (6, 5))], dtype="float64")
-        tiled_segments(tiled)[1].rolled = (rolled,)
+    tiled = _float_tiled(model, rolled)
     errors = _compare(model, tiled, [image], float_input=True)
     assert max(errors.values()) <= TOLERANCE, errors
     last = tiled_segments(tiled)[-1].label

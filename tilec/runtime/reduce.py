@@ -105,6 +105,7 @@ class ChannelMoments(torch.autograd.Function):
             second += deviations.square_().sum((0, 1))
         mean = (rough + first / count).to(x.dtype)
         ctx.save_for_backward(x, mean)
+        ctx.count = count
         return mean, (second - first.square() / count).to(x.dtype)
 
     @staticmethod
@@ -118,7 +119,7 @@ class ChannelMoments(torch.autograd.Function):
         else:
             grad = torch.sub(x, mean.view(shape)).mul_(2 * grad_m2.view(shape))
         if grad_mean is not None:
-            grad.add_(grad_mean.view(shape) / (x.numel() // x.shape[1]))
+            grad.add_(grad_mean.view(shape) / ctx.count)
         return grad
 
 

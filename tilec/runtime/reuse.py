@@ -28,10 +28,12 @@ later ones its *members*:
   the sum of their owned output gradients and ``k`` times its shares of the merged partials'
   gradients (``k``: it and its members; no ``argmax`` share may be wanted), exact up to rounding.
   This serves every sweep that wants no input gradient. Where an input needs one, each tile's is
-  its own gradient's: only members whose owned output gradients have the representative's bits
-  are grouped, and the representative's input gradient divided by ``k`` goes into each one's own
-  slice (exact up to rounding too); an input whose gradient is rolled groups only the tiles of one
-  row, whose reads its band holds.
+  its own gradient's: where all members' owned output gradients have the representative's bits, the
+  representative's input gradient divided by ``k`` goes into each one's own slice (exact up to
+  rounding too); otherwise, for ``APART`` tiles or more, each back-propagates its own gradients
+  into its own slices through one more recompute of the representative
+  (``tilec.runtime.sweeps.Sweep.apart``), and fewer run on their own. An input whose gradient is
+  rolled groups only the tiles of one row, whose reads its band holds.
 """
 
 import torch
