@@ -11,9 +11,11 @@ it writes a uint8 ``.npy`` slide: random texture (the same seed for every fracti
 each fraction in a process of its own (``--run``), which memory-maps the slide, builds the
 ``TiledModel`` from the rendered module and times ``--repeats`` steps (forward and ``out.sum()``'s
 backward; the best is reported, after ``--warmup`` untimed steps that size the arenas). With
-``--known F`` (and ``--budget``) the one plan is chosen knowing where the slide of fraction ``F`` is
-background (``tilec.cost.background``: the estimate counts the tiles computed once), as
-``tilec.compile`` plans for a masked slide, and every fraction runs that plan. Each child prints
+``--known F`` the one plan is chosen (``--budget``) or estimated knowing where the slide of fraction
+``F`` is background (``tilec.cost.background``: the estimate counts the tiles computed once), as
+``tilec.compile`` plans for a masked slide, and every fraction runs that plan. ``--segments`` takes
+the segments a driver printed (``FIRST:STOP:ROWSxCOLS/BATCH``, ``s`` after a stored one) instead of
+a search; ``--folder`` keeps the module and the last slide there. Each child prints
 one JSON line: ``step_s`` (best), ``steps_s`` (all), the tiles ran and reused in the last step
 (``TiledModel.reuse``) and the output checksum; the driver adds the plan's segments and estimate.
 It prints a table with each step's ratio to the first fraction's (give 0 first: the textured slide).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -104,11 +107,14 @@ def drive(args) -> list[dict]:
     graph = trace(model, [(shape, "uint8")])
     target = target_for(graph, "float32")
     known = {} if args.known is None else {graph.input_names[0]: background_of(args.size, args.known)}
-    plan = plan_for(graph, target, "background", grid=args.grid, memory_budget=args.budget, backgrounds=known)
+    plan = plan_for(graph, target, "background", grid=args.grid, segments=args.segments, memory_budget=args.budget,
+                    backgrounds=known)
     label = "blind" if args.known is None else f"knowing {args.known:.0%}"
     records = []
-    with tempfile.TemporaryDirectory() as folder:
-        slide, module = Path(folder) / "slide.npy", Path(folder) / "background_tiled.py"
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = args.folder or Path(temporary)
+        folder.mkdir(parents=True, exist_ok=True)
+        slide, module = folder / "slide.npy", folder / "background_tiled.py"
         module.write_text(render(plan))
         for background in args.backgrounds:
             write_slide(slide, args.size, background)
@@ -117,10 +123,27 @@ def drive(args) -> list[dict]:
                        "--slide", str(slide), "--background", str(background)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             records.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            records[-1].update(plan=label, segments=[f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}/{s.batch}"
-                                                     for s in plan.segments],
+            records[-1].update(plan=label, segments=",".join(segment_text(s) for s in plan.segments),
                                estimated_s=round(sum(s.estimated_seconds for s in plan.segments), 1))
     return records
+
+
+def segment_text(segment) -> str:
+    """``FIRST:STOP:ROWSxCOLS/BATCH``, ``s`` after a stored segment (``parse_segments`` reads it back)."""
+    stored = "s" if segment.mode == "stored" else ""
+    return f"{segment.first}:{segment.stop}:{segment.grid[0]}x{segment.grid[1]}/{segment.batch}{stored}"
+
+
+def parse_segments(text: str) -> list[tuple]:
+    """``"0:13:13x13/16,69:71:1x1/1s"`` -> ``[(0, 13, (13, 13), "tiled", 16), (69, 71, (1, 1), "stored", 1)]``."""
+    segments = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+):(\d+):(\d+)x(\d+)/(\d+)(s?)\s*", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"not a segment: {part!r} (write FIRST:STOP:ROWSxCOLS/BATCH[s])")
+        first, stop, rows, cols, batch = (int(match[k]) for k in range(1, 6))
+        segments.append((first, stop, (rows, cols), "stored" if match[6] else "tiled", batch))
+    return segments
 
 
 def table(records: list[dict]) -> str:
@@ -139,19 +162,19 @@ def parse_args(argv=None):
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--budget", type=parse_bytes, help="plan for this memory budget (e.g. 4GiB)")
     how.add_argument("--grid", type=parse_grid, help="plan one tiled segment of this grid (ROWSxCOLS)")
+    how.add_argument("--segments", type=parse_segments, help="these segments, as the driver prints them")
     parser.add_argument("--backgrounds", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
     parser.add_argument("--known", type=float, metavar="F",
-                        help="plan knowing where the slide of background fraction F is background (with --budget)")
+                        help="plan knowing where the slide of background fraction F is background")
+    parser.add_argument("--folder", type=Path, help="write the module and the slides here and keep them")
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # a child: the rendered module
     parser.add_argument("--slide", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--background", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.run is None and args.budget is None and args.grid is None:
-        parser.error("give --budget or --grid")
-    if args.known is not None and args.budget is None:
-        parser.error("--known plans for a budget: give --budget")
+    if args.run is None and args.budget is None and args.grid is None and args.segments is None:
+        parser.error("give --budget, --grid or --segments")
     return args
 
 

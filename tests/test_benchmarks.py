@@ -82,3 +82,23 @@ def test_step_prints_measurements(results, label):
     if variant in ("tilec", "auto"):
         assert record["allocator"] == ("heap" if label == "tilec-heap" else "pinned")
         assert 0 < record["predicted_peak_bytes"] <= record.get("budget_bytes", record["predicted_peak_bytes"])
+
+
+def test_background_driver_runs_given_segments_on_a_textured_and_a_background_slide(tmp_path):
+    """benchmarks/background.py with ``--segments`` as it prints them: one plan, a process per
+    slide; the mostly-background slide reuses tiles, the textured one none, and the folder keeps
+    the rendered module."""
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY_MODEL)
+    segments = "0:4:4x4/1,4:7:4x4/2"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "background.py"), "--model", str(model), "--size", "128",
+         "--segments", segments, "--backgrounds", "0", "0.7", "--repeats", "1", "--warmup", "0",
+         "--known", "0.7", "--folder", str(tmp_path / "kept")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    textured, background = (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
+    assert textured["segments"] == background["segments"] == segments
+    assert textured["tiles_reused"] == 0 and background["tiles_reused"] > 0
+    assert textured["tiles_ran"] == background["tiles_ran"] + background["tiles_reused"]
+    assert (tmp_path / "kept" / "background_tiled.py").is_file()

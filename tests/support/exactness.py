@@ -35,8 +35,9 @@ TOLERANCE = 1e-10
 FLOAT32_RTOL = 1e-4
 #: ``check_close(noise_floor=True)``: a tensor whose true value is about 0 (the gradient of a
 #: convolution's bias before a training-mode BatchNorm) is rounding noise in both float32 steps; its
-#: difference is allowed this many times untiled float32's own max error against float64.
-NOISE_FACTOR = 4.0
+#: difference is allowed this many times untiled float32's own max error against float64 (seen: up
+#: to 6x on an AMD EPYC, EfficientNet's projection BatchNorm biases, tiles summing in another order).
+NOISE_FACTOR = 10.0
 
 
 def tiled_segments(tiled: nn.Module) -> list:

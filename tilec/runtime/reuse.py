@@ -30,10 +30,11 @@ later ones its *members*:
   This serves every sweep that wants no input gradient. Where an input needs one, each tile's is
   its own gradient's: where all members' owned output gradients have the representative's bits, the
   representative's input gradient divided by ``k`` goes into each one's own slice (exact up to
-  rounding too); otherwise, for ``APART`` tiles or more, each back-propagates its own gradients
-  into its own slices through one more recompute of the representative
-  (``tilec.runtime.sweeps.Sweep.apart``), and fewer run on their own. An input whose gradient is
-  rolled groups only the tiles of one row, whose reads its band holds.
+  rounding too); otherwise, for ``APART`` tiles or more, the representative back-propagates the sum
+  into everything but the inputs, and each tile its own gradients into its own slices through one
+  more recompute (``tilec.runtime.sweeps.Sweep.linear``, ``Sweep.band``); fewer run on their own.
+  An input whose gradient is rolled (its accumulators hold a band of rows) gets the input gradients
+  of a key's tiles row by row, one recompute per row, as the row's first tile comes.
 """
 
 import torch

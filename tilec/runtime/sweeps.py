@@ -222,8 +222,9 @@ def summed(pieces):
     return total.to(pieces[0].dtype)
 
 
-#: The fewest tiles of one key whose owned output gradients differ that ``Sweep.apart`` runs for:
-#: two recomputes, a backward and an input gradient's each, against a whole backward each.
+#: The fewest tiles of one key whose owned output gradients differ that run apart (``Sweep.linear``
+#: and ``Sweep.band``): two recomputes, a backward and an input gradient's each, against a whole
+#: backward each.
 APART = 3
 
 
@@ -437,38 +438,46 @@ class Sweep:
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
         self.keys = keys
 
-    def groups(self, shares, by_row, inputs):
+    def groups(self, shares, rolled, inputs):
         """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
-        ``(index, row, col)``), the set of their other indices, and the representatives whose tiles
-        each back-propagate their own output gradients into their input gradients (``apart``,
-        ``Sweep.apart``): tiles of one key (``tilec.runtime.reuse``), where the shares of the levels
-        in ``shares`` are the same for identical partials. In a sweep that wants ``inputs``'
-        gradients, tiles of one key whose owned output gradients do not all have the
-        representative's bits are apart where they are at least ``APART``, else run on their own,
-        and with ``by_row`` a group holds the tiles of one row."""
+        ``(index, row, col)``), the set of their other indices, the representatives whose tiles are
+        *apart* and their *bands*: tiles of one key (``tilec.runtime.reuse``), where the shares of
+        the levels in ``shares`` are the same for identical partials. In a sweep that wants
+        ``inputs``' gradients, a key's tiles are apart where their owned output gradients do not all
+        have the representative's bits and they are ``APART`` or more (fewer run on their own), or
+        where an input gradient is ``rolled``: the representative back-propagates the sum of their
+        gradients into everything but the inputs (``Sweep.linear``), and each tile its own into its
+        input gradients, band by band (``Sweep.band``). A band is the key's tiles, or with a
+        ``rolled`` input gradient (whose accumulators hold a band of rows) those of one row; per
+        index of a band's first tile, its tiles."""
         for level in self.segment.levels:
             for kind, (_, grads) in zip(level.merges, shares.get(level.index, ()), strict=False):
                 if kind == "argmax" and any(g is not None for g in grads):
-                    return {}, set(), set()
+                    return {}, set(), set(), {}
         first, groups = {}, {}
         for index, row, col in self.segment.tiles(self.run.group):
             key = self.keys.get(index)
             if key is None:
                 continue
-            key = (key, row[0]) if by_row else key
             if key not in first:
                 first[key] = index
                 groups[index] = [(index, row, col)]
             else:
                 groups[first[key]].append((index, row, col))
-        apart = set()
+        apart, bands = set(), {}
         for index, group in groups.items():
-            if inputs and not all(self.same_gradients(group[0], row, col) for _, row, col in group[1:]):
-                if len(group) >= APART:
-                    apart.add(index)
-                else:
-                    del group[1:]
-        return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart
+            if not inputs or len(group) == 1:
+                continue
+            same = all(self.same_gradients(group[0], row, col) for _, row, col in group[1:])
+            if not same and len(group) < APART:
+                del group[1:]
+            elif rolled or not same:
+                apart.add(index)
+                by_band = {}
+                for tile in group:
+                    by_band.setdefault(tile[1][0] if rolled else None, []).append(tile)
+                bands.update((band[0][0], band) for band in by_band.values())
+        return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 
     def same_gradients(self, first, row, col):
         """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
@@ -515,28 +524,32 @@ class Sweep:
                 pairs += [(a, b * len(group)) for a, b in found] if group else found
         return pairs
 
-    def calls(self, label, groups, members):
-        """The tiles this process runs in one backward sweep, as ``(batch, group)``: ``batch`` the
-        tiles ``(index, row, col)`` that run as one call, ``group`` the tiles a representative runs
-        for (``groups``, by itself), else ``None``; its ``members`` are read (as read ahead) and
-        counted, not run. Consecutive tiles of one shape class run ``segment.batch`` at a time."""
+    def calls(self, label, groups, members, bands=()):
+        """The tiles this process runs in one backward sweep, in order, as ``(batch, group)``:
+        ``batch`` the tiles ``(index, row, col)`` that run as one call, ``group`` the tiles a
+        representative runs for (``groups``, by itself), else ``None``; its ``members`` are read (as
+        read ahead) and counted, not run, except that a member starting a band (``bands``) comes as
+        ``([tile], [])``. Consecutive tiles of one shape class run ``segment.batch`` at a time, those
+        waiting before any tile that comes alone (a rolled input gradient's band moves on with them)."""
         segment, run = self.segment, self.run
         progress, pending = Progress(run, label, segment.count(run.group)), Pending(segment.batch)
         for index, row, col in segment.tiles(run.group, self.xs):
-            if index in members:
-                slices(segment, self.xs, row, col)
-                progress.reused()
-                continue
             group = groups.get(index)
-            if group is not None and len(group) > 1:
-                yield [(index, row, col)], group
-                progress.ran(1)
-                continue
-            if not pending.fits(row, col):
+            alone = [] if index in members and index in bands else group if group and len(group) > 1 else None
+            if pending and (alone is not None or not pending.fits(row, col)):
                 batch = pending.take()
                 yield batch, None
                 progress.ran(len(batch))
-            pending.add((index, row, col))
+            if index in members:
+                slices(segment, self.xs, row, col)
+                progress.reused()
+                if alone is not None:
+                    yield [(index, row, col)], alone
+            elif alone is not None:
+                yield [(index, row, col)], alone
+                progress.ran(1)
+            else:
+                pending.add((index, row, col))
         if pending:
             batch = pending.take()
             yield batch, None
@@ -549,7 +562,7 @@ class Sweep:
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
         totals = [None] * len(wanted)
-        groups, members, _ = self.groups(shares, False, False)
+        groups, members, _, _ = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
             _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
             pairs = self.pairs(batch, outs, partials, shares, group)
@@ -569,10 +582,14 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
-        groups, members, apart = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
-        for batch, group in self.calls(f"{self.segment.label} backward", groups, members):
-            if batch[0][0] in apart:
-                self.apart(group, r, with_leaves, collected, needs, shares, sums)
+        groups, members, apart, bands = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
+        for batch, group in self.calls(f"{self.segment.label} backward", groups, members, bands):
+            index = batch[0][0]
+            if index in apart:
+                self.linear(group, with_leaves, collected, shares)
+            if index in bands:
+                self.band(bands[index], r, needs, shares, sums)
+            if index in apart or index in bands:
                 continue
             tiles, outs, partials = self.recompute(batch, with_leaves, needs)
             pairs = self.pairs(batch, outs, partials, shares, group)
@@ -588,27 +605,36 @@ class Sweep:
             sum_over(self.run.group, grads)
         return by_name(collect, chosen, grads)
 
-    def apart(self, group, r, with_leaves, collected, needs, shares, sums):
-        """The last sweep's backward for the tiles ``group`` of one key whose owned output gradients
-        differ (``tilec.runtime.reuse``): their representative back-propagates the sum of their
-        gradients once into the parameters and leaves (``collected``, and the segment's own);
-        then, recomputed once more with those detached, it back-propagates each tile's own gradients
-        into that tile's input gradients, one backward each through the one graph."""
+    def linear(self, group, with_leaves, collected, shares):
+        """The representative of the tiles ``group`` of one key back-propagates the sum of their
+        owned output gradients (and ``len(group)`` times its shares) into the parameters and the
+        leaves (``collected``, and the segment's own): their gradients, by linearity
+        (``tilec.runtime.reuse``); their input gradients come band by band (``Sweep.band``)."""
         first = group[:1]
-        _, outs, partials = self.recompute(first, with_leaves, [False] * len(needs))
+        _, outs, partials = self.recompute(first, with_leaves, [False] * len(self.xs))
         pairs = self.pairs(first, outs, partials, shares, group)
         wanted = [t for t in (*self.leaves, *collected) if t.requires_grad]
         if pairs and wanted:
             torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
-        del outs, partials, pairs
-        (tile,), outs, partials = self.recompute(first, r, needs, frozen=True)
+
+    def band(self, band, r, needs, shares, sums):
+        """The input gradients of the tiles ``band`` of one key: recomputed once (the first's slices,
+        the parameters and leaves detached, ``Sweep.linear`` having back-propagated into them), each
+        tile back-propagates its own owned output gradients and shares into its own slices, one
+        backward each through the one graph; one serves all where their gradients have the first's
+        bits."""
+        (tile,), outs, partials = self.recompute(band[:1], r, needs, frozen=True)
         inputs = [t for t in tile if t.requires_grad]
-        for n, (index, row, col) in enumerate(group):
+        same = all(self.same_gradients(band[0], row, col) for _, row, col in band[1:])
+        computed = band[:1] if same else band
+        for n, (index, row, col) in enumerate(computed):
             pairs = self.pairs([(index, row, col)], outs, partials, shares)
             found = iter(torch.autograd.grad([a for a, _ in pairs], inputs, [b for _, b in pairs],
-                                             retain_graph=n + 1 < len(group), allow_unused=True)
+                                             retain_graph=n + 1 < len(computed), allow_unused=True)
                          if pairs else [None] * len(inputs))
-            add_input_grads(sums, row, col, [next(found) if t.requires_grad else None for t in tile])
+            grads = [next(found) if t.requires_grad else None for t in tile]
+            for _, tile_row, tile_col in band if same else [(index, row, col)]:
+                add_input_grads(sums, tile_row, tile_col, grads)
 
     def direct_inputs(self, r, level, share, sums):
         """A direct ``level``'s partials' shares of their merged ones' gradients ``share``
