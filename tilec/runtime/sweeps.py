@@ -449,7 +449,8 @@ class Sweep:
         gradients into everything but the inputs (``Sweep.linear``), and each tile its own into its
         input gradients, band by band (``Sweep.band``). A band is the key's tiles, or with a
         ``rolled`` input gradient (whose accumulators hold a band of rows) those of one row; per
-        index of a band's first tile, its tiles."""
+        index of a band's first tile, its tiles and whether their owned output gradients all have
+        the first's bits."""
         for level in self.segment.levels:
             for kind, (_, grads) in zip(level.merges, shares.get(level.index, ()), strict=False):
                 if kind == "argmax" and any(g is not None for g in grads):
@@ -476,7 +477,9 @@ class Sweep:
                 by_band = {}
                 for tile in group:
                     by_band.setdefault(tile[1][0] if rolled else None, []).append(tile)
-                bands.update((band[0][0], band) for band in by_band.values())
+                bands.update((band[0][0], (band, rolled and all(self.same_gradients(band[0], row, col)
+                                                                for _, row, col in band[1:])))
+                             for band in by_band.values())
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 
     def same_gradients(self, first, row, col):
@@ -535,7 +538,10 @@ class Sweep:
         progress, pending = Progress(run, label, segment.count(run.group)), Pending(segment.batch)
         for index, row, col in segment.tiles(run.group, self.xs):
             group = groups.get(index)
-            alone = [] if index in members and index in bands else group if group and len(group) > 1 else None
+            if index in members:
+                alone = [] if index in bands else None
+            else:
+                alone = group if group and len(group) > 1 else None
             if pending and (alone is not None or not pending.fits(row, col)):
                 batch = pending.take()
                 yield batch, None
@@ -585,11 +591,10 @@ class Sweep:
         groups, members, apart, bands = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
         for batch, group in self.calls(f"{self.segment.label} backward", groups, members, bands):
             index = batch[0][0]
-            if index in apart:
-                self.linear(group, with_leaves, collected, shares)
-            if index in bands:
-                self.band(bands[index], r, needs, shares, sums)
-            if index in apart or index in bands:
+            if index in bands:  # a representative of tiles apart starts their first band
+                if index in apart:
+                    self.linear(group, with_leaves, collected, shares)
+                self.band(*bands[index], r, needs, shares, sums)
                 continue
             tiles, outs, partials = self.recompute(batch, with_leaves, needs)
             pairs = self.pairs(batch, outs, partials, shares, group)
@@ -617,15 +622,14 @@ class Sweep:
         if pairs and wanted:
             torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
 
-    def band(self, band, r, needs, shares, sums):
+    def band(self, band, same, r, needs, shares, sums):
         """The input gradients of the tiles ``band`` of one key: recomputed once (the first's slices,
         the parameters and leaves detached, ``Sweep.linear`` having back-propagated into them), each
         tile back-propagates its own owned output gradients and shares into its own slices, one
         backward each through the one graph; one serves all where their gradients have the first's
-        bits."""
+        bits (``same``)."""
         (tile,), outs, partials = self.recompute(band[:1], r, needs, frozen=True)
         inputs = [t for t in tile if t.requires_grad]
-        same = all(self.same_gradients(band[0], row, col) for _, row, col in band[1:])
         computed = band[:1] if same else band
         for n, (index, row, col) in enumerate(computed):
             pairs = self.pairs([(index, row, col)], outs, partials, shares)
