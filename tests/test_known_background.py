@@ -2,6 +2,8 @@
 counts the tiles the runtime computes once (``Segment.reused``), and a budget search plans with it.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,9 @@ from torch import nn
 
 import tilec
 from tilec.cost.background import Background
+from tilec.errors import PlanError
 from tilec.pipeline import described, plan_for
+from tilec.planio import dumps, loads
 from tilec.report import describe_plan
 from tilec.search import choose
 from tilec.slides import slide
@@ -116,3 +120,17 @@ def test_inspect_says_what_the_estimate_left_out():
     caption = describe_plan(planned).caption
     assert f"background of {graph.input_names[0]} known when compiling" in caption
     assert f"{planned.segments[0].reused} of segment 0's 64" in caption
+
+
+def test_a_plan_counting_every_tile_as_computed_once_is_refused():
+    """A segment computes at least one tile of its grid: its ``reused`` stays below its tiles."""
+    torch.manual_seed(0)
+    model = Slide(ResNetHead()).double().eval()
+    graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])
+    planned = plan_for(graph, TINY, "m", grid=(8, 8), backgrounds={graph.input_names[0]: masked_slide().background()})
+    assert 0 < planned.segments[0].reused < 64
+    assert loads(dumps(planned)) == planned
+    data = json.loads(dumps(planned))
+    data["segments"][0]["reused"] = 64
+    with pytest.raises(PlanError, match="segment 0 counts 64 tiles as computed once.*fewer than its 8x8 tiles"):
+        loads(json.dumps(data), "p.json")

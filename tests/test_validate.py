@@ -327,6 +327,8 @@ CASES = {
     "name twice": ("residual 3x2", _twice, ["'conv2d' is used twice"]),
     "forged stride": ("residual 3x2", _forged_stride, ["node conv2d_1 (aten.conv2d) cannot be evaluated"]),
     "forged output": ("residual 3x2", _forged_output, ["output tree's tensor 'ghost'"]),
+    "reuse without a background": ("se 3x2", lambda d: d["segments"][0].update(reused=2),
+                                   ["segment 0 counts 2 tiles as computed once", "needs a known background"]),
 }
 
 
@@ -362,10 +364,11 @@ TEXT = dumps(PLAN)
 DATA = json.loads(TEXT)
 
 #: Integers validation does not constrain: predictions, the measured bytes per kernel and weight
-#: gradient path, and the input's batch and channels (tiles depend on the image sizes only; the
-#: generated module checks the whole input shape).
+#: gradient path, the input's batch and channels (tiles depend on the image sizes only; the
+#: generated module checks the whole input shape), and the tiles per call of a segment whose tiles
+#: may run stacked (a choice; tests/test_batches.py checks a segment whose tiles may not).
 FREE = {("predicted_peak_bytes",), ("kernel_state",), ("kernel_state_bytes",), ("gemm_min_channels",),
-        ("staging_bytes",), ("inputs", 0, "shape", 0), ("inputs", 0, "shape", 1)}
+        ("staging_bytes",), ("inputs", 0, "shape", 0), ("inputs", 0, "shape", 1), ("segments", 0, "batch")}
 
 
 def _paths(node, prefix=()):

@@ -108,7 +108,8 @@ def check_version(data: dict, source: str = "plan") -> None:
 def _check_predictions(plan: Plan) -> None:
     """Predictions are estimates, so only their range is checked: bytes and seconds not negative,
     FLOP overhead at least -1 (a ratio minus one), all finite; a budget, if any, positive; the
-    kernel state within the peak."""
+    kernel state within the peak; tiles counted as computed once only where the compile knew of
+    background, and fewer than the segment's tiles."""
     if plan.predicted_peak_bytes < 0 or (plan.memory_budget is not None and plan.memory_budget < 1):
         _fail(f"predicted_peak_bytes {plan.predicted_peak_bytes} or memory_budget {plan.memory_budget} is out of range")
     if plan.kernel_state < 0 or not 0 <= plan.kernel_state_bytes <= plan.predicted_peak_bytes:
@@ -124,6 +125,9 @@ def _check_predictions(plan: Plan) -> None:
         if segment.predicted_peak_bytes < 0 or not (0 <= seconds < math.inf and -1 <= overhead < math.inf):
             _fail(f"segment {segment.index} has predictions out of range: peak {segment.predicted_peak_bytes} bytes, "
                   f"{seconds} s, FLOP overhead {overhead}")
+        if segment.reused and (not plan.backgrounds or segment.reused >= segment.grid[0] * segment.grid[1]):
+            _fail(f"segment {segment.index} counts {segment.reused} tiles as computed once: that needs a known "
+                  f"background (backgrounds) and fewer than its {segment.grid[0]}x{segment.grid[1]} tiles")
 
 
 def _check_modes(plan: Plan) -> None:
