@@ -14,8 +14,8 @@ backward; the best is reported, after ``--warmup`` untimed steps that size the a
 ``--known F`` the one plan is chosen (``--budget``) or estimated knowing where the slide of fraction
 ``F`` is background (``tilec.cost.background``: the estimate counts the tiles computed once), as
 ``tilec.compile`` plans for a masked slide, and every fraction runs that plan. ``--segments`` takes
-the segments a driver printed (``FIRST:STOP:ROWSxCOLS/BATCH``, ``s`` after a stored one) instead of
-a search; ``--folder`` keeps the module and the last slide there. Each child prints
+the segments a driver printed (``FIRST:STOP@ROWSxCOLS[/BATCH],...``, as ``tilec compile`` takes
+them) instead of a search; ``--folder`` keeps the module and the last slide there. Each child prints
 one JSON line: ``step_s`` (best), ``steps_s`` (all), the tiles ran and reused in the last step
 (``TiledModel.reuse``) and the output checksum; the driver adds the plan's segments and estimate.
 It prints a table with each step's ratio to the first fraction's (give 0 first: the textured slide).
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,8 +37,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.step import import_file, parse_bytes, parse_grid  # noqa: E402
+from benchmarks.step import import_file, parse_bytes, parse_grid, parse_segments  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
+from tilec.config import segments_text  # noqa: E402
 from tilec.cost.background import Background  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402
@@ -123,27 +123,9 @@ def drive(args) -> list[dict]:
                        "--slide", str(slide), "--background", str(background)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             records.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            records[-1].update(plan=label, segments=",".join(segment_text(s) for s in plan.segments),
+            records[-1].update(plan=label, segments=segments_text(plan.segments),
                                estimated_s=round(sum(s.estimated_seconds for s in plan.segments), 1))
     return records
-
-
-def segment_text(segment) -> str:
-    """``FIRST:STOP:ROWSxCOLS/BATCH``, ``s`` after a stored segment (``parse_segments`` reads it back)."""
-    stored = "s" if segment.mode == "stored" else ""
-    return f"{segment.first}:{segment.stop}:{segment.grid[0]}x{segment.grid[1]}/{segment.batch}{stored}"
-
-
-def parse_segments(text: str) -> list[tuple]:
-    """``"0:13:13x13/16,69:71:1x1/1s"`` -> ``[(0, 13, (13, 13), "tiled", 16), (69, 71, (1, 1), "stored", 1)]``."""
-    segments = []
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+):(\d+):(\d+)x(\d+)/(\d+)(s?)\s*", part)
-        if not match:
-            raise argparse.ArgumentTypeError(f"not a segment: {part!r} (write FIRST:STOP:ROWSxCOLS/BATCH[s])")
-        first, stop, rows, cols, batch = (int(match[k]) for k in range(1, 6))
-        segments.append((first, stop, (rows, cols), "stored" if match[6] else "tiled", batch))
-    return segments
 
 
 def table(records: list[dict]) -> str:

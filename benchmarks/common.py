@@ -53,7 +53,7 @@ class Point:
     size: int
     variant: str
     grid: str | None = None  # tilec: one fused segment with this grid, or
-    tilec_segments: str | None = None  # tilec: explicit segments FIRST:STOP:RxC,...
+    tilec_segments: str | None = None  # tilec: explicit segments FIRST:STOP@RxC[/B],...
     segments: int | None = None  # checkpoint
     budget: int | None = None  # auto
     malloc: str = "default"  # "default" (the environment as is) or "tuned" (TUNED_MALLOC)

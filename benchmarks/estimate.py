@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from step import parse_segment_text  # noqa: E402
+from step import parse_segments  # noqa: E402
 
 from tilec.calibrate import measure_kernels  # noqa: E402
 from tilec.clock import clock  # noqa: E402
@@ -28,6 +29,12 @@ from tilec.modelfile import load_model  # noqa: E402
 from tilec.planner import plan  # noqa: E402
 from tilec.target import Target  # noqa: E402
 from tilec.trace import trace  # noqa: E402
+
+
+def current(text: str) -> str:
+    """A recorded segment as ``--segments`` takes it: records before it gained tiles per call wrote
+    ``FIRST:STOP:RxC``, `` stored`` after a stored one."""
+    return re.sub(r"^(\d+):(\d+):(\S+?)( stored)?$", r"\1:\2@\3", text)
 
 
 def main(argv=None) -> int:
@@ -41,7 +48,7 @@ def main(argv=None) -> int:
                 continue
             model, _ = load_model(ROOT / "examples" / f"{record['model']}.py")
             graph = trace(model, tuple(record["input_shape"]))
-            segments = [parse_segment_text(text) for text in record["plan_segments"]]
+            segments = parse_segments(",".join(current(text) for text in record["plan_segments"]))
             if segments[-1][1] != len(graph.order):
                 continue
             estimate = sum(s.estimated_seconds for s in plan(graph, target, name="m", segments=segments).segments)

@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from step import parse_bytes, segment_text  # noqa: E402
+from step import parse_bytes  # noqa: E402
 
 from tilec.calibrate import measure_kernels  # noqa: E402
+from tilec.config import segments_text  # noqa: E402
 from tilec.cost.estimator import Estimator  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.search import choose  # noqa: E402
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     untiled = Estimator(graph, target, "float32").segment(0, len(graph.order), (), (), stored=True).flops
     print(json.dumps({
         "model": args.model.stem, "size": args.size, "budget_bytes": args.budget,
-        "segments": [segment_text(s) for s in choice.segments],
+        "segments": segments_text(choice.segments),
         "recomputed": list(choice.recomputed), "plan_gflops": round(fewest / 1e9, 1),
         "untiled_gflops": round(untiled / 1e9, 1), "ratio": round(fewest / untiled, 2),
     }))

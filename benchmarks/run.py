@@ -145,7 +145,7 @@ def notes(records: list[dict]) -> str:
                 guess = r["estimated_seconds"]
                 estimate = f", estimated step {guess:.1f} s (measured {r['step_s'] / guess:.2f}x)"
             out.append(f"- {r['size']}² {r['label']}: chose segments {', '.join(r['plan_segments'])} "
-                       f"(FIRST:STOP:grid), planning took {r['build_s']:.1f} s{estimate}")
+                       f"(FIRST:STOP@grid/tiles per call), planning took {r['build_s']:.1f} s{estimate}")
     out.append("- malloc: every process runs in the environment as is (no allocator variables; tilec's module "
                "pins glibc's mmap threshold itself) unless its label says tuned malloc: "
                + ", ".join(f"{k}={v}" for k, v in TUNED_MALLOC.items()))
@@ -186,8 +186,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", type=Path, default=Path("examples/vgg16.py"))
     parser.add_argument("--sizes", default="1024,2048", help="comma-separated image sizes (square)")
     parser.add_argument("--grid", default="4x4", help="tilec grid(s), comma-separated, e.g. 4x4,8x8")
-    parser.add_argument("--tilec-segments", action="append", default=[], metavar="FIRST:STOP:RxC,...",
-                        help="also run tilec with these explicit segments (repeatable), e.g. 0:17:16x16,17:31:4x4")
+    parser.add_argument("--tilec-segments", action="append", default=[], metavar="FIRST:STOP@RxC[/B],...",
+                        help="also run tilec with these explicit segments (repeatable), e.g. 0:17@16x16,17:31@4x4")
     parser.add_argument("--variants", default="plain,checkpoint,tilec", help=f"comma-separated of {VARIANTS}")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
     parser.add_argument("--budget", default="10%",

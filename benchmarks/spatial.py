@@ -40,6 +40,7 @@ from common import environment, header, write_results  # noqa: E402
 from step import parse_bytes, parse_grid  # noqa: E402
 
 from tilec.codegen import render  # noqa: E402
+from tilec.config import segments_text  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.pipeline import load_source, plan_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402
@@ -211,8 +212,7 @@ def main(argv: list[str]) -> int:
         records = [measure(world, source, spec, shape, args.steps, args.timeout) for world in (1, args.ranks)]
     single, shared = records
     env = environment([sys.argv[0], *argv])
-    segments = ", ".join(f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}" + (" stored" if s.mode == "stored" else "")
-                         for s in plan.segments)
+    segments = segments_text(plan.segments)
     rows = [
         "| variant | step wall (s) | first step (s) | wall / 1 process | reduced per step (MiB) | "
         "reduced / activations | in collectives (s) | Σ|grad| |",

@@ -83,9 +83,12 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.common import covered  # noqa: E402
 from tilec.calibrate import cpu_stall_seconds, reset_high_water_mark, status_bytes  # noqa: E402
-from tilec.errors import BudgetError  # noqa: E402
+from tilec.config import parse_segments as config_segments  # noqa: E402
+from tilec.config import segments_text  # noqa: E402
+from tilec.errors import BudgetError, GridError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402
+from tilec.planner import SegmentChoice  # noqa: E402
 
 VARIANTS = ("plain", "checkpoint", "tilec", "auto")
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -110,26 +113,13 @@ def parse_grid(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def parse_segments(text: str) -> list[tuple[int, int, tuple[int, int]]]:
-    """``"0:17:16x16,17:31:4x4"`` -> ``[(0, 17, (16, 16)), (17, 31, (4, 4))]`` (first:stop:grid)."""
-    segments = []
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+):(\d+):(\S+)\s*", part)
-        if not match:
-            raise argparse.ArgumentTypeError(f"not a segment FIRST:STOP:ROWSxCOLS: {part!r}")
-        segments.append((int(match.group(1)), int(match.group(2)), parse_grid(match.group(3))))
-    return segments
-
-
-def segment_text(segment) -> str:
-    """A plan's (or a search's) segment as ``FIRST:STOP:RxC``, `` stored`` appended if stored."""
-    return f"{segment.first}:{segment.stop}:{segment.grid[0]}x{segment.grid[1]}{' stored' * (segment.mode != 'tiled')}"
-
-
-def parse_segment_text(text: str) -> tuple[int, int, tuple[int, int], str]:
-    """``segment_text`` back to ``(first, stop, grid, mode)``."""
-    (first, stop, grid), = parse_segments(text.split()[0])
-    return first, stop, grid, "stored" if text.endswith(" stored") else "tiled"
+def parse_segments(text: str) -> tuple[tuple, ...]:
+    """Segments as ``tilec compile --segments`` takes them (``FIRST:STOP@ROWSxCOLS[/BATCH],...``,
+    ``tilec.config.parse_segments``), refused as an argparse type refuses."""
+    try:
+        return config_segments(text)
+    except GridError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 # ------------------------------------------------------------------------------- measurement
@@ -299,7 +289,7 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["kernel_state_bytes"] = plan.kernel_state_bytes
-    record["plan_segments"] = [segment_text(s) for s in plan.segments]
+    record["plan_segments"] = [segments_text([s]) for s in plan.segments]
     record["tiles_per_call"] = [s.batch for s in plan.segments]
     record["estimated_seconds"] = sum(s.estimated_seconds for s in plan.segments)
     return tiled
@@ -315,11 +305,11 @@ def import_file(path: Path):
 
 
 def compile_flags(grid=None, segments=None, memory_budget=None) -> list[str]:
-    """``tilec compile``'s flags for one of a grid, segments ``(first, stop, (rows, cols))`` or a budget."""
+    """``tilec compile``'s flags for one of a grid, segments (``parse_segments``'s) or a budget."""
     if grid is not None:
         return ["--grid", f"{grid[0]}x{grid[1]}"]
     if segments is not None:
-        return ["--segments", ",".join(f"{first}:{stop}@{rows}x{cols}" for first, stop, (rows, cols) in segments)]
+        return ["--segments", segments_text(SegmentChoice(*segment) for segment in segments)]
     return ["--memory-budget", f"{memory_budget}B"]
 
 
@@ -399,8 +389,8 @@ def parse_args(argv=None):
     parser.add_argument("--channels", type=int, help="input channels (default: from INPUT_SHAPE, else 3)")
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument("--grid", type=parse_grid, help="tilec grid ROWSxCOLS (default 4x4)")
-    parser.add_argument("--tilec-segments", type=parse_segments, metavar="FIRST:STOP:RxC,...",
-                        help="tilec with explicit fused segments instead of --grid, e.g. 0:17:16x16,17:31:4x4")
+    parser.add_argument("--tilec-segments", type=parse_segments, metavar="FIRST:STOP@RxC[/B],...",
+                        help="tilec with explicit fused segments instead of --grid, e.g. 0:17@16x16,17:31@4x4")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
     parser.add_argument("--tiles-per-call", type=int, help="tilec: stack up to K tiles of one class per call")
     parser.add_argument("--checkpoint-modules", type=lambda text: text.split(","), metavar="NAME,...",

@@ -59,6 +59,7 @@ from train_slide import SlideClassifier, load_example, write_slide, write_tiff  
 import tilec  # noqa: E402
 from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.codegen import render  # noqa: E402
+from tilec.config import segments_text  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.planio import dumps, write_bytecode, write_files  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=("resnet50", "resnet18", "resnet18-frozen", "small"), default="resnet50")
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--budget", type=parse_bytes)
-    parser.add_argument("--segments", type=parse_segments, help="FIRST:STOP:ROWSxCOLS,... instead of --budget")
+    parser.add_argument("--segments", type=parse_segments, help="FIRST:STOP@ROWSxCOLS[/BATCH],... instead of --budget")
     parser.add_argument("--source", choices=("disk", "memory", "tiff"), default="disk")
     parser.add_argument("--mask", action="store_true", help="with --source tiff: the background made white")
     parser.add_argument("--forward-only", action="store_true", help="measure the forward alone")
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
         "model": args.model, "size": args.size, "source": args.source, "read_ahead": args.read_ahead,
         "mask": args.mask, "forward_only": args.forward_only,
         "budget_bytes": args.budget, "compile_s": round(compile_s, 2),
-        "segments": [f"{s.first}:{s.stop}:{s.grid[0]}x{s.grid[1]}" for s in plan.segments],
+        "segments": segments_text(plan.segments),
         "predicted_peak_bytes": plan.predicted_peak_bytes, "staging_bytes": plan.staging_bytes,
         "estimated_s": round(sum(s.estimated_seconds for s in plan.segments), 2),
         "device": args.device, "peak_bytes": meter.growth, "method": meter.method,
@@ -160,8 +161,7 @@ def main(argv=None) -> int:
 def write_module(args, model: nn.Module) -> None:
     """Plan ``model`` for the slide and write its plan, module and bytecode into ``args.write_module``."""
     inputs = [((1, 3, args.size, args.size), "uint8"), ((1,), "int64")]
-    how = {"segments": [(a, b, grid, "tiled" if grid != (1, 1) else "stored") for a, b, grid in args.segments]} \
-        if args.segments else {"memory_budget": args.budget}
+    how = {"segments": args.segments} if args.segments else {"memory_budget": args.budget}
     graph = trace(model, inputs)
     target = target_for(graph, "float32")
     if args.device == "cuda":

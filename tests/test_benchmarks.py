@@ -78,7 +78,7 @@ def test_step_prints_measurements(results, label):
     if variant == "checkpoint":
         assert record["inplace_replaced"] == 2 and record["segments"] == 2
     if variant == "tilec":
-        assert record["plan_segments"] == ["0:5:2x2"]
+        assert record["plan_segments"] == ["0:5@2x2"]
     if variant in ("tilec", "auto"):
         assert record["allocator"] == ("heap" if label == "tilec-heap" else "pinned")
         assert 0 < record["predicted_peak_bytes"] <= record.get("budget_bytes", record["predicted_peak_bytes"])
@@ -90,7 +90,7 @@ def test_background_driver_runs_given_segments_on_a_textured_and_a_background_sl
     the rendered module."""
     model = tmp_path / "tiny.py"
     model.write_text(TINY_MODEL)
-    segments = "0:4:4x4/1,4:7:4x4/2"
+    segments = "0:4@4x4,4:7@4x4/2"
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "background.py"), "--model", str(model), "--size", "128",
          "--segments", segments, "--backgrounds", "0", "0.7", "--repeats", "1", "--warmup", "0",
@@ -102,3 +102,15 @@ def test_background_driver_runs_given_segments_on_a_textured_and_a_background_sl
     assert textured["tiles_reused"] == 0 and background["tiles_reused"] > 0
     assert textured["tiles_ran"] == background["tiles_ran"] + background["tiles_reused"]
     assert (tmp_path / "kept" / "background_tiled.py").is_file()
+
+
+def test_recorded_segments_of_either_form_plan_again():
+    """Results files record a plan's segments as ``--segments`` takes them; older ones wrote
+    ``FIRST:STOP:RxC`` (`` stored`` after a stored one), which ``estimate.current`` converts."""
+    from benchmarks.estimate import current
+    from benchmarks.step import parse_segments
+
+    recorded = [["0:13:16x16", "13:14:1x1 stored"], ["0:13@16x16", "13:14@1x1"]]
+    assert [parse_segments(",".join(current(t) for t in texts)) for texts in recorded] == [
+        ((0, 13, (16, 16), None, 1), (13, 14, (1, 1), None, 1))] * 2
+    assert current("0:13@16x16/4") == "0:13@16x16/4"

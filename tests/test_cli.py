@@ -187,6 +187,23 @@ def test_compile_recomputes_a_named_skip(tmp_path):
     assert max((a - b).abs().max().item() for a, b in zip(expected, got, strict=True)) < 1e-10
 
 
+def test_inspect_prints_the_flags_that_compile_the_same_plan(tmp_path):
+    """``tilec inspect`` ends its summary with ``--segments`` (tiles per call included) and
+    ``--recompute``: compiled with them, the model gives the same plan file, byte for byte."""
+    model_file = _write(tmp_path, "skip.py", SKIP)
+    first, again = tmp_path / "first", tmp_path / "again"
+    result = _invoke("compile", model_file, "--recompute", "relu", "--segments",
+                     "0:5@2x2/2,5:9@1x1:tiled,9:14@1x1,14:18@3x2", "--out-dir", first, "--plan-dir", first)
+    assert result.exit_code == 0, result.output
+    result = _invoke("inspect", first / "skip.plan.json")
+    line, = [line for line in result.output.splitlines() if line.startswith("the same segments: ")]
+    assert line == "the same segments: --segments 0:5@2x2/2,5:9@1x1:tiled,9:14@1x1,14:18@3x2 --recompute relu"
+    flags = line.removeprefix("the same segments: ").split()
+    result = _invoke("compile", model_file, *flags, "--out-dir", again, "--plan-dir", again)
+    assert result.exit_code == 0, result.output
+    assert (again / "skip.plan.json").read_bytes() == (first / "skip.plan.json").read_bytes()
+
+
 @pytest.mark.parametrize(("names", "words"), [("conv2d_3", "no reader comes"), ("relu,", "must be node names"),
                                                ("nothing", "there is no such node")])
 def test_compile_refuses_what_cannot_be_recomputed(tmp_path, names, words):

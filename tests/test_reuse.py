@@ -9,6 +9,7 @@ float) with the untiled step, and asserts how many tiles were reused.
 """
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilec.pipeline import build
-from tilec.runtime.reuse import constants
+from tilec.runtime.reuse import SAMPLE, Keys, constants
 from tilec.trace import trace
 
 from support.exactness import TOLERANCE, randomise_buffers, tiled_segments
@@ -253,6 +254,28 @@ def test_a_slice_is_constant_only_where_its_bits_are():
     assert constants(x, spatial) is None  # -0.0 == 0.0, but not the same bits
     assert constants(torch.full((1, 1, 2, 2), float("nan")), spatial) is not None  # one NaN's bits
     assert constants(torch.tensor([[[[1, 2]]]], dtype=torch.uint8), spatial) is None
+    x = torch.full((1, 2, 2 * SAMPLE + 3, 5), 7, dtype=torch.uint8)
+    assert constants(x, spatial) == (7, 7)
+    x[0, 1, SAMPLE + 1, 4] = 8  # in a row the first look skips
+    assert constants(x, spatial) is None
+
+
+def test_tiles_whose_first_looks_agree_are_one_key_only_where_all_their_bits_do():
+    """Three tiles of a float tensor, the second differing from the first only in a row that the
+    fingerprint skips: its fingerprint is the first's, but its bits are not, and it has no key; the
+    third holds the first's bits and is its member."""
+    height = 2 * SAMPLE
+    first = torch.randn(1, 2, height, 5, dtype=torch.float64)
+    x = torch.cat([first, first.clone(), first], dim=2)
+    x[0, 0, height + 3, 1] += 1
+    segment = SimpleNamespace(reuse=True, sliced=[(2, 3)])
+    col = (((0, 5),), ((0, 5),), 0, ())
+    keys = Keys()
+    for index in range(3):
+        rows = (index * height, (index + 1) * height)
+        row = ((rows,), (rows,), 0, ())
+        keys.find(segment, [x], [x[:, :, rows[0]:rows[1]]], index, row, col)
+    assert keys[0] is not None and keys[1] is None and keys[2] == keys[0]
 
 
 def test_a_segment_drawing_element_wise_dropout_never_reuses_and_one_without_may():

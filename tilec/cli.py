@@ -22,7 +22,7 @@ from tilec.config import (
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
-from tilec.report import describe_input, describe_plan, node_table, tile_table
+from tilec.report import describe_input, describe_plan, node_table, same_plan, tile_table
 
 
 class Refusal(click.ClickException):
@@ -71,8 +71,9 @@ def main() -> None:
               "per tensor argument of forward, in order (default: the file's INPUTS or INPUT_SHAPE).")
 @click.option("--input-shape", help="Shorthand for one input N,C,H,W in the model's dtype.")
 @click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4 (1x1: untiled).")
-@click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS,... over half-open node ranges "
-              "(positions as `tilec inspect PLAN --nodes` lists them; 1x1 = stored, untiled).")
+@click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS[/BATCH][:tiled],... over half-open node "
+              "ranges (positions as `tilec inspect PLAN --nodes` lists them; /BATCH: tiles per call; 1x1 = stored, "
+              "untiled, unless :tiled). `tilec inspect` prints a plan's so.")
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
               "(recomputing long-lived tensors where that is faster than keeping them).")
 @click.option("--batch", type=click.IntRange(min=1), help="With --grid or --segments: run up to N consecutive "
@@ -117,6 +118,7 @@ def compile_command(model_file, attr, inputs, input_shape, grid, segments, memor
     for one in (result.plan, result.plan.other):
         if one is not None:
             console.print(describe_plan(one))
+    console.print(same_plan(result.plan), soft_wrap=True)
     console.print(f"wrote {result.plan_path} and {result.module_path}")
 
 
@@ -140,6 +142,7 @@ def inspect_command(plan_file, tile, node, segment, list_nodes) -> None:
     for one in (plan, plan.other):
         if one is not None:
             console.print(describe_plan(one))
+    console.print(same_plan(plan), soft_wrap=True)
     for table in tables:
         console.print(table)
 

@@ -112,16 +112,26 @@ def budget_bytes(budget: int | str | None) -> int | None:
 
 
 def parse_segments(text: str) -> tuple[tuple, ...]:
-    """``"0:10@8x8,10:31@1x1"`` -> ``((0, 10, (8, 8)), (10, 31, (1, 1)))``; half-open layer ranges."""
+    """``"0:10@8x8/4,10:20@1x1:tiled,20:31@1x1"`` -> ``((0, 10, (8, 8), None, 4), (10, 20, (1, 1),
+    "tiled", 1), (20, 31, (1, 1), None, 1))``: half-open layer ranges, each with its grid, after
+    ``/`` how many tiles of one shape class run as one call (default 1), and after ``:`` its mode
+    where the grid does not say it (a 1x1 grid is stored unless ``:tiled``); ``segments_text``
+    writes them so."""
     segments = []
     for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+):(\d+)@(.+)", part)
+        match = re.fullmatch(r"\s*(\d+):(\d+)@([^/:]+?)(?:/(\d+))?(?::(tiled|stored))?\s*", part)
         if not match:
-            raise GridError(
-                f"--segments must look like FIRST:STOP@ROWSxCOLS,... (e.g. 0:10@8x8,10:31@1x1), got {text!r}"
-            )
-        segments.append((int(match[1]), int(match[2]), parse_grid(match[3])))
+            raise GridError(f"--segments must look like FIRST:STOP@ROWSxCOLS[/BATCH][:tiled|:stored],... "
+                            f"(e.g. 0:10@8x8/4,10:31@1x1), got {text!r}")
+        segments.append((int(match[1]), int(match[2]), parse_grid(match[3]), match[5], int(match[4] or 1)))
     return tuple(segments)
+
+
+def segments_text(segments) -> str:
+    """A plan's segments (or ``SegmentChoice`` s) as ``--segments`` takes them (``parse_segments``):
+    ``/BATCH`` where more than one tile runs per call, ``:tiled`` after a tiled 1x1 segment."""
+    return ",".join(f"{s.first}:{s.stop}@{s.grid[0]}x{s.grid[1]}" + (f"/{s.batch}" if s.batch > 1 else "")
+                    + (":tiled" if s.mode == "tiled" and tuple(s.grid) == (1, 1) else "") for s in segments)
 
 
 def parse_autocast(text: str) -> str:

@@ -10,6 +10,7 @@ import math
 
 from rich.table import Table
 
+from tilec.config import segments_text
 from tilec.errors import TilecError
 from tilec.graph import Graph
 from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment
@@ -107,10 +108,7 @@ def describe_plan(plan: Plan) -> Table:
     for column in columns:
         table.add_column(column, justify="left" if column in ("nodes", "outputs", "tiles per rank") else "right")
     nodes = plan.model.nodes
-    groups: dict[str, list[str]] = {}
-    for node in nodes:
-        if node.recomputes is not None:  # copies are named <node>_recomputed<k>, k per recomputed tensor
-            groups.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
+    groups = _recomputed(plan)
     captions = input_reads(plan)
     if groups:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
@@ -145,6 +143,24 @@ def describe_plan(plan: Plan) -> Table:
             *_rank_cells(plan, segment),
         )
     return table
+
+
+def _recomputed(plan: Plan) -> dict[str, list[str]]:
+    """Per recomputed cone (keyed by its copies' suffix ``_recomputed<k>``), the nodes it copies, the
+    recomputed node last."""
+    groups: dict[str, list[str]] = {}
+    for node in plan.model.nodes:
+        if node.recomputes is not None:
+            groups.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
+    return groups
+
+
+def same_plan(plan: Plan) -> str:
+    """The ``tilec compile`` flags that plan ``plan``'s segments again (in a plan of two modes, the
+    compile-time mode's): ``--segments`` and, where it recomputes, ``--recompute``."""
+    recomputed = ",".join(cone[-1] for cone in _recomputed(plan).values())
+    return f"the same segments: --segments {segments_text(plan.segments)}" + (
+        f" --recompute {recomputed}" if recomputed else "")
 
 
 def modes(plan: Plan) -> list[str]:

@@ -809,8 +809,11 @@ def partial_moments(x, dims):
     for d in dims:
         count *= x.shape[d]
     x = widened(x)
-    if ChannelMoments.applies(x, dims):
-        mean, m2 = (t.view(1, -1, 1, 1) for t in ChannelMoments.apply(x))
+    found = ChannelMoments.layout(x, dims)
+    if found is not None:
+        channels_last, groups = found
+        shape = (1, -1, 1, 1) if groups is None else (*x.shape[:2], 1, 1, 1)
+        mean, m2 = (t.view(shape) for t in ChannelMoments.apply(channels_last, groups))
         return torch.full_like(mean, count, requires_grad=False), mean, m2
     var, mean = torch.var_mean(x, dims, correction=0, keepdim=True)
     return torch.full_like(mean, count, requires_grad=False), mean, var * count
@@ -821,58 +824,85 @@ BLOCK = 1 << 18
 
 
 class ChannelMoments(torch.autograd.Function):
-    """Per channel, ``(mean, M2)`` of a non-empty CPU float tensor ``x`` (N, C, H, W) over N, H and W,
-    where its channels are its innermost dim (channels-last, as tiles make it, or a region of such
-    a tensor): BatchNorm's partial. On such a tensor ``var_mean`` takes 2-4x as long
-    (``benchmarks/moments.py``).
+    """``(mean, M2)`` of a non-empty CPU float tensor ``x`` (N, C, H, W) whose channels are its
+    innermost dim (channels-last, as tiles make it, or a region of such a tensor): per channel over
+    N, H and W (``groups`` ``None``: BatchNorm's partial, shaped ``(1, C)``), or per sample and
+    each of ``groups`` runs of consecutive channels over the run's channels, H and W (group,
+    instance and layer norm's partial, shaped ``(N, groups)``). On such a tensor ``var_mean`` takes 2-8x as
+    long (``benchmarks/moments.py``).
 
     Block by block (``BLOCK`` elements, a region's copied into a scratch), the mean is a sum,
     vectorised over the channels, and M2 sums the squared deviations from it in the scratch; each
     block's sums are added up in float64, and M2 corrects the mean's rounding (``M2 = S2 - S1² / n``,
-    ``S1``, ``S2``: the sums of the deviations and of their squares; the mean moves by ``S1 / n``):
-    within a float32 ulp of ``var_mean``'s, as accurate in float64."""
+    ``S1``, ``S2``: the sums of the deviations and of their squares; the mean moves by ``S1 / n``);
+    a group's channels then merge in float64 (``M2 = Σ M2_c + n Σ (mean_c - mean)²``): within a
+    float32 ulp of ``var_mean``'s, as accurate in float64."""
 
     @staticmethod
-    def applies(x, dims):
-        return (x.device.type == "cpu" and x.dim() == 4 and tuple(dims) == (0, 2, 3) and x.numel() > 0
-                and x.dtype in (torch.float32, torch.float64) and x.stride(1) == 1)
+    def layout(x, dims):
+        """``(x as (N, C, H, W), groups)`` where ``ChannelMoments`` computes ``x``'s moments over
+        ``dims``: BatchNorm's (``x`` 4-D, ``dims`` (0, 2, 3), ``groups`` ``None``) or a grouped
+        view's (``x`` (N, groups, C / groups, H, W), ``dims`` (2, 3, 4)); else ``None``."""
+        if x.device.type != "cpu" or x.numel() == 0 or x.dtype not in (torch.float32, torch.float64):
+            return None
+        if x.dim() == 4 and tuple(dims) == (0, 2, 3) and x.stride(1) == 1:
+            return x, None
+        if (x.dim() == 5 and tuple(dims) == (2, 3, 4) and x.stride(4) == x.shape[1] * x.shape[2]
+                and (x.stride(2) == 1 or x.shape[2] == 1) and (x.stride(1) == x.shape[2] or x.shape[1] == 1)):
+            return x.flatten(1, 2), x.shape[1]
+        return None
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, groups):
         rows = x.permute(0, 2, 3, 1)  # (N, H, W, C), channels innermost
-        count = x.numel() // x.shape[1]
+        channels = x.shape[1]
+        sets = 1 if groups is None else x.shape[0]  # sums over all samples, or per sample
+        count = x.numel() // channels // sets
         height = max(1, BLOCK // (rows.shape[2] * rows.shape[3]))
-        blocks = [sample[start:start + height] for sample in rows for start in range(0, rows.shape[1], height)]
+        blocks = [(0 if groups is None else n, sample[start:start + height]) for n, sample in enumerate(rows)
+                  for start in range(0, rows.shape[1], height)]
         scratch = torch.empty((min(height, rows.shape[1]), *rows.shape[2:]), dtype=x.dtype)
-        total = torch.zeros(x.shape[1], dtype=torch.float64)
-        for block in blocks:  # a region's rows are strided: copied, its blocks sum as fast
-            total += (block if block.is_contiguous() else scratch[:block.shape[0]].copy_(block)).sum((0, 1))
+        total = torch.zeros(sets, channels, dtype=torch.float64)
+        for n, block in blocks:  # a region's rows are strided: copied, its blocks sum as fast
+            total[n] += (block if block.is_contiguous() else scratch[:block.shape[0]].copy_(block)).sum((0, 1))
         rough = (total / count).to(x.dtype)
-        first = torch.zeros(x.shape[1], dtype=torch.float64)
-        second = torch.zeros(x.shape[1], dtype=torch.float64)
-        for block in blocks:
+        first = torch.zeros(sets, channels, dtype=torch.float64)
+        second = torch.zeros(sets, channels, dtype=torch.float64)
+        for n, block in blocks:
             deviations = scratch[:block.shape[0]]
-            torch.sub(block, rough, out=deviations)
-            first += deviations.sum((0, 1))
-            second += deviations.square_().sum((0, 1))
-        mean = (rough + first / count).to(x.dtype)
+            torch.sub(block, rough[n], out=deviations)
+            first[n] += deviations.sum((0, 1))
+            second[n] += deviations.square_().sum((0, 1))
+        mean, m2 = rough + first / count, second - first.square() / count
+        if groups is not None:
+            by_group = mean.view(sets, groups, -1)
+            mean = by_group.mean(2)
+            m2 = m2.view(sets, groups, -1).sum(2) + count * (by_group - mean.unsqueeze(2)).square().sum(2)
+            count *= channels // groups
+        mean = mean.to(x.dtype)
         ctx.save_for_backward(x, mean)
-        ctx.count = count
-        return mean, (second - first.square() / count).to(x.dtype)
+        ctx.count, ctx.groups = count, groups
+        return mean, m2.to(x.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_mean, grad_m2):
-        """``dmean/dx = 1/n``, ``dM2/dx = 2 (x - mean)``."""
+        """``dmean/dx = 1/n``, ``dM2/dx = 2 (x - mean)``, per channel or group."""
         x, mean = ctx.saved_tensors
-        shape = (1, -1, 1, 1)
+        channels = x.shape[1]
+
+        def per_channel(t):
+            if ctx.groups is not None:
+                t = t.repeat_interleave(channels // ctx.groups, dim=1)
+            return t.view(t.shape[0], channels, 1, 1)
+
         if grad_m2 is None:
             grad = torch.zeros_like(x)
         else:
-            grad = torch.sub(x, mean.view(shape)).mul_(2 * grad_m2.view(shape))
+            grad = torch.sub(x, per_channel(mean)).mul_(2 * per_channel(grad_m2))
         if grad_mean is not None:
-            grad.add_(grad_mean.view(shape) / ctx.count)
-        return grad
+            grad.add_(per_channel(grad_mean) / ctx.count)
+        return grad, None
 
 
 def merge_moments(a, b):
@@ -1248,13 +1278,15 @@ one constant per sample and channel, the same constants, compute the same tensor
 an op reads absolute positions: such a segment has ``reuse`` off (the op rules' ``positional``).
 
 This is found at run time from the slices the tiles read anyway, comparing bits: a slice is constant
-where, per sample and channel, the minimum and the maximum of its elements read as integers of their
-width are equal (so 0.0 and -0.0, or two NaNs, are never one constant). A slice of a tensor in memory
-that is not constant (a stored activation over background, whose tiles copied one representative's
-owned values, rounded by position within it) is fingerprinted by the sums of its bits per sample and
-channel, and a tile whose fingerprints match an earlier tile's is that tile's member only where its
-slices hold the same bits as that tile's, read again (``Keys.find``); a file is never read twice, so a
-slice of a ``Source`` counts only where it is constant. A tile's *key* is its classes, the sizes of its
+where, per sample and channel, every element read as an integer of its width equals the first (so
+0.0 and -0.0 are never one constant, and two NaNs of one payload are); every ``SAMPLE``-th row is
+compared first, which rejects a textured slice for a fraction of the cost. A slice of a tensor in
+memory that is not constant (a stored activation over background, whose tiles copied one
+representative's owned values, rounded by position within it) is fingerprinted by the sums of the
+bits of those rows per sample and channel, and a tile whose fingerprints match an earlier tile's is
+that tile's member only where its slices hold the same bits as that tile's, read again
+(``Keys.find``); a file is never read twice, so a slice of a ``Source`` counts only where it is
+constant. A tile's *key* is its classes, the sizes of its
 reads, owned parts and partials, and its slices' constants or fingerprints; ``None`` where it has no
 equal. In the order this process runs the tiles, the first tile of a key is its *representative*, the
 later ones its *members*:
@@ -1290,6 +1322,15 @@ def as_bits(x):
     return x if x.dtype == width else x.view(width)
 
 
+#: Every how many rows (along a slice's first image dim) a first look reads (``sampled``).
+SAMPLE = 8
+
+
+def sampled(x, spatial):
+    """Every ``SAMPLE``-th row of slice ``x`` along the first of its image dims ``spatial`` (a view)."""
+    return x[tuple(slice(None, None, SAMPLE) if d == spatial[0] else slice(None) for d in range(x.dim()))]
+
+
 def constants(x, spatial):
     """The bits of the constant per sample and channel of slice ``x`` over its image dims
     ``spatial``, as a tuple of integers; ``()`` for an empty slice; ``None`` where not constant."""
@@ -1298,19 +1339,19 @@ def constants(x, spatial):
     bits = as_bits(x)
     if bits is None:
         return None
-    low = bits.amin(dim=tuple(spatial))
-    if not torch.equal(low, bits.amax(dim=tuple(spatial))):
+    first = bits[tuple(slice(0, 1) if d in spatial else slice(None) for d in range(bits.dim()))]
+    if not (sampled(bits, spatial) == first).all() or not (bits == first).all():
         return None
-    return tuple(low.reshape(-1).tolist())
+    return tuple(first.reshape(-1).tolist())
 
 
 def fingerprint(x, spatial):
-    """The sums of the bits of slice ``x`` per sample and channel over its image dims ``spatial``, as a
-    tuple of integers (``None`` for widths without integers)."""
+    """The sums of the bits of ``sampled`` rows of slice ``x`` per sample and channel over its image
+    dims ``spatial``, as a tuple of integers (``None`` for widths without integers)."""
     bits = as_bits(x)
     if bits is None:
         return None
-    return tuple(bits.sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
+    return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
 
 
 def slice_key(x, spatial, source):
