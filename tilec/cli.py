@@ -22,7 +22,7 @@ from tilec.config import (
 from tilec.errors import TilecError
 from tilec.pipeline import compile_model
 from tilec.planio import load
-from tilec.report import describe_input, describe_plan, node_table, same_plan, tile_table
+from tilec.report import describe_input, describe_plan, node_table, same_segments, tile_table
 
 
 class Refusal(click.ClickException):
@@ -118,7 +118,7 @@ def compile_command(model_file, attr, inputs, input_shape, grid, segments, memor
     for one in (result.plan, result.plan.other):
         if one is not None:
             console.print(describe_plan(one))
-    console.print(same_plan(result.plan), soft_wrap=True)
+    console.print(same_segments(result.plan), soft_wrap=True)
     console.print(f"wrote {result.plan_path} and {result.module_path}")
 
 
@@ -142,7 +142,7 @@ def inspect_command(plan_file, tile, node, segment, list_nodes) -> None:
     for one in (plan, plan.other):
         if one is not None:
             console.print(describe_plan(one))
-    console.print(same_plan(plan), soft_wrap=True)
+    console.print(same_segments(plan), soft_wrap=True)
     for table in tables:
         console.print(table)
 

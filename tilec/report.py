@@ -155,7 +155,7 @@ def _recomputed(plan: Plan) -> dict[str, list[str]]:
     return groups
 
 
-def same_plan(plan: Plan) -> str:
+def same_segments(plan: Plan) -> str:
     """The ``tilec compile`` flags that plan ``plan``'s segments again (in a plan of two modes, the
     compile-time mode's): ``--segments`` and, where it recomputes, ``--recompute``."""
     recomputed = ",".join(cone[-1] for cone in _recomputed(plan).values())
