@@ -1286,10 +1286,9 @@ representative's owned values, rounded by position within it) is fingerprinted b
 bits of those rows per sample and channel, and a tile whose fingerprints match an earlier tile's is
 that tile's member only where its slices hold the same bits as that tile's, read again
 (``Keys.find``); a file is never read twice, so a slice of a ``Source`` counts only where it is
-constant. A tile's *key* is its classes, the sizes of its
-reads, owned parts and partials, and its slices' constants or fingerprints; ``None`` where it has no
-equal. In the order this process runs the tiles, the first tile of a key is its *representative*, the
-later ones its *members*:
+constant. A tile's *key* is its classes, the sizes of its reads, owned parts and partials, and its
+slices' constants or fingerprints; ``None`` where it has no equal. In the order this process runs
+the tiles, the first tile of a key is its *representative*, the later ones its *members*:
 
 * forward: a member merges the representative's partials in its own place in the order, which gives
   the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
@@ -2347,8 +2346,8 @@ class Sweep:
                 by_band = {}
                 for tile in group:
                     by_band.setdefault(tile[1][0] if rolled else None, []).append(tile)
-                bands.update((band[0][0], (band, rolled and all(self.same_gradients(band[0], row, col)
-                                                                for _, row, col in band[1:])))
+                bands.update((band[0][0], (band, rolled and (same or all(self.same_gradients(band[0], row, col)
+                                                                         for _, row, col in band[1:]))))
                              for band in by_band.values())
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 

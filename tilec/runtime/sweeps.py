@@ -477,8 +477,8 @@ class Sweep:
                 by_band = {}
                 for tile in group:
                     by_band.setdefault(tile[1][0] if rolled else None, []).append(tile)
-                bands.update((band[0][0], (band, rolled and all(self.same_gradients(band[0], row, col)
-                                                                for _, row, col in band[1:])))
+                bands.update((band[0][0], (band, rolled and (same or all(self.same_gradients(band[0], row, col)
+                                                                         for _, row, col in band[1:]))))
                              for band in by_band.values())
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 
