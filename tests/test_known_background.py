@@ -14,11 +14,13 @@ from torch import nn
 
 import tilec
 from tilec.cost.background import Background
+from tilec.cost.estimator import Estimator
 from tilec.errors import PlanError
 from tilec.pipeline import described, plan_for
 from tilec.planio import dumps, loads
+from tilec.planner import aligned_segments
 from tilec.report import describe_plan
-from tilec.search import choose
+from tilec.search import _Costs, _search, choose, usable
 from tilec.slides import slide
 from tilec.target import Speed, Target
 from tilec.trace import trace
@@ -134,3 +136,58 @@ def test_a_plan_counting_every_tile_as_computed_once_is_refused():
     data["segments"][0]["reused"] = 64
     with pytest.raises(PlanError, match="segment 0 counts 64 tiles as computed once.*fewer than its 8x8 tiles"):
         loads(json.dumps(data), "p.json")
+
+
+def _resnet_slide():
+    """ResNetHead (one stride-2 block) reading a uint8 slide, its graph, where its node 'layer2'
+    starts (half resolution from there) and the known background of ``masked_slide``."""
+    torch.manual_seed(0)
+    model = Slide(ResNetHead()).double().eval()
+    graph = trace(model, [((1, 3, SIZE, SIZE), "uint8")])
+    half = next(k for k, name in enumerate(graph.order) if graph.size(name, 0) == SIZE // 2)
+    return model, graph, half, {graph.input_names[0]: masked_slide().background()}
+
+
+def test_a_segment_repeats_with_one_period_in_input_pixels_where_its_grid_splits_evenly():
+    """8x8 tiles a side repeat every 32 input pixels at full and at half resolution; 6x6 ones every
+    43 at full resolution but 22 x 2 = 44 at half; nothing is known without a background."""
+    _, graph, half, known = _resnet_slide()
+    estimator = Estimator(graph, TINY, "float64", known)
+    count = len(graph)
+    assert estimator.period(0, half, (8, 8)) == estimator.period(half, count - 3, (8, 8)) == (32, 32)
+    assert estimator.period(0, half, (6, 6)) == (43, 43) and estimator.period(half, count - 3, (6, 6)) == (44, 44)
+    assert Estimator(graph, TINY, "float64").period(0, half, (8, 8)) is None
+
+
+def test_aligned_segments_count_the_input_gradients_of_their_tiles_computed_once_in_classes():
+    """Two tiled segments of one period: the later one's input wants a gradient, and its tiles
+    computed once back-propagate it in classes (``Sweep.alike``), which the estimate counts; of a
+    later segment of another period, each its own."""
+    _, graph, half, known = _resnet_slide()
+    count = len(graph)
+    aligned = plan_for(graph, TINY, "m", segments=[(0, half, (8, 8)), (half, count - 3, (8, 8)),
+                                                 (count - 3, count, (1, 1))], backgrounds=known)
+    assert aligned_segments(Estimator(graph, TINY, "float32", known), aligned.segments) == [True, True, False]
+    apart = Estimator(graph, TINY, "float32", known).segment(half, count - 3, aligned.segments[1].rows,
+                                                            aligned.segments[1].cols, False)
+    assert aligned.segments[1].reused == apart.reused > 0
+    assert aligned.segments[1].estimated_seconds < apart.seconds
+    mixed = plan_for(graph, TINY, "m", segments=[(0, half, (6, 6)), (half, count - 3, (8, 8)),
+                                               (count - 3, count, (1, 1))], backgrounds=known)
+    assert aligned_segments(Estimator(graph, TINY, "float32", known), mixed.segments) == [False, True, False]
+
+
+def test_a_budget_search_knowing_the_background_offers_plans_of_one_period():
+    """Each aligned search (``search.ALIGNED``) plans every tiled segment at its grid, and the
+    budget search takes the fastest of those and of its own."""
+    _, graph, _, known = _resnet_slide()
+    budget = 8 << 20
+    chosen = choose(graph, TINY, budget, "float64", known)
+    estimator = Estimator(graph, TINY, "float64", known)
+    for grid in (4, 8):
+        best = _search(_Costs(graph, TINY, "float64", known, grid), usable(budget))
+        assert best is not None
+        tiled = [c for c in best.choices if c.mode == "tiled"]
+        assert tiled and {c.grid for c in tiled} == {(grid, grid)}
+        assert {estimator.period(c.first, c.stop, c.grid) for c in tiled} == {(-(-SIZE // grid),) * 2}
+        assert chosen.seconds <= best.seconds

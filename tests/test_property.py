@@ -30,8 +30,8 @@ from torch import nn
 from tilec.errors import GridError
 from tilec.ops import rule
 from tilec.pipeline import build, plan_for
-from tilec.planner import owned_sizes
 from tilec.regions import Interval
+from tilec.sweeps import owned_sizes
 from tilec.target import REFERENCE
 from tilec.trace import trace
 

@@ -301,3 +301,47 @@ def test_a_later_segment_reuses_the_tiles_whose_slices_of_a_stored_activation_ar
     errors = _compare(model, tiled, [image])
     assert max(errors.values()) <= TOLERANCE, errors
     assert tiled.reuse.passes["segment 1 level 1"][1] > 0, tiled.reuse.passes
+
+
+@pytest.mark.parametrize("rolled", [None, False, True])
+def test_tiles_whose_output_gradients_repeat_share_one_input_gradient_per_class(rolled, monkeypatch):
+    """A float slide requiring grad, a feature map out whose gradient repeats every two tiles
+    (12-pixel tiles, a 24-pixel pattern): the last segment's background tiles of one key fall into
+    at most four classes of equal owned output gradients (``Sweep.alike``), each back-propagates
+    one input gradient for all its tiles, and the step is exact (in two segments, the first's
+    output gradients, summed over the second's halos near the tissue and the borders, differ)."""
+    shape = (1, 3, 72, 60)
+    model = _seeded(nn.Sequential(nn.Hardtanh(0.2, 0.9), nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(4, 2, 3, padding=1)))
+    image = _slide(shape, tissue=(slice(3, 20), slice(5, 22))).to(torch.float64) / 255
+    pattern = torch.randn(1, 2, 24, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    grad = pattern.repeat(1, 1, 3, 3)[..., :shape[2], :shape[3]]
+    if rolled is None:
+        tiled = build(model, shape, (6, 5), dtype="float64")
+    else:
+        tiled = build(model, shape, segments=[(0, 1, (6, 5)), (1, len(trace(model, shape)), (6, 5))],
+                      dtype="float64")
+        tiled_segments(tiled)[1].rolled = (rolled,)
+    found = []
+    sweep = type(tiled).__init__.__globals__["Sweep"]  # the generated module's copy of the runtime
+    alike = sweep.alike
+
+    def recording(self, tiles):
+        classes = alike(self, tiles)
+        found.append((self.segment.label, len(tiles), len(classes)))
+        return classes
+
+    monkeypatch.setattr(sweep, "alike", recording)
+    reference = copy.deepcopy(model)
+    results = []
+    for forward, params in ((reference, list(reference.parameters())), (tiled, list(model.parameters()))):
+        given = image.clone().requires_grad_()
+        out = forward(given)
+        results.append((out, torch.autograd.grad(out, [*params, given], grad)))
+    (want, want_grads), (got, got_grads) = results
+    errors = [(want - got).abs().max().item(), *((a - b).abs().max().item() for a, b in zip(want_grads, got_grads,
+                                                                                            strict=True))]
+    assert max(errors) <= TOLERANCE, errors
+    last = [(tiles, classes) for label, tiles, classes in found if label == tiled_segments(tiled)[-1].label]
+    assert last and all(classes <= min(tiles, 4) for tiles, classes in last), found
+    assert any(tiles > classes for tiles, classes in last), found

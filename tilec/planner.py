@@ -21,7 +21,7 @@ from tilec.errors import GridError
 from tilec.graph import Graph
 from tilec.ir import AxisTile, Plan, Segment, SegmentInput
 from tilec.ops import rule
-from tilec.sweeps import batchable, levels, role
+from tilec.sweeps import batchable, levels, owned_sizes, role
 from tilec.target import REFERENCE, Target
 
 
@@ -72,14 +72,13 @@ def classified(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tu
         for tile in axis_tiles(graph, first, stop, axis, parts))
 
 
-def owned_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:
-    """The image sizes of what a tiled segment's tiles partition: its image outputs and the inputs
-    its reductions reduce."""
-    names = [name for name in graph.outputs_of(first, stop) if graph.is_image(name)]
-    for node in graph.members(first, stop):
-        if role(graph, node.name) == "reduction":
-            names += rule(node).reduced(node, graph)
-    return [(graph.size(name, 0), graph.size(name, 1)) for name in dict.fromkeys(names)]
+def aligned_segments(estimator: Estimator, segments: Sequence[Segment]) -> list[bool]:
+    """Per segment, whether it is tiled with the ``Estimator.period`` of every later tiled segment
+    (``Estimator.tiled``'s ``aligned``)."""
+    periods = [estimator.period(s.first, s.stop, s.grid) if s.mode == "tiled" else None for s in segments]
+    return [period is not None and all(later == period for later, s in zip(periods[k:], segments[k:], strict=True)
+                                       if s.mode == "tiled")
+            for k, period in enumerate(periods)]
 
 
 def check_grid(grid: Sequence[int], sizes: Sequence[tuple[int, int]], where: str) -> tuple[int, int]:
@@ -204,7 +203,8 @@ def plan(
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
             rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (), batch=seg_batch,
         ))
-    costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored", s.batch) for s in planned]
+    costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored", s.batch, aligned)
+             for s, aligned in zip(planned, aligned_segments(estimator, planned), strict=True)]
     spans = [(s.first, s.stop, s.mode) for s in planned]
     rolls = [cost.rolled(estimator.made_tiled(s.first, spans)) for s, cost in zip(planned, costs, strict=True)]
     peaks = estimator.step_peaks(costs, rolls)

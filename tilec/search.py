@@ -19,6 +19,10 @@ Recompute: the search is run on the graph as traced and on ``variants`` of it wh
 cheapest long-lived tensors (a U-Net's skips) are recomputed from the model input by their late
 readers instead of kept (``tilec.recompute``); the fastest plan that fits wins.
 
+Aligned plans: with a known background, the search is also run with every tiled segment at one
+grid (``ALIGNED``) whose tiles repeat with one period over the input, so that the gradients over
+the background repeat from segment to segment (``Estimator.tiled``'s ``aligned``).
+
 ``smallest_budget`` runs the same recursion on (peak, held bytes) instead, with the fine grids
 for tiled segments (``_Costs.fine_grids``: finer tiles shrink the working set, but a halo
 spanning several tiles makes more tile shapes, each with its own kernels), so an infeasible
@@ -55,9 +59,9 @@ from tilec.cost.estimator import Estimator, SegmentCost
 from tilec.errors import BudgetError
 from tilec.graph import Graph
 from tilec.ops import rule
-from tilec.planner import SegmentChoice, owned_sizes
+from tilec.planner import SegmentChoice
 from tilec.recompute import candidates, recompute
-from tilec.sweeps import batchable, role
+from tilec.sweeps import batchable, owned_sizes, role
 from tilec.target import Target
 
 #: Tiles per side tried for a tiled segment: every count to 16 (one step from 8 to 12 tiles per
@@ -69,6 +73,11 @@ MARGINS = (0, 1 / 256, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8)
 #: With a known background (``Estimator.backgrounds``), the search also offers every grid up to
 #: this many times the coarsest that fits, in tiles a side.
 FINER = 4
+#: With a known background, the search also plans with every tiled segment at one of these grids
+#: (tiles a side), where its tiles repeat with that grid's period over the input: the owned output
+#: gradients over the background then repeat too, and the tiles computed once share their input
+#: gradients (``Estimator.tiled``'s ``aligned``).
+ALIGNED = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Tiles of one shape class per call a tiled segment may run besides one by one
 #: (``tilec.runtime.batches``): the search offers the fastest that fits the budget.
 BATCHES = (2, 4, 8, 16, 32, 64)
@@ -181,10 +190,14 @@ class Smallest(NamedTuple):
 
 class _Costs:
     """Cached costs of the segment options of one traced model on one target (``backgrounds``: the
-    model inputs' known background, ``Estimator``)."""
+    model inputs' known background, ``Estimator``); with ``aligned``, a grid of that many tiles a
+    side, the options of the tiled segments are that grid only, where its tiles repeat with its
+    period over the whole input (``Estimator.period``): every tiled segment of a plan is aligned
+    with the later ones."""
 
-    def __init__(self, graph: Graph, target: Target, dtype: str, backgrounds: Mapping[str, Background] | None = None):
-        self.graph = graph
+    def __init__(self, graph: Graph, target: Target, dtype: str, backgrounds: Mapping[str, Background] | None = None,
+                 aligned: int | None = None):
+        self.graph, self.aligned = graph, aligned
         self.estimator = Estimator(graph, target, dtype, backgrounds)
         self.cuts = cut_points(graph, self.estimator.full)
         self.option = cache(self._option)
@@ -196,7 +209,8 @@ class _Costs:
         """Stored for ``grid=None``, else tiled with ``grid``, ``batch`` tiles of one class per call."""
         if grid is None:
             return self.estimator.stored(first, stop)
-        return self.estimator.tiled(first, stop, self.prefix(stop, 0)[grid[0]], self.prefix(stop, 1)[grid[1]], batch)
+        return self.estimator.tiled(first, stop, self.prefix(stop, 0)[grid[0]], self.prefix(stop, 1)[grid[1]], batch,
+                                    self.aligned is not None)
 
     def _batches(self, first: int, stop: int) -> tuple[int, ...]:
         """The batches a tiled segment ``[first, stop)`` may run its tiles in besides one by one
@@ -215,6 +229,11 @@ class _Costs:
         if not sizes:
             return []
         height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
+        if self.aligned is not None:
+            grid = (self.aligned, self.aligned)
+            period = {(-(-known.height // grid[0]), -(-known.width // grid[1]))
+                      for known in self.estimator.backgrounds.values()}
+            return [grid] if {self.estimator.period(first, stop, grid)} == period else []
         grids = [(min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
         return list(dict.fromkeys(grids))
 
@@ -281,15 +300,20 @@ def variants(graph: Graph, target: Target, dtype: str = "float32") -> list[tuple
 
 def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
            backgrounds: Mapping[str, Background] | None = None) -> Choice:
-    """The plan of least estimated time on ``target``, over ``variants``, with every predicted
-    step peak <= ``usable(budget)`` bytes (its time counting the tiles computed once where the
-    inputs' ``backgrounds`` are known)."""
+    """The plan of least estimated time on ``target``, over ``variants`` (and with known
+    ``backgrounds``, plans of one period: ``ALIGNED``), with every predicted step peak <=
+    ``usable(budget)`` bytes (its time counting the tiles computed once where the inputs'
+    ``backgrounds`` are known)."""
     found, costs = [], []
     for recomputed, variant in variants(graph, target, dtype):
         costs.append(_Costs(variant, target, dtype, backgrounds))
         best = _search(costs[-1], usable(budget))
         if best is not None:
             found.append(Choice(variant, recomputed, best.choices, best.seconds))
+    for grid in ALIGNED if backgrounds else ():
+        best = _search(_Costs(graph, target, dtype, backgrounds, grid), usable(budget))
+        if best is not None:
+            found.append(Choice(graph, (), best.choices, best.seconds))
     if not found:
         smallest = _budget_for(min(_smallest(cost) for cost in costs))
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "

@@ -116,3 +116,13 @@ def dependents(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
                 graph.position[i] in found for i in graph.nodes[name].inputs):
             found.append(graph.position[name])
     return found
+
+
+def owned_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:
+    """The image sizes of what a tiled segment's tiles partition: its image outputs and the inputs
+    its reductions reduce."""
+    names = [name for name in graph.outputs_of(first, stop) if graph.is_image(name)]
+    for node in graph.members(first, stop):
+        if role(graph, node.name) == "reduction":
+            names += rule(node).reduced(node, graph)
+    return [(graph.size(name, 0), graph.size(name, 1)) for name in dict.fromkeys(names)]

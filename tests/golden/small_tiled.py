@@ -1302,8 +1302,9 @@ the tiles, the first tile of a key is its *representative*, the later ones its *
   its own gradient's: where all members' owned output gradients have the representative's bits, the
   representative's input gradient divided by ``k`` goes into each one's own slice (exact up to
   rounding too); otherwise, for ``APART`` tiles or more, the representative back-propagates the sum
-  into everything but the inputs, and each tile its own gradients into its own slices through one
-  more recompute (``tilec.runtime.sweeps.Sweep.linear``, ``Sweep.band``); fewer run on their own.
+  into everything but the inputs, and one tile per class of equal owned output gradients its own
+  into the slices of every tile of the class through one more recompute
+  (``tilec.runtime.sweeps.Sweep.linear``, ``Sweep.band``, ``Sweep.alike``); fewer run on their own.
   An input whose gradient is rolled (its accumulators hold a band of rows) gets the input gradients
   of a key's tiles row by row, one recompute per row, as the row's first tile comes.
 """
@@ -2494,20 +2495,43 @@ class Sweep:
     def band(self, band, same, r, needs, shares, sums):
         """The input gradients of the tiles ``band`` of one key: recomputed once (the first's slices,
         the parameters and leaves detached, ``Sweep.linear`` having back-propagated into them), each
-        tile back-propagates its own owned output gradients and shares into its own slices, one
-        backward each through the one graph; one serves all where their gradients have the first's
-        bits (``same``)."""
+        class of tiles whose owned output gradients have the same bits (``Sweep.alike``; one class
+        where they all have the first's, ``same``) back-propagates its first's owned output
+        gradients and shares into its first's slices, one backward each through the one graph, and
+        that input gradient is each tile's of the class."""
         (tile,), outs, partials = self.recompute(band[:1], r, needs, frozen=True)
         inputs = [t for t in tile if t.requires_grad]
-        computed = band[:1] if same else band
-        for n, (index, row, col) in enumerate(computed):
+        classes = [band] if same else self.alike(band)
+        for n, ((index, row, col), *_) in enumerate(classes):
             pairs = self.pairs([(index, row, col)], outs, partials, shares)
             found = iter(torch.autograd.grad([a for a, _ in pairs], inputs, [b for _, b in pairs],
-                                             retain_graph=n + 1 < len(computed), allow_unused=True)
+                                             retain_graph=n + 1 < len(classes), allow_unused=True)
                          if pairs else [None] * len(inputs))
             grads = [next(found) if t.requires_grad else None for t in tile]
-            for _, tile_row, tile_col in band if same else [(index, row, col)]:
+            for _, tile_row, tile_col in classes[n]:
                 add_input_grads(sums, tile_row, tile_col, grads)
+
+    def alike(self, tiles):
+        """``tiles`` (``(index, row, col)`` each) in classes whose owned output gradients have the
+        same bits, each class in the order of ``tiles``, the classes in the order of their firsts:
+        where the grids of consecutive segments line up, the gradients over the background repeat
+        with their period, and a key's tiles fall into a few classes. Tiles are bucketed by the
+        fingerprints of their gradients (``tilec.runtime.reuse.fingerprint``), then compared."""
+        buckets, classes = {}, []
+        for tile in tiles:
+            _, row, col = tile
+            key = tuple(None if g is None else fingerprint(narrow(g, spatial, rows, cols), spatial)
+                        for g, (_, spatial, _), rows, cols in zip(self.image_grads, self.segment.images, row[1],
+                                                                  col[1], strict=True))
+            found = buckets.setdefault(key, [])
+            for members in found:
+                if self.same_gradients(members[0], row, col):
+                    members.append(tile)
+                    break
+            else:
+                found.append([tile])
+                classes.append(found[-1])
+        return classes
 
     def direct_inputs(self, r, level, share, sums):
         """A direct ``level``'s partials' shares of their merged ones' gradients ``share``

@@ -32,8 +32,9 @@ the tiles, the first tile of a key is its *representative*, the later ones its *
   its own gradient's: where all members' owned output gradients have the representative's bits, the
   representative's input gradient divided by ``k`` goes into each one's own slice (exact up to
   rounding too); otherwise, for ``APART`` tiles or more, the representative back-propagates the sum
-  into everything but the inputs, and each tile its own gradients into its own slices through one
-  more recompute (``tilec.runtime.sweeps.Sweep.linear``, ``Sweep.band``); fewer run on their own.
+  into everything but the inputs, and one tile per class of equal owned output gradients its own
+  into the slices of every tile of the class through one more recompute
+  (``tilec.runtime.sweeps.Sweep.linear``, ``Sweep.band``, ``Sweep.alike``); fewer run on their own.
   An input whose gradient is rolled (its accumulators hold a band of rows) gets the input gradients
   of a key's tiles row by row, one recompute per row, as the row's first tile comes.
 """
