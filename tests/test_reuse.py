@@ -168,7 +168,7 @@ def test_a_float_input_under_a_random_output_gradient_gets_each_tile_its_own_inp
     """A float slide requiring grad and a feature map out with a random gradient, in one segment
     (``None``) or two, the second's input gradient whole or rolled: the tiles of one key have
     different output gradients, so each back-propagates its own into its input gradient through
-    one recompute of their representative (``Sweep.apart``)."""
+    one recompute of their representative (``Sweep.band``)."""
     model = _seeded(nn.Sequential(nn.Hardtanh(0.2, 0.9), nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
                                   nn.Conv2d(4, 2, 3, padding=1)))
     image = _slide().to(torch.float64) / 255

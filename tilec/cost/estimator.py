@@ -202,7 +202,8 @@ class Estimator:
         # every backward sweep computes identical tiles once as the forward does; in the last one,
         # where a sliced input wants a gradient and the owned output gradients may differ (outputs
         # not all reductions' results), each reused tile still back-propagates its own into its
-        # input gradient (``tilec.runtime.sweeps.Sweep.apart``)
+        # input gradient (``tilec.runtime.sweeps.Sweep.band``), but for a class of equal ones
+        # (aligned segments, ``_classes_apart``)
         uniform = not any(self.graph.is_image(name) for name in self.graph.outputs_of(first, stop))
         inputs_grad = any(facts.needs_grad(self.graph.position[name]) for name, _ in simulated.slices)
         apart = reused if inputs_grad and not uniform else 0
