@@ -8,6 +8,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -273,3 +274,36 @@ def test_help_lists_every_command():
     assert all(command in result.output for command in ("compile", "inspect", "verify", "viz"))
     result = _invoke("inspect", "--help")
     assert all(flag in result.output for flag in ("--tile", "--node", "--nodes", "--segment"))
+
+
+def test_compile_with_a_tissue_mask_counts_the_background_tiles_computed_once(tmp_path):
+    """``--tissue-mask``: a grid's tiles whose reads lie outside the mask's tissue are counted as
+    computed once, as ``tilec.compile`` counts them for a masked slide."""
+    model_file = _write(tmp_path, "net.py", RESIDUAL.replace("(1, 3, 19, 17)", "(1, 3, 64, 64)"))
+    mask = np.zeros((8, 8), dtype=bool)
+    mask[:2, :2] = True
+    np.save(tmp_path / "mask.npy", mask)
+    common = ["--grid", "8x8", "--out-dir", tmp_path, "--plan-dir", tmp_path]
+    result = _invoke("compile", model_file, "--tissue-mask", tmp_path / "mask.npy", *common)
+    assert result.exit_code == 0, result.output
+    known = json.loads((tmp_path / "net.plan.json").read_text())
+    assert known["backgrounds"] and 0 < known["segments"][0]["reused"] < 64
+    assert _invoke("compile", model_file, *common, "--name", "blind").exit_code == 0
+    assert json.loads((tmp_path / "blind.plan.json").read_text())["segments"][0]["reused"] == 0
+
+
+@pytest.mark.parametrize(("mask", "words"), [(np.zeros((2, 3, 4), dtype=bool), "2-D boolean"),
+                                             (np.zeros((4, 4), dtype=np.uint8), "2-D boolean"),
+                                             (None, "not a readable .npy")])
+def test_compile_refuses_a_tissue_mask_it_cannot_use(tmp_path, mask, words):
+    model_file = _write(tmp_path, "net.py", RESIDUAL)
+    path = tmp_path / "mask.npy"
+    if mask is None:
+        path.write_text("not an array")
+    else:
+        np.save(path, mask)
+    result = _invoke("compile", model_file, "--tissue-mask", path, "--grid", "2x2", "--out-dir", tmp_path,
+                     "--plan-dir", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "--tissue-mask" in result.output and len(result.output.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mask.npy", "net.py"]

@@ -92,8 +92,11 @@ def main() -> None:
               help="Where NAME_tiled.py is written.")
 @click.option("--plan-dir", type=click.Path(path_type=Path), default=Path("plans"), show_default=True,
               help="Where NAME.plan.json is written.")
+@click.option("--tissue-mask", type=click.Path(path_type=Path), help="A .npy 2-D boolean mask over the first "
+              "image input (True: tissue), outside which the input is one colour (a slide masked with it): the "
+              "estimate and --memory-budget count the background tiles computed once.")
 def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, batch, recompute, ranks,
-                    dtype, autocast, name, out_dir, plan_dir) -> None:
+                    dtype, autocast, name, out_dir, plan_dir, tissue_mask) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
@@ -111,6 +114,7 @@ def compile_command(model_file, attr, inputs, input_shape, grid, segments, memor
             name=parse_name(name) if name is not None else None,
             out_dir=out_dir,
             plan_dir=plan_dir,
+            tissue_mask=tissue_mask,
         )
         with planning_progress() as progress:
             result = compile_model(config, progress=progress)

@@ -14,7 +14,9 @@ from tilec.ir import INPUT_DTYPES
 class CompileConfig:
     """Everything ``compile_model`` needs. ``inputs``: per tensor argument of the model's forward,
     ``(shape, dtype)`` (``None`` dtype: the model's); ``None``: the model file's INPUTS or
-    INPUT_SHAPE."""
+    INPUT_SHAPE. ``tissue_mask``: a ``.npy`` file of a 2-D boolean mask over the first image
+    input (True: tissue), outside which the input is known to be one colour
+    (``tilec.pipeline.tissue_background``)."""
 
     model_path: Path
     attr: str = "model"
@@ -30,6 +32,7 @@ class CompileConfig:
     name: str | None = None
     out_dir: Path = Path(".")
     plan_dir: Path = Path("plans")
+    tissue_mask: Path | None = None
 
 
 def _sizes(text: str) -> tuple[int, ...] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 from torch import nn
 
 from tilec.calibrate import conv_workspace_of, measure_kernels, search_device
@@ -14,7 +15,7 @@ from tilec.codegen import load_source, render
 from tilec.config import CompileConfig, budget_bytes
 from tilec.cost.background import Background
 from tilec.distribute import distribute
-from tilec.errors import GridError, ShapeError, TilecError
+from tilec.errors import GridError, ShapeError, SlideError, TilecError
 from tilec.graph import Graph
 from tilec.ir import Plan
 from tilec.modelfile import load_model
@@ -48,9 +49,10 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     name = config.name or config.model_path.stem
     traced = trace_modes(model, inputs, config.autocast)
     target = target_for(traced.graphs[0], config.dtype, shared=bool(config.ranks))
+    backgrounds = None if config.tissue_mask is None else tissue_background(config.tissue_mask, traced.graphs[0])
     the_plan = plan_modes(traced, target, name, grid=config.grid, segments=config.segments,
                           recomputed=config.recompute, memory_budget=config.memory_budget, batch=config.batch,
-                          dtype=config.dtype, progress=progress)
+                          backgrounds=backgrounds, dtype=config.dtype, progress=progress)
     the_plan = distribute(the_plan, config.ranks)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
@@ -58,6 +60,24 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     write_files({plan_path: dumps(the_plan), module_path: source})
     write_bytecode(module_path)
     return CompileResult(the_plan, plan_path, module_path)
+
+
+def tissue_background(path: Path, graph: Graph) -> dict[str, Background]:
+    """The background of ``graph``'s first image input outside the tissue mask in the ``.npy`` file
+    at ``path`` (2-D, boolean, True: tissue; its cells cover the input as ``tilec.slide(...).masked``
+    applies one), by input name: what ``tilec.compile`` knows of a masked slide."""
+    try:
+        mask = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise SlideError(f"--tissue-mask {path}: not a readable .npy array ({' '.join(str(error).split())})") from None
+    if mask.ndim != 2 or mask.dtype != np.bool_ or not mask.size:
+        raise SlideError(f"--tissue-mask {path}: a tissue mask is a non-empty 2-D boolean array, got "
+                         f"{mask.dtype} of shape {mask.shape}")
+    images = [spec for spec in graph.inputs if graph.is_image(spec.name)]
+    if not images:
+        raise SlideError(f"--tissue-mask {path}: the model has no image input (N, C, H, W) for it to cover")
+    name = images[0].name
+    return {name: Background(~mask, graph.size(name, 0), graph.size(name, 1))}
 
 
 def target_for(graph: Graph, dtype: str, shared: bool = False) -> Target:
