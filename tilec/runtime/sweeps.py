@@ -482,12 +482,19 @@ class Sweep:
                              for band in by_band.values())
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 
+    def owned_grads(self, row, col):
+        """Per image output, the owned output gradient of tile ``row`` x ``col`` (``None`` where the
+        output has none) and the output's image dims."""
+        return [(None if g is None else narrow(g, spatial, rows, cols), spatial)
+                for g, (_, spatial, _), rows, cols in zip(self.image_grads, self.segment.images, row[1], col[1],
+                                                          strict=True)]
+
     def same_gradients(self, first, row, col):
         """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
         _, first_row, first_col = first
-        return all(g is None or same_bits(narrow(g, spatial, rows, cols), narrow(g, spatial, a, b))
-                   for g, (_, spatial, _), rows, cols, a, b in zip(self.image_grads, self.segment.images, row[1],
-                                                                   col[1], first_row[1], first_col[1], strict=True))
+        return all(g is None or same_bits(g, h) for (g, _), (h, _) in zip(self.owned_grads(row, col),
+                                                                          self.owned_grads(first_row, first_col),
+                                                                          strict=True))
 
     def recompute(self, batch, r, needs, frozen=False):
         """The function of the tiles ``batch`` (``(index, row, col)`` each, of one shape class: one
@@ -650,9 +657,7 @@ class Sweep:
         buckets, classes = {}, []
         for tile in tiles:
             _, row, col = tile
-            key = tuple(None if g is None else fingerprint(narrow(g, spatial, rows, cols), spatial)
-                        for g, (_, spatial, _), rows, cols in zip(self.image_grads, self.segment.images, row[1],
-                                                                  col[1], strict=True))
+            key = tuple(None if g is None else fingerprint(g, spatial) for g, spatial in self.owned_grads(row, col))
             found = buckets.setdefault(key, [])
             for members in found:
                 if self.same_gradients(members[0], row, col):
