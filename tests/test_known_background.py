@@ -2,6 +2,7 @@
 counts the tiles the runtime computes once (``Segment.reused``), and a budget search plans with it.
 """
 
+import copy
 import json
 
 import numpy as np
@@ -18,9 +19,10 @@ from tilec.cost.estimator import Estimator
 from tilec.errors import PlanError
 from tilec.pipeline import described, plan_for
 from tilec.planio import dumps, loads
-from tilec.planner import aligned_segments
+from tilec.planner import aligned_segments, classified
+from tilec.regions import Period
 from tilec.report import describe_plan
-from tilec.search import _Costs, _search, choose, usable
+from tilec.search import _Costs, _search, aligned_periods, choose, usable
 from tilec.slides import slide
 from tilec.target import Speed, Target
 from tilec.trace import trace
@@ -148,15 +150,26 @@ def _resnet_slide():
     return model, graph, half, {graph.input_names[0]: masked_slide().background()}
 
 
-def test_a_segment_repeats_with_one_period_in_input_pixels_where_its_grid_splits_evenly():
+def _period(estimator, graph, first, stop, grid):
+    return estimator.period(*(classified(graph, first, stop, axis, grid[axis]) for axis in range(2)))
+
+
+def test_a_segment_repeats_with_one_period_in_input_pixels_where_its_tiles_line_up():
     """8x8 tiles a side repeat every 32 input pixels at full and at half resolution; 6x6 ones every
-    43 at full resolution but 22 x 2 = 44 at half; nothing is known without a background."""
+    43 at full resolution but 22 x 2 = 44 at half; tiles of one ``Period`` of 44 pixels repeat
+    every 44 at both; an uneven split and a grid finer than the period has none; nothing is known
+    without a background."""
     _, graph, half, known = _resnet_slide()
     estimator = Estimator(graph, TINY, "float64", known)
     count = len(graph)
-    assert estimator.period(0, half, (8, 8)) == estimator.period(half, count - 3, (8, 8)) == (32, 32)
-    assert estimator.period(0, half, (6, 6)) == (43, 43) and estimator.period(half, count - 3, (6, 6)) == (44, 44)
-    assert Estimator(graph, TINY, "float64").period(0, half, (8, 8)) is None
+    assert _period(estimator, graph, 0, half, (8, 8)) == _period(estimator, graph, half, count - 3, (8, 8)) == (32, 32)
+    assert _period(estimator, graph, 0, half, (6, 6)) == (43, 43)
+    assert _period(estimator, graph, half, count - 3, (6, 6)) == (44, 44)
+    period = (Period(44, SIZE), Period(44, SIZE))
+    assert _period(estimator, graph, 0, half, period) == _period(estimator, graph, half, count - 3, period) == (44, 44)
+    assert _period(estimator, graph, 0, half, (1, 8)) == (SIZE, 32)
+    assert _period(estimator, graph, 0, half, (120, 8)) is None  # 256 in 120: lengths 3 and 2
+    assert _period(Estimator(graph, TINY, "float64"), graph, 0, half, (8, 8)) is None
 
 
 def test_aligned_segments_count_the_input_gradients_of_their_tiles_computed_once_in_classes():
@@ -177,17 +190,67 @@ def test_aligned_segments_count_the_input_gradients_of_their_tiles_computed_once
     assert aligned_segments(Estimator(graph, TINY, "float32", known), mixed.segments) == [False, True, False]
 
 
+def test_tiles_of_one_period_line_up_where_grids_do_not_and_run_exactly(monkeypatch):
+    """At 246 pixels a side, 8 parts a side are 31 pixels at full resolution and 16 x 2 = 32 at
+    half: the middle segment's tiles do not line up with the last one's, whose input gradient
+    reaches them (through a stride-2 convolution), and its tiles computed once each back-propagate
+    their own input gradient. Tiles of a ``Period`` of 32 pixels (the last one shorter) line up:
+    they share input gradients in fewer classes (``Sweep.alike``), as the estimate counts, and the
+    step is exact."""
+    side = 246
+    torch.manual_seed(0)
+    model = Slide(ResNetHead()).double().eval()
+    image = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    mask = np.zeros((32, 32), dtype=bool)
+    mask[:9, :12] = True
+    masked = slide(image).masked(mask)
+    graph = trace(model, [((1, 3, side, side), "uint8")])
+    half = next(k for k, name in enumerate(graph.order) if graph.size(name, 0) == side // 2)
+    known = {graph.input_names[0]: masked.background()}
+    count = len(graph)
+    estimator = Estimator(graph, TINY, "float64", known)
+    period = (Period(32, side), Period(32, side))
+    classes = {}
+    for grid in ((8, 8), period):
+        segments = [(0, 5, grid), (5, half, grid), (half, count - 3, grid), (count - 3, count, (1, 1))]
+        planned = plan_for(graph, TINY, "m", segments=segments, backgrounds=known)
+        assert [s.grid for s in planned.segments[:3]] == [(8, 8)] * 3
+        aligned = aligned_segments(estimator, planned.segments)
+        assert aligned == ([False, False, True, False] if grid == (8, 8) else [True, True, True, False])
+        tiled = tilec.compile(model, [masked], segments=segments, dtype="float64")
+        sweep = type(tiled).__init__.__globals__["Sweep"]
+        alike, found = sweep.alike, []
+        monkeypatch.setattr(sweep, "alike", lambda self, tiles, alike=alike, found=found: found.append(
+            (len(tiles), len(alike(self, tiles)))) or alike(self, tiles))
+        want_model = copy.deepcopy(model)
+        pixels = torch.from_numpy(np.ascontiguousarray(masked[...]))
+        want = want_model(pixels)
+        got = tiled(masked)
+        assert (want - got).abs().max().item() <= TOLERANCE
+        grad = torch.randn_like(want, generator=torch.Generator().manual_seed(1))
+        want_grads = torch.autograd.grad(want, list(want_model.parameters()), grad)
+        got_grads = torch.autograd.grad(got, list(model.parameters()), grad)
+        assert max((a - b).abs().max().item() for a, b in zip(want_grads, got_grads, strict=True)) <= TOLERANCE
+        monkeypatch.undo()
+        classes[grid == period] = sum(n for _, n in found), sum(tiles for tiles, _ in found)
+    assert classes[True][0] < classes[True][1] and classes[False][0] == classes[False][1], classes
+
+
 def test_a_budget_search_knowing_the_background_offers_plans_of_one_period():
-    """Each aligned search (``search.ALIGNED``) plans every tiled segment at its grid, and the
-    budget search takes the fastest of those and of its own."""
+    """Each aligned search (``search.aligned_periods``) plans every tiled segment in tiles of its
+    period, and the budget search takes the fastest of those and of its own."""
     _, graph, _, known = _resnet_slide()
     budget = 8 << 20
     chosen = choose(graph, TINY, budget, "float64", known)
     estimator = Estimator(graph, TINY, "float64", known)
-    for grid in (4, 8):
-        best = _search(_Costs(graph, TINY, "float64", known, grid), usable(budget))
+    periods = aligned_periods(graph, known)
+    assert (Period(64, SIZE), Period(64, SIZE)) in periods and (Period(44, SIZE), Period(44, SIZE)) in periods
+    for period in periods[:3]:
+        best = _search(_Costs(graph, TINY, "float64", known, period), usable(budget))
         assert best is not None
         tiled = [c for c in best.choices if c.mode == "tiled"]
-        assert tiled and {c.grid for c in tiled} == {(grid, grid)}
-        assert {estimator.period(c.first, c.stop, c.grid) for c in tiled} == {(-(-SIZE // grid),) * 2}
+        assert tiled and {c.grid for c in tiled} == {period}
+        planned = plan_for(graph, TINY, "m", segments=best.choices, backgrounds=known)
+        found = {estimator.period(s.rows, s.cols) for s in planned.segments if s.mode == "tiled"}
+        assert found == {(period[0].pixels,) * 2}
         assert chosen.seconds <= best.seconds

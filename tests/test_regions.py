@@ -22,7 +22,7 @@ from tilec.graph import Graph
 from tilec.ir import NodeSpec
 from tilec.ops import rule
 from tilec.ops.window import conv_padding, window_args
-from tilec.regions import Interval, Window, split
+from tilec.regions import Interval, Period, Window, partition, parts_of, split, strides_of
 from tilec.trace import trace
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True)
@@ -107,6 +107,40 @@ def test_split_partitions(size, data):
     assert uniform or balanced
     if (parts - 1) * -(-size // parts) < size:
         assert uniform  # every interior tile one shape wherever the last part can take the rest
+
+
+def test_a_period_tiles_every_stride_of_an_input_alike():
+    """A 10,000-pixel side in tiles of 640 pixels: at strides 1 to 32 (sizes 10,000 to 313) every
+    tensor has 16 tiles of 640 / stride, the last taking the rest; at stride 3 (640 not a multiple)
+    and a size no stride gives, none."""
+    period = Period.of(10_000, 32, 16)
+    assert period == Period(640, 10_000) and period.parts == 16
+    for stride in (1, 2, 4, 8, 16, 32):
+        size = -(-10_000 // stride)
+        pieces = partition(size, period)
+        assert len(pieces) == 16 and pieces[-1].stop == size
+        assert pieces[:-1] == tuple(Interval(k * 640 // stride, (k + 1) * 640 // stride) for k in range(15))
+    assert period.length(3334) is None and strides_of(3334, 10_000, 10_000) == range(3, 4)
+    assert period.length(4000) is None and not strides_of(4000, 10_000, 10_000)
+    assert Period(4, 3).length(1) == 1  # stride 4 gives 1 pixel of 3, as 3 does
+    with pytest.raises(ValueError, match="not tiled by"):
+        partition(4000, period)
+    assert partition(7, 3) == split(7, 3) and parts_of(3) == 3
+
+
+@FAST
+@given(st.integers(1, 5000), st.integers(0, 6), st.integers(0, 6), st.integers(1, 64))
+def test_one_period_partitions_every_stride_into_as_many_tiles(full, quantum_log, stride_log, tiles):
+    """Tile ``k`` of the input at every stride dividing the period covers input pixels
+    ``[k * pixels, (k + 1) * pixels)``, and every such tensor has ``ceil(full / pixels)`` tiles."""
+    quantum, stride = 1 << quantum_log, 1 << min(stride_log, quantum_log)
+    period = Period.of(full, quantum, tiles)
+    size = -(-full // stride)
+    pieces = partition(size, period)
+    assert len(pieces) == period.parts <= tiles and pieces[0].start == 0 and pieces[-1].stop == size
+    assert all(a.stop == b.start for a, b in zip(pieces, pieces[1:], strict=False))
+    assert all(piece.length * stride == period.pixels for piece in pieces[:-1])
+    assert 1 <= pieces[-1].length <= period.pixels // stride
 
 
 # --- Window -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Cones: every tile's regions through a run of nodes, per axis, all tiles at once.
 
 For a tiled run ``[low, stop)`` of the execution order and one axis, every output of the run is
-split into owned intervals (``tilec.regions.split``), one per tile. Walking the run's nodes from
+split into owned intervals (``tilec.regions.partition``), one per tile. Walking the run's nodes from
 consumers to producers (reverse execution order), a node's output interval is the hull of what
 its consumers read and, for an output, of its owned part. The node's rule (``tilec.ops``) gives
 what it needs of each sliced input; that is clipped to the real input, and what was clipped is
@@ -27,7 +27,7 @@ import numpy as np
 from tilec.graph import Graph
 from tilec.ir import AxisStep, AxisTile, Read
 from tilec.ops import Need, rule
-from tilec.regions import Interval, split
+from tilec.regions import Interval, Period, partition, parts_of
 from tilec.sweeps import levels, role
 
 Bounds = tuple[np.ndarray, np.ndarray]
@@ -89,16 +89,17 @@ def _merged(known: Bounds | None, start: np.ndarray, stop: np.ndarray) -> Bounds
     return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
 
 
-def _split(size: int, grids: Sequence[int]) -> Bounds:
-    """``split(size, parts)`` for each number of parts in ``grids``, concatenated, as arrays."""
-    intervals = [interval for parts in grids for interval in split(size, parts)]
+def _split(size: int, grids: Sequence[int | Period]) -> Bounds:
+    """``partition(size, grid)`` for each grid in ``grids``, concatenated, as arrays."""
+    intervals = [interval for grid in grids for interval in partition(size, grid)]
     return (np.array([i.start for i in intervals], dtype=np.int64), np.array([i.stop for i in intervals],
                                                                               dtype=np.int64))
 
 
-def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int]) -> Cone:
-    """The cone of run ``[low, stop)`` on ``axis`` for each number of tiles in ``grids``."""
-    tiles = sum(grids)
+def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int | Period]) -> Cone:
+    """The cone of run ``[low, stop)`` on ``axis`` for each grid in ``grids`` (a number of tiles or
+    a ``Period``)."""
+    tiles = sum(parts_of(grid) for grid in grids)
     owned = {name: _split(graph.size(name, axis), grids) for name in graph.outputs_of(low, stop)
              if graph.is_image(name)}
     region: dict[str, Bounds] = dict(owned)
@@ -131,8 +132,8 @@ def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int]) -> 
     return Cone(low, stop, tiles, owned, tuple(steps[::-1]), region)
 
 
-def axis_tiles(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tuple[AxisTile, ...]:
-    """The axis tiles of segment ``[first, stop)`` split in ``parts`` along ``axis`` (shape class 0)."""
+def axis_tiles(graph: Graph, first: int, stop: int, axis: int, parts: int | Period) -> tuple[AxisTile, ...]:
+    """The axis tiles of segment ``[first, stop)`` split by ``parts`` along ``axis`` (shape class 0)."""
     found = cone(graph, first, stop, axis, [parts])
     inputs = [i.name for i in graph.inputs_of(first, stop) if i.sliced]
     outputs = graph.outputs_of(first, stop)
@@ -144,7 +145,7 @@ def axis_tiles(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tu
                 if step.owned is not None}
     order = [name for level in levels(graph, first, stop) for name in level.reductions]
     tiles = []
-    for t in range(parts):
+    for t in range(found.tiles):
         tile_steps = []
         for name, start, stop_, reads in steps:
             out = Interval(start[t], stop_[t])

@@ -21,18 +21,19 @@ from tilec.errors import GridError
 from tilec.graph import Graph
 from tilec.ir import AxisTile, Plan, Segment, SegmentInput
 from tilec.ops import rule
+from tilec.regions import Period, parts_of
 from tilec.sweeps import batchable, levels, owned_sizes, role
 from tilec.target import REFERENCE, Target
 
 
 class SegmentChoice(NamedTuple):
-    """A segment: node positions ``[first, stop)``, its grid ``(rows, cols)``, mode (``None``:
-    stored for a 1x1 grid, else tiled) and how many tiles of one shape class run as one call
-    (``batch``, ``Segment.batch``)."""
+    """A segment: node positions ``[first, stop)``, its grid ``(rows, cols)`` (numbers of tiles, or
+    a ``tilec.regions.Period`` each), mode (``None``: stored for a 1x1 grid, else tiled) and how
+    many tiles of one shape class run as one call (``batch``, ``Segment.batch``)."""
 
     first: int
     stop: int
-    grid: tuple[int, int]
+    grid: tuple[int, int] | tuple[Period, Period]
     mode: str | None = None
     batch: int = 1
 
@@ -62,7 +63,7 @@ def class_key(tile: AxisTile, graph: Graph, inputs: Sequence[SegmentInput], outp
     return tuple(parts)
 
 
-def classified(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tuple[AxisTile, ...]:
+def classified(graph: Graph, first: int, stop: int, axis: int, parts: int | Period) -> tuple[AxisTile, ...]:
     """The axis tiles of segment ``[first, stop)``, numbered by shape class in order of first appearance."""
     inputs, outputs = graph.inputs_of(first, stop), graph.outputs_of(first, stop)
     reductions = [name for level in levels(graph, first, stop) for name in level.reductions]
@@ -75,13 +76,23 @@ def classified(graph: Graph, first: int, stop: int, axis: int, parts: int) -> tu
 def aligned_segments(estimator: Estimator, segments: Sequence[Segment]) -> list[bool]:
     """Per segment, whether it is tiled with the ``Estimator.period`` of every later tiled segment
     (``Estimator.tiled``'s ``aligned``)."""
-    periods = [estimator.period(s.first, s.stop, s.grid) if s.mode == "tiled" else None for s in segments]
+    periods = [estimator.period(s.rows, s.cols) if s.mode == "tiled" else None for s in segments]
     return [period is not None and all(later == period for later, s in zip(periods[k:], segments[k:], strict=True)
                                        if s.mode == "tiled")
             for k, period in enumerate(periods)]
 
 
-def check_grid(grid: Sequence[int], sizes: Sequence[tuple[int, int]], where: str) -> tuple[int, int]:
+def check_grid(grid: Sequence[int | Period], sizes: Sequence[tuple[int, int]], where: str) -> tuple:
+    """``grid`` (two numbers of tiles, or two ``Period`` s) checked against the sizes a segment's
+    tiles partition."""
+    if isinstance(grid, tuple) and len(grid) == 2 and all(isinstance(g, Period) for g in grid):
+        for size in sizes:
+            for axis, period in enumerate(grid):
+                if period.length(size[axis]) is None:
+                    raise GridError(f"{where} cannot be tiled every {period.pixels} input pixels: a size it "
+                                    f"partitions ({size[axis]}) is not the input's ({period.full}) at a stride "
+                                    f"dividing it")
+        return grid
     if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
         raise GridError(f"grid must be two positive integers ROWSxCOLS, got {grid!r}")
     height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
@@ -199,7 +210,8 @@ def plan(
                     progress(done, total)
             rows, cols = axes
         planned.append(Segment(
-            index=index, first=first, stop=stop, grid=seg_grid, mode=mode, inputs=graph.inputs_of(first, stop),
+            index=index, first=first, stop=stop, grid=tuple(parts_of(g) for g in seg_grid), mode=mode,
+            inputs=graph.inputs_of(first, stop),
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
             rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (), batch=seg_batch,
         ))

@@ -106,6 +106,59 @@ class Window:
         return tuple(counts)
 
 
+class Period(NamedTuple):
+    """An axis tiled with one period over the whole network: tiles of ``pixels`` pixels of an input
+    ``full`` pixels long, the last taking the rest. A tensor of ``size`` on that axis is the input
+    at a stride ``s`` where ``ceil(full / s) == size`` (as stride-``s`` convolutions and poolings
+    padded by half their window give), and its tiles are ``pixels / s`` long for the least such
+    ``s`` dividing ``pixels``: tile ``i`` of every such tensor covers input pixels
+    ``[i * pixels, (i + 1) * pixels)``, and each is cut into ``ceil(full / pixels)`` tiles
+    (``ceil(ceil(x) / m) = ceil(x / m)``).
+    """
+
+    pixels: int
+    full: int
+
+    @classmethod
+    def of(cls, full: int, quantum: int, parts: int) -> Period:
+        """About ``parts`` tiles of an input ``full`` long, each a multiple of ``quantum`` pixels."""
+        return cls(quantum * -(-full // (quantum * parts)), full)
+
+    @property
+    def parts(self) -> int:
+        return -(-self.full // self.pixels)
+
+    def length(self, size: int) -> int | None:
+        """The tile length of a tensor of ``size`` on this axis; ``None`` where it is not the input
+        at a stride dividing ``pixels``."""
+        return next((self.pixels // s for s in strides_of(size, self.full, self.pixels) if self.pixels % s == 0), None)
+
+
+def strides_of(size: int, full: int, most: int) -> range:
+    """The strides ``s <= most`` at which a tensor of ``size`` is an input of ``full``:
+    ``ceil(full / s) == size`` (one for large sizes, empty for sizes no stride gives)."""
+    if size < 1:
+        return range(0)
+    low = -(-full // size)
+    return range(low, (most if size == 1 else min(most, (full - 1) // (size - 1))) + 1)
+
+
+def parts_of(grid: int | Period) -> int:
+    """The number of tiles an axis split by ``grid`` (a number of parts, or a ``Period``) has."""
+    return grid.parts if isinstance(grid, Period) else grid
+
+
+def partition(size: int, grid: int | Period) -> tuple[Interval, ...]:
+    """Partition ``[0, size)`` by ``grid``: ``split`` into that many parts, or in tiles of a
+    ``Period``'s length at that size (which must have one, ``Period.length``)."""
+    if not isinstance(grid, Period):
+        return split(size, grid)
+    length = grid.length(size)
+    if length is None:
+        raise ValueError(f"a tensor of {size} is not tiled by {grid}")
+    return tuple(Interval(start, min(start + length, size)) for start in range(0, size, length))
+
+
 def split(size: int, parts: int) -> tuple[Interval, ...]:
     """Partition ``[0, size)`` into ``parts`` intervals.
 

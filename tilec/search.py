@@ -19,9 +19,9 @@ Recompute: the search is run on the graph as traced and on ``variants`` of it wh
 cheapest long-lived tensors (a U-Net's skips) are recomputed from the model input by their late
 readers instead of kept (``tilec.recompute``); the fastest plan that fits wins.
 
-Aligned plans: with a known background, the search is also run with every tiled segment at one
-grid (``ALIGNED``) whose tiles repeat with one period over the input, so that the gradients over
-the background repeat from segment to segment (``Estimator.tiled``'s ``aligned``).
+Aligned plans: with a known background, the search is also run with every tiled segment in tiles
+of one period over the input (``aligned_periods``, about ``ALIGNED`` tiles a side), so that the
+gradients over the background repeat from segment to segment (``Estimator.tiled``'s ``aligned``).
 
 ``smallest_budget`` runs the same recursion on (peak, held bytes) instead, with the fine grids
 for tiled segments (``_Costs.fine_grids``: finer tiles shrink the working set, but a halo
@@ -43,6 +43,7 @@ known plan) by a lower bound of their peak are not costed in full.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from tilec.graph import Graph
 from tilec.ops import rule
 from tilec.planner import SegmentChoice
 from tilec.recompute import candidates, recompute
+from tilec.regions import Period, parts_of, strides_of
 from tilec.sweeps import batchable, owned_sizes, role
 from tilec.target import Target
 
@@ -73,10 +75,10 @@ MARGINS = (0, 1 / 256, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8)
 #: With a known background (``Estimator.backgrounds``), the search also offers every grid up to
 #: this many times the coarsest that fits, in tiles a side.
 FINER = 4
-#: With a known background, the search also plans with every tiled segment at one of these grids
-#: (tiles a side), where its tiles repeat with that grid's period over the input: the owned output
-#: gradients over the background then repeat too, and the tiles computed once share their input
-#: gradients (``Estimator.tiled``'s ``aligned``).
+#: With a known background, the search also plans with every tiled segment in tiles of one period
+#: over the input, about this many a side (``aligned_periods``): the owned output gradients over
+#: the background then repeat too, and the tiles computed once share their input gradients
+#: (``Estimator.tiled``'s ``aligned``).
 ALIGNED = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Tiles of one shape class per call a tiled segment may run besides one by one
 #: (``tilec.runtime.batches``): the search offers the fastest that fits the budget.
@@ -134,15 +136,22 @@ def cut_points(graph: Graph, full: dict[str, int]) -> list[int]:
     return [0, *sorted(chosen), count]
 
 
-def prefix_arrays(graph: Graph, stop: int, axis: int, grids: Sequence[int]) -> dict[int, AxisArrays]:
-    """Axis arrays of the longest tileable run ending at ``stop``, planned as one segment, for
-    each number of tiles in ``grids`` (``tilec.cone``)."""
+def run_start(graph: Graph, stop: int) -> int:
+    """Where the longest tileable run ending at ``stop`` starts."""
     low = stop
     while low > 0 and graph.nodes[graph.order[low - 1]].tileable:
         low -= 1
-    arrays = AxisArrays.of_cone(graph, cone(graph, low, stop, axis, grids))
-    starts = np.cumsum([0, *grids])
-    return {parts: arrays.window(start, start + parts) for parts, start in zip(grids, starts, strict=False)}
+    return low
+
+
+def prefix_arrays(graph: Graph, stop: int, axis: int, grids: Sequence[int | Period]) -> dict[int | Period, AxisArrays]:
+    """Axis arrays of the longest tileable run ending at ``stop``, planned as one segment, for
+    each grid in ``grids`` (a number of tiles or a ``Period``, ``tilec.cone``)."""
+    arrays = AxisArrays.of_cone(graph, cone(graph, run_start(graph, stop), stop, axis, grids))
+    counts = [parts_of(grid) for grid in grids]
+    starts = np.cumsum([0, *counts])
+    return {grid: arrays.window(start, start + parts)
+            for grid, parts, start in zip(grids, counts, starts, strict=False)}
 
 
 def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
@@ -190,13 +199,13 @@ class Smallest(NamedTuple):
 
 class _Costs:
     """Cached costs of the segment options of one traced model on one target (``backgrounds``: the
-    model inputs' known background, ``Estimator``); with ``aligned``, a grid of that many tiles a
-    side, the options of the tiled segments are that grid only, where its tiles repeat with its
-    period over the whole input (``Estimator.period``): every tiled segment of a plan is aligned
-    with the later ones."""
+    model inputs' known background, ``Estimator``); with ``aligned``, one ``Period`` per axis
+    (``aligned_periods``), the options of the tiled segments are tiles of that period only, where
+    it tiles everything they partition: every tiled segment of a plan is aligned with the later
+    ones."""
 
     def __init__(self, graph: Graph, target: Target, dtype: str, backgrounds: Mapping[str, Background] | None = None,
-                 aligned: int | None = None):
+                 aligned: tuple[Period, Period] | None = None):
         self.graph, self.aligned = graph, aligned
         self.estimator = Estimator(graph, target, dtype, backgrounds)
         self.cuts = cut_points(graph, self.estimator.full)
@@ -230,10 +239,10 @@ class _Costs:
             return []
         height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
         if self.aligned is not None:
-            grid = (self.aligned, self.aligned)
-            period = {(-(-known.height // grid[0]), -(-known.width // grid[1]))
-                      for known in self.estimator.backgrounds.values()}
-            return [grid] if {self.estimator.period(first, stop, grid)} == period else []
+            partitioned = owned_sizes(self.graph, run_start(self.graph, stop), stop)
+            fits = all(period.length(size[axis]) is not None
+                       for size in partitioned for axis, period in enumerate(self.aligned))
+            return [self.aligned] if fits else []
         grids = [(min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
         return list(dict.fromkeys(grids))
 
@@ -310,8 +319,8 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
         best = _search(costs[-1], usable(budget))
         if best is not None:
             found.append(Choice(variant, recomputed, best.choices, best.seconds))
-    for grid in ALIGNED if backgrounds else ():
-        best = _search(_Costs(graph, target, dtype, backgrounds, grid), usable(budget))
+    for periods in aligned_periods(graph, backgrounds):
+        best = _search(_Costs(graph, target, dtype, backgrounds, periods), usable(budget))
         if best is not None:
             found.append(Choice(graph, (), best.choices, best.seconds))
     if not found:
@@ -319,6 +328,27 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
                           f"feasible budget is about {format_bytes(smallest)}")
     return min(found, key=lambda choice: (choice.seconds, len(choice.recomputed)))
+
+
+def aligned_periods(graph: Graph, backgrounds: Mapping[str, Background] | None) -> list[tuple[Period, Period]]:
+    """The periods (rows, columns) of the aligned searches: about ``ALIGNED`` tiles a side of the
+    model input whose background is known, each tile a multiple of every stride at which the
+    network's images of at least that many pixels are that input (``tilec.regions.Period``), so
+    that one period tiles them all. None where no background is known or the known inputs differ
+    in size."""
+    sizes = {(known.height, known.width) for known in (backgrounds or {}).values()}
+    if len(sizes) != 1:
+        return []
+    (full,) = sizes
+    images = [(graph.size(name, 0), graph.size(name, 1)) for name in graph.order if graph.is_image(name)]
+    periods = []
+    for tiles in ALIGNED:
+        period = []
+        for axis in range(2):
+            strides = [strides_of(size[axis], full[axis], full[axis]) for size in images if size[axis] >= tiles]
+            period.append(Period.of(full[axis], math.lcm(*(s[0] for s in strides if s)), tiles))
+        periods.append(tuple(period))
+    return list(dict.fromkeys(periods))
 
 
 def _budget_for(peak: int) -> int:
@@ -359,7 +389,7 @@ def _search(costs: _Costs, budget: int) -> Partial | None:
                     break
             if peak_with(grids[-1]) <= budget:
                 chosen.append(grids[-1])
-            if chosen and costs.estimator.backgrounds:
+            if chosen and costs.estimator.backgrounds and costs.aligned is None:
                 # a known background favours finer tiles, more of them computed once: every grid up
                 # to ``FINER`` times the coarsest that fits, tiles a side
                 coarsest = max(chosen[0])

@@ -44,7 +44,8 @@ from tilec.cost.liveness import COPY, KINDS, Forward, Program, program
 from tilec.graph import Graph
 from tilec.ir import AxisTile
 from tilec.ops import rule
-from tilec.sweeps import dependents, levels, may_roll, owned_sizes, prefix
+from tilec.regions import Interval, strides_of
+from tilec.sweeps import dependents, levels, may_roll, prefix
 from tilec.target import Target
 
 
@@ -128,27 +129,19 @@ class Estimator:
         return self.tiled(first, stop, AxisArrays.of_tiles(self.graph, first, stop, rows),
                           AxisArrays.of_tiles(self.graph, first, stop, cols), batch, aligned)
 
-    def period(self, first: int, stop: int, grid: tuple[int, int]) -> tuple[int, int] | None:
-        """The period with which the tiles of segment ``[first, stop)`` tiled ``grid`` repeat, in
-        pixels of the model input whose background is known (rows, columns): per axis, where every
-        size the tiles partition (``tilec.sweeps.owned_sizes``) divides the input's and is split
-        into tiles of one length but the last (``tilec.regions.split``), that length times the
-        input's size over it. ``None`` where no background is known, the input sizes differ, or
-        the partitioned sizes do not give one period."""
+    def period(self, rows: Sequence[AxisTile], cols: Sequence[AxisTile]) -> tuple[int, int] | None:
+        """The period (rows, columns) with which a tiled segment's axis tiles ``rows`` and ``cols``
+        repeat, in pixels of the model input whose background is known: per axis, where every
+        tensor the tiles partition (their owned parts and partials) is that input at a stride
+        (``tilec.regions.stride_of``) and is cut into tiles of one length but the last, that length
+        times the stride (one tile: the input's size). ``None`` where no background is known, the
+        known inputs differ in size, or the partitions do not give one period."""
         inputs = {(known.height, known.width) for known in self.backgrounds.values()}
         if len(inputs) != 1:
             return None
         (image,) = inputs
-        found = set()
-        for sizes in owned_sizes(self.graph, first, stop):
-            period = []
-            for size, parts, full in zip(sizes, grid, image, strict=True):
-                length = -(-size // parts)
-                if full % size or length * (parts - 1) >= size:
-                    return None
-                period.append(length * (full // size))
-            found.add(tuple(period))
-        return found.pop() if len(found) == 1 else None
+        found = tuple(_axis_period(tiles, full) for tiles, full in zip((rows, cols), image, strict=True))
+        return None if None in found else found
 
     def _stored(self, first: int, stop: int) -> SegmentCost:
         facts = self.facts
@@ -531,3 +524,19 @@ def _band(rows: AxisArrays, name: str, readers: Sequence[str]) -> int | None:
     if not len(starts) or np.any(np.diff(starts) < 0):
         return None
     return int((stop - start)[read].max())
+
+
+def _axis_period(tiles: Sequence[AxisTile], full: int) -> int | None:
+    """``Estimator.period`` on one axis: ``tiles`` along it, ``full`` the input's size there."""
+    if len(tiles) == 1:
+        return full
+    found = None
+    for column in (*zip(*(t.owned for t in tiles), strict=True), *zip(*(t.partials for t in tiles), strict=True)):
+        if not any(part.length for part in column):
+            continue  # a reduction of nothing partitions nothing
+        size, length = column[-1].stop, column[0].length
+        if any(part != Interval(k * length, min((k + 1) * length, size)) for k, part in enumerate(column)):
+            return None
+        periods = {length * stride for stride in strides_of(size, full, full)}
+        found = periods if found is None else found & periods
+    return min(found) if found else None
