@@ -205,6 +205,46 @@ def test_inspect_prints_the_flags_that_compile_the_same_plan(tmp_path):
     assert (again / "skip.plan.json").read_bytes() == (first / "skip.plan.json").read_bytes()
 
 
+def test_segments_in_tiles_of_one_period_compile_and_inspect_gives_them_back(tmp_path):
+    """``FIRST:STOP@ROWSxCOLSpx``: tiles that many input pixels long, the last taking the rest (19
+    rows in 6-pixel tiles: 4 of them); ``tilec inspect`` prints them so, and they compile the same
+    plan again."""
+    model_file = _write(tmp_path, "net.py", RESIDUAL)
+    first, again = tmp_path / "first", tmp_path / "again"
+    result = _invoke("compile", model_file, "--segments", "0:5@6x5px,5:8@1x1", "--out-dir", first, "--plan-dir", first)
+    assert result.exit_code == 0, result.output
+    segment = json.loads((first / "net.plan.json").read_text())["segments"][0]
+    assert segment["period"] == [6, 5] and segment["grid"] == [4, 4]
+    assert [row["owned"][0] for row in segment["rows"]] == [[0, 6], [6, 12], [12, 18], [18, 19]]
+    result = _invoke("inspect", first / "net.plan.json")
+    line, = [line for line in result.output.splitlines() if line.startswith("the same segments: ")]
+    assert line == "the same segments: --segments 0:5@6x5px,5:8@1x1"
+    result = _invoke("compile", model_file, *line.removeprefix("the same segments: ").split(), "--out-dir", again,
+                     "--plan-dir", again)
+    assert result.exit_code == 0, result.output
+    assert (again / "net.plan.json").read_bytes() == (first / "net.plan.json").read_bytes()
+
+
+STRIDED = """
+from torch import nn
+
+INPUT_SHAPE = (1, 3, 19, 17)
+model = lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+"""
+
+
+def test_tiles_of_a_period_no_stride_divides_are_refused(tmp_path):
+    """At stride 2 (10 rows of 19), 3-pixel tiles have no length: one line naming the segment."""
+    model_file = _write(tmp_path, "net.py", STRIDED)
+    result = _invoke("compile", model_file, "--segments", "0:3@3x4px", "--out-dir", tmp_path, "--plan-dir", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert "segment nodes 0:3 cannot be tiled every 3 input pixels" in result.output, result.output
+    assert list(tmp_path.iterdir()) == [model_file]
+    result = _invoke("compile", model_file, "--segments", "0:3@4x4px", "--out-dir", tmp_path, "--plan-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+
+
 @pytest.mark.parametrize(("names", "words"), [("conv2d_3", "no reader comes"), ("relu,", "must be node names"),
                                                ("nothing", "there is no such node")])
 def test_compile_refuses_what_cannot_be_recomputed(tmp_path, names, words):

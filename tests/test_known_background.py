@@ -14,6 +14,7 @@ from test_reuse import Slide
 from torch import nn
 
 import tilec
+from tilec.config import parse_segments, segments_text
 from tilec.cost.background import Background
 from tilec.cost.estimator import Estimator
 from tilec.errors import PlanError
@@ -217,6 +218,9 @@ def test_tiles_of_one_period_line_up_where_grids_do_not_and_run_exactly(monkeypa
         assert [s.grid for s in planned.segments[:3]] == [(8, 8)] * 3
         aligned = aligned_segments(estimator, planned.segments)
         assert aligned == ([False, False, True, False] if grid == (8, 8) else [True, True, True, False])
+        assert [s.period for s in planned.segments] == [None if grid == (8, 8) else (32, 32)] * 3 + [None]
+        again = plan_for(graph, TINY, "m", segments=parse_segments(segments_text(planned.segments)), backgrounds=known)
+        assert dumps(again) == dumps(planned)
         tiled = tilec.compile(model, [masked], segments=segments, dtype="float64")
         sweep = type(tiled).__init__.__globals__["Sweep"]
         alike, found = sweep.alike, []

@@ -329,6 +329,12 @@ CASES = {
     "forged output": ("residual 3x2", _forged_output, ["output tree's tensor 'ghost'"]),
     "reuse without a background": ("se 3x2", lambda d: d["segments"][0].update(reused=2),
                                    ["segment 0 counts 2 tiles as computed once", "needs a known background"]),
+    "period of a stored segment": ("se split", lambda d: d["segments"][1].update(period=[4, 4]),
+                                   ["segment 1 is stored but has a period"]),
+    "period off the grid": ("residual 3x2", lambda d: d["segments"][0].update(period=[4, 4]),
+                            ["segment 0 has period (4, 4)", "grid 3x2"]),
+    "period unlike the tiles": ("residual 3x2", lambda d: d["segments"][0].update(period=[10, 10]),
+                                ["rows tile 0 owns [0, 4) of output conv2d_2", "split [0, 5)"]),
 }
 
 

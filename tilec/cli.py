@@ -72,8 +72,9 @@ def main() -> None:
 @click.option("--input-shape", help="Shorthand for one input N,C,H,W in the model's dtype.")
 @click.option("--grid", help="Tile grid ROWSxCOLS over the output, e.g. 4x4 (1x1: untiled).")
 @click.option("--segments", help="Explicit segments FIRST:STOP@ROWSxCOLS[/BATCH][:tiled],... over half-open node "
-              "ranges (positions as `tilec inspect PLAN --nodes` lists them; /BATCH: tiles per call; 1x1 = stored, "
-              "untiled, unless :tiled). `tilec inspect` prints a plan's so.")
+              "ranges (positions as `tilec inspect PLAN --nodes` lists them; ROWSxCOLSpx: tiles that many input "
+              "pixels long, the last taking the rest; /BATCH: tiles per call; 1x1 = stored, untiled, unless :tiled). "
+              "`tilec inspect` prints a plan's so.")
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
               "(recomputing long-lived tensors where that is faster than keeping them).")
 @click.option("--batch", type=click.IntRange(min=1), help="With --grid or --segments: run up to N consecutive "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tilec.errors import BudgetError, GridError, ShapeError, TilecError
 from tilec.ir import INPUT_DTYPES
+from tilec.regions import Period
 
 
 @dataclass(frozen=True)
@@ -119,21 +120,30 @@ def parse_segments(text: str) -> tuple[tuple, ...]:
     "tiled", 1), (20, 31, (1, 1), None, 1))``: half-open layer ranges, each with its grid, after
     ``/`` how many tiles of one shape class run as one call (default 1), and after ``:`` its mode
     where the grid does not say it (a 1x1 grid is stored unless ``:tiled``); ``segments_text``
-    writes them so."""
+    writes them so. A grid ``ROWSxCOLSpx`` is tiles of one period, that many pixels of the model's
+    first image input (``tilec.regions.Period``, its input's size filled in by the planner)."""
     segments = []
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+):(\d+)@([^/:]+?)(?:/(\d+))?(?::(tiled|stored))?\s*", part)
         if not match:
-            raise GridError(f"--segments must look like FIRST:STOP@ROWSxCOLS[/BATCH][:tiled|:stored],... "
+            raise GridError(f"--segments must look like FIRST:STOP@ROWSxCOLS[px][/BATCH][:tiled|:stored],... "
                             f"(e.g. 0:10@8x8/4,10:31@1x1), got {text!r}")
-        segments.append((int(match[1]), int(match[2]), parse_grid(match[3]), match[5], int(match[4] or 1)))
+        grid = match[3].strip()
+        if grid.endswith("px"):
+            grid = tuple(Period(pixels, 0) for pixels in parse_grid(grid[:-2]))
+        else:
+            grid = parse_grid(grid)
+        segments.append((int(match[1]), int(match[2]), grid, match[5], int(match[4] or 1)))
     return tuple(segments)
 
 
 def segments_text(segments) -> str:
     """A plan's segments (or ``SegmentChoice`` s) as ``--segments`` takes them (``parse_segments``):
-    ``/BATCH`` where more than one tile runs per call, ``:tiled`` after a tiled 1x1 segment."""
-    return ",".join(f"{s.first}:{s.stop}@{s.grid[0]}x{s.grid[1]}" + (f"/{s.batch}" if s.batch > 1 else "")
+    ``ROWSxCOLSpx`` for tiles of one period, ``/BATCH`` where more than one tile runs per call,
+    ``:tiled`` after a tiled 1x1 segment."""
+    return ",".join(f"{s.first}:{s.stop}@" + (f"{s.period[0]}x{s.period[1]}px" if s.period else
+                                              f"{s.grid[0]}x{s.grid[1]}")
+                    + (f"/{s.batch}" if s.batch > 1 else "")
                     + (":tiled" if s.mode == "tiled" and tuple(s.grid) == (1, 1) else "") for s in segments)
 
 

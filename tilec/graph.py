@@ -62,6 +62,12 @@ class Shapes:
     def size(self, name: str, axis: int) -> int:
         return self.shape(name)[self.spatial(name)[axis]]
 
+    def image_size(self) -> tuple[int, int] | None:
+        """Rows and columns of the first model input with image axes (what a ``tilec.regions.Period``
+        counts input pixels of); ``None`` where none has."""
+        spec = next((spec for spec in self.inputs if spec.spatial is not None), None)
+        return None if spec is None else tuple(spec.shape[d] for d in spec.spatial)
+
     def is_image(self, name: str) -> bool:
         spatial = self.spatial(name)
         if spatial is None:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 Shape = tuple[int, ...]
 #: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
@@ -224,6 +224,11 @@ class Segment(Frozen):
         default=0, ge=0, description="tiles per pass that estimated_seconds counts as computed once for their "
                                      "identical ones (tilec.runtime.reuse): those whose cone reads only background the "
                                      "compile knew of (Plan.backgrounds), all but one per shape class")
+    period: tuple[int, int] | None = Field(
+        default=None, description="a tiled segment cut with one period over the model's first image input: its "
+                                  "tiles' length in that input's pixels (rows, columns), a tensor at stride s in "
+                                  "tiles of period / s pixels, the last taking the rest (tilec.regions.Period); "
+                                  "null: each tensor split into grid parts (tilec.regions.split)")
     batch: int = Field(
         default=1, ge=1, description="a tiled segment's tiles run this many at a time, as one call on their slices "
                                      "stacked along the batch axis: consecutive tiles of one shape class "

@@ -41,6 +41,11 @@ class SegmentChoice(NamedTuple):
     def chosen_mode(self) -> str:
         return self.mode or ("stored" if tuple(self.grid) == (1, 1) else "tiled")
 
+    @property
+    def period(self) -> tuple[int, int] | None:
+        """The tiles' length in input pixels where the grid is a ``Period`` each (``Segment.period``)."""
+        return tuple(g.pixels for g in self.grid) if isinstance(self.grid[0], Period) else None
+
 
 def class_key(tile: AxisTile, graph: Graph, inputs: Sequence[SegmentInput], outputs: Sequence[str],
               axis: int, reductions: Sequence[str] = ()) -> tuple:
@@ -86,6 +91,8 @@ def check_grid(grid: Sequence[int | Period], sizes: Sequence[tuple[int, int]], w
     """``grid`` (two numbers of tiles, or two ``Period`` s) checked against the sizes a segment's
     tiles partition."""
     if isinstance(grid, tuple) and len(grid) == 2 and all(isinstance(g, Period) for g in grid):
+        if any(not isinstance(g.pixels, int) or g.pixels < 1 for g in grid):
+            raise GridError(f"tiles of one period must be a positive number of pixels, got {grid!r}")
         for size in sizes:
             for axis, period in enumerate(grid):
                 if period.length(size[axis]) is None:
@@ -160,6 +167,11 @@ def _checked(graph: Graph, choice: SegmentChoice, batch: int | None) -> SegmentC
         sizes = owned_sizes(graph, first, stop)
         if not sizes:
             raise GridError(f"segment {where} cannot be tiled: it makes no image and reduces none; give it grid 1x1")
+        if isinstance(grid, tuple) and grid and all(isinstance(g, Period) for g in grid):
+            image = graph.image_size()
+            if image is None:
+                raise GridError(f"segment {where} cannot be tiled in input pixels: the model has no image input")
+            grid = tuple(Period(g.pixels, full) for g, full in zip(grid, image, strict=False))
         grid = check_grid(grid, sizes, f"segment {where}")
     if mode == "stored" or not batchable(graph, first, stop):
         batch = 1
@@ -214,6 +226,7 @@ def plan(
             inputs=graph.inputs_of(first, stop),
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
             rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (), batch=seg_batch,
+            period=SegmentChoice(first, stop, seg_grid).period,
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored", s.batch, aligned)
              for s, aligned in zip(planned, aligned_segments(estimator, planned), strict=True)]

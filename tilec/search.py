@@ -334,12 +334,12 @@ def aligned_periods(graph: Graph, backgrounds: Mapping[str, Background] | None) 
     """The periods (rows, columns) of the aligned searches: about ``ALIGNED`` tiles a side of the
     model input whose background is known, each tile a multiple of every stride at which the
     network's images of at least that many pixels are that input (``tilec.regions.Period``), so
-    that one period tiles them all. None where no background is known or the known inputs differ
-    in size."""
+    that one period tiles them all. None where no background is known or a known one is not of
+    the size of the model's first image input (``Graph.image_size``), whose pixels they count."""
     sizes = {(known.height, known.width) for known in (backgrounds or {}).values()}
-    if len(sizes) != 1:
+    full = graph.image_size()
+    if sizes != {full}:
         return []
-    (full,) = sizes
     images = [(graph.size(name, 0), graph.size(name, 1)) for name in graph.order if graph.is_image(name)]
     periods = []
     for tiles in ALIGNED:

@@ -24,7 +24,7 @@ difference is reported, naming the segment, axis, tile and node):
   tiled one holds only tileable nodes and one axis tile per grid row and column;
 * per tiled segment and axis, each output's owned intervals partition ``[0, size)`` in order
   without empty parts, and every axis tile equals the one the planner builds
-  (``tilec.cone.axis_tiles``): the even owned split, one step per node in order, every read the
+  (``tilec.cone.axis_tiles``): the even owned split (or the ``period``'s), one step per node in order, every read the
   op's rule clipped to the input with the clipped amount as padding (none for rules without
   padding), ``grad_out == out`` and ``Read.grad == read``, every ``out`` the hull of its
   consumers' reads and its owned parts, every sliced input interval the hull of its reads;
@@ -54,7 +54,7 @@ from tilec.graph import Graph
 from tilec.ir import SCHEMA_VERSION, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments
-from tilec.regions import Interval
+from tilec.regions import Interval, Period
 from tilec.sweeps import batchable, levels, may_roll
 
 AXES = ("rows", "cols")
@@ -319,6 +319,8 @@ def _check_segment(segment: Segment, graph: Graph) -> None:
                   f"axis tiles; a stored segment runs untiled (grid 1x1, no tiles)")
         if segment.batch != 1:
             _fail(f"{where} is stored but has batch {segment.batch}; it has no tiles to batch")
+        if segment.period is not None:
+            _fail(f"{where} is stored but has a period; only tiles have one")
         return
     if segment.batch > 1 and not batchable(graph, first, stop):
         _fail(f"{where} has batch {segment.batch}, but its tiles cannot run stacked (tilec.sweeps.batchable)")
@@ -328,6 +330,12 @@ def _check_segment(segment: Segment, graph: Graph) -> None:
     if grid[0] < 1 or grid[1] < 1 or (len(segment.rows), len(segment.cols)) != grid:
         _fail(f"{where} has grid {grid[0]}x{grid[1]} but {len(segment.rows)} row tiles and "
               f"{len(segment.cols)} column tiles")
+    if segment.period is not None:
+        image = graph.image_size()
+        if image is None or min(segment.period) < 1 or tuple(
+                Period(pixels, full).parts for pixels, full in zip(segment.period, image, strict=True)) != grid:
+            _fail(f"{where} has period {tuple(segment.period)}, which does not cut the model's image input "
+                  f"{image} into its grid {grid[0]}x{grid[1]}")
 
 
 def _check_rolled(plan: Plan, segment: Segment, graph: Graph) -> None:
@@ -428,11 +436,18 @@ def _compare(tile: AxisTile, expected: AxisTile, segment: Segment, graph: Graph,
                   f"{_interval(want)}")
 
 
+def _axis_grid(segment: Segment, axis: int, graph: Graph) -> int | Period:
+    """What the planner split ``axis`` of tiled ``segment`` by: its tiles' count, or its ``period``."""
+    if segment.period is None:
+        return len(getattr(segment, AXES[axis]))
+    return Period(segment.period[axis], graph.image_size()[axis])
+
+
 def _check_axis(segment: Segment, axis: int, graph: Graph) -> None:
     tiles: tuple[AxisTile, ...] = getattr(segment, AXES[axis])
     _check_owned(segment, axis, graph)
     with _evaluating(f"the rules of segment {segment.index} {AXES[axis]}"):
-        rebuilt = axis_tiles(graph, segment.first, segment.stop, axis, len(tiles))
+        rebuilt = axis_tiles(graph, segment.first, segment.stop, axis, _axis_grid(segment, axis, graph))
     first_of_class: dict[int, tuple[int, tuple]] = {}
     numbering: dict[tuple, int] = {}
     for number, (tile, expected) in enumerate(zip(tiles, rebuilt, strict=True)):
