@@ -79,13 +79,18 @@ def _levels(graph: Graph, first: int, stop: int) -> tuple[Level, ...]:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _once(graph: Graph, key: tuple, compute):
+    """``compute()``, computed once per graph and ``key`` (graphs are immutable)."""
+    found = _CACHE.setdefault(graph, {})
+    if key not in found:
+        found[key] = compute()
+    return found[key]
+
+
 def levels(graph: Graph, first: int, stop: int) -> tuple[Level, ...]:
     """The levels of segment ``[first, stop)`` that have a reduction or a small op (module
     docstring), computed once per graph and segment."""
-    found = _CACHE.setdefault(graph, {})
-    if (first, stop) not in found:
-        found[first, stop] = _levels(graph, first, stop)
-    return found[first, stop]
+    return _once(graph, ("levels", first, stop), lambda: _levels(graph, first, stop))
 
 
 def may_roll(graph: Graph, cut: int) -> frozenset[str]:
@@ -96,9 +101,13 @@ def may_roll(graph: Graph, cut: int) -> frozenset[str]:
     return graph.may_roll(cut) - reduced
 
 
-def prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
+def prefix(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:
     """The positions of the tile ops a forward sweep of ``level`` runs: what its reductions'
-    reduced inputs depend on in segment ``[first, stop)``, and the reductions."""
+    reduced inputs depend on in segment ``[first, stop)``, and the reductions (once per graph)."""
+    return _once(graph, ("prefix", first, stop, level), lambda: tuple(_prefix(graph, first, stop, level)))
+
+
+def _prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
     inside = set(graph.order[first:stop])
     needed = {name for name in level.reductions}
     for name in level.reductions:
@@ -106,9 +115,13 @@ def prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
     return [graph.position[name] for name in graph.order[first:stop] if name in needed]
 
 
-def dependents(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
+def dependents(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:
     """The positions of the nodes of segment ``[first, stop)`` that depend on ``level``'s results:
-    what a backward sweep of it back-propagates through."""
+    what a backward sweep of it back-propagates through (once per graph)."""
+    return _once(graph, ("dependents", first, stop, level), lambda: tuple(_dependents(graph, first, stop, level)))
+
+
+def _dependents(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
     results = {*level.reductions, *level.small}
     found = []
     for name in graph.order[first:stop]:

@@ -133,7 +133,7 @@ class Estimator:
         """The period (rows, columns) with which a tiled segment's axis tiles ``rows`` and ``cols``
         repeat, in pixels of the model input whose background is known: per axis, where every
         tensor the tiles partition (their owned parts and partials) is that input at a stride
-        (``tilec.regions.stride_of``) and is cut into tiles of one length but the last, that length
+        (``tilec.regions.strides_of``) and is cut into tiles of one length but the last, that length
         times the stride (one tile: the input's size). ``None`` where no background is known, the
         known inputs differ in size, or the partitions do not give one period."""
         inputs = {(known.height, known.width) for known in self.backgrounds.values()}
@@ -355,6 +355,8 @@ class Estimator:
     def local(self, cost: SegmentCost, made: frozenset[str] = frozenset()) -> int:
         """Peak bytes while a segment runs, beyond the kept bytes of earlier segments, its tiles
         rolling the gradients of those of its ``rolls`` that tiled segments ``made``."""
+        if not cost.rolls:
+            return max(cost.forward_local, cost.backward_local)
         return max(cost.forward_local, cost.backward_local - sum(saved for name, saved in cost.rolls if name in made))
 
     def stored_floor(self, first: int, stop: int) -> int:
@@ -431,8 +433,11 @@ def _class_ids(program: Program, arrays: AxisArrays, members: Sequence[str]) -> 
     whose reads of the segment's nodes ``members`` touch the same ends of what they read (what their
     shape class is, as far as the cost model sees it: a first and a last tile may have equal
     lengths, padded at opposite ends)."""
-    ends = [np.stack([start[arrays.tiles] == 0, stop[arrays.tiles] == stop.max()], axis=1)
-            for name in members for _, start, stop in arrays.reads.get(name, ())]
+    reads = [(start, stop) for name in members for _, start, stop in arrays.reads.get(name, ())]
+    ends = []
+    if reads:
+        starts, stops = (np.stack(bounds, axis=1) for bounds in zip(*reads, strict=True))
+        ends = [starts[arrays.tiles] == 0, stops[arrays.tiles] == stops.max(axis=0)]
     table = np.ascontiguousarray(np.concatenate([_table(program, arrays), *ends], axis=1))
     seen: dict[bytes, int] = {}
     return np.array([seen.setdefault(row.tobytes(), len(seen)) for row in table], dtype=np.int64)
