@@ -30,7 +30,7 @@ from torch import nn
 from tilec.errors import GridError
 from tilec.ops import rule
 from tilec.pipeline import build, plan_for
-from tilec.regions import Interval
+from tilec.regions import Interval, Period
 from tilec.sweeps import owned_sizes
 from tilec.target import REFERENCE
 from tilec.trace import trace
@@ -324,7 +324,9 @@ def test_random_dags_tile_exactly_with_one_grid(case, grid):
 
 @st.composite
 def segmentations(draw, model: nn.Module, shape) -> list[tuple]:
-    """Random cuts of the node order; each tileable run gets a random grid (or is stored)."""
+    """Random cuts of the node order; each tileable run gets a random grid, or tiles of a random
+    period of input pixels where every size it partitions has them (``tilec.regions.Period``), or
+    is stored."""
     graph = trace(model, shape)
     count = len(graph)
     cuts = sorted(draw(st.sets(st.integers(1, count - 1), max_size=4))) if count > 1 else []
@@ -338,6 +340,11 @@ def segmentations(draw, model: nn.Module, shape) -> list[tuple]:
         rows = draw(st.integers(1, min(4, *(s[0] for s in sizes))))
         cols = draw(st.integers(1, min(4, *(s[1] for s in sizes))))
         mode = draw(st.sampled_from([(), ("tiled",)])) if (rows, cols) == (1, 1) else ()
+        periods = tuple(Period(draw(st.integers(1, 12)), full) for full in graph.image_size())
+        if draw(st.booleans()) and all(period.length(size[axis]) is not None
+                                       for size in sizes for axis, period in enumerate(periods)):
+            segments.append((first, stop, periods))
+            continue
         segments.append((first, stop, (rows, cols), *mode))
     return segments
 

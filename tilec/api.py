@@ -26,9 +26,10 @@ def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None,
     it is background, and the plan's time then counts the tiles computed once.
     Give one of ``memory_budget`` (bytes, or text as ``tilec compile --memory-budget`` takes it:
     ``"2GiB"``), ``grid`` (``(4, 4)`` or ``"4x4"``) or ``segments`` (``[(0, 10, (8, 8)), ...]`` or
-    ``"0:10@8x8,..."``); none means a 1x1 grid. ``batch``: with a grid or segments, up to that many
-    consecutive tiles of one shape class run as one call (a budget chooses it itself). The other
-    options are ``tilec.pipeline.build``'s."""
+    ``"0:10@8x8,..."``; ``"0:10@640x640px"``: tiles 640 input pixels long, the last taking the
+    rest); none means a 1x1 grid. ``batch``: with a grid or segments, up to that many consecutive
+    tiles of one shape class run as one call (a budget chooses it itself). The other options are
+    ``tilec.pipeline.build``'s."""
     grid = parse_grid(grid) if isinstance(grid, str) else grid
     segments = parse_segments(segments) if isinstance(segments, str) else segments
     return build(model, inputs, grid, segments=segments, memory_budget=memory_budget, batch=batch,
