@@ -230,9 +230,7 @@ class Estimator:
             calls=calls,
             copied=copied,
             seconds=self.speed.seconds(flop_seconds, calls, copied),
-            kernels=self.kernel_bytes((p, facts.tile_passes[p], (row, col, size)) for p in facts.convolutions
-                                      if first <= p < stop for row in _shapes(rows, p) for col in _shapes(cols, p)
-                                      for size in made[2]),
+            kernels=self.kernel_bytes(_tile_calls(facts, first, stop, rows, cols, made[2])),
             rolls=rolls,
             staging=staging,
             reused=reused,
@@ -342,6 +340,8 @@ class Estimator:
     def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:
         """Kernel state of convolution calls ``(position, passes, call shape)``: alike convolutions'
         calls of one shape share their kernels."""
+        if not self.target.kernel_state:
+            return 0
         distinct = {(self.facts.kernel_key[p], passes, shape) for p, passes, shape in calls}
         return self.target.kernel_state * sum(passes for _, passes, _ in distinct)
 
@@ -418,6 +418,18 @@ class Estimator:
 
     def _program(self, first: int, stop: int, tiled: bool) -> Program:
         return program(self.facts, self.forward, first, stop, tiled)
+
+
+def _tile_calls(facts: Facts, first: int, stop: int, rows: AxisArrays, cols: AxisArrays, sizes):
+    """``Estimator.kernel_bytes``'s calls of a tiled segment ``[first, stop)``: per convolution,
+    its passes and each call shape, a row and a column shape (``_shapes``) and a batch size."""
+    for p in facts.convolutions:
+        if first <= p < stop:
+            col_shapes = _shapes(cols, p)
+            for row in _shapes(rows, p):
+                for col in col_shapes:
+                    for size in sizes:
+                        yield p, facts.tile_passes[p], (row, col, size)
 
 
 def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
