@@ -44,7 +44,22 @@ class SegmentChoice(NamedTuple):
     @property
     def period(self) -> tuple[int, int] | None:
         """The tiles' length in input pixels where the grid is a ``Period`` each (``Segment.period``)."""
-        return tuple(g.pixels for g in self.grid) if isinstance(self.grid[0], Period) else None
+        return tuple(g.pixels for g in self.grid) if all(isinstance(g, Period) for g in self.grid) else None
+
+
+def periods_on(graph: Graph, pixels: Sequence[int], where: str) -> tuple[Period, Period]:
+    """Tiles ``pixels`` (rows, columns) long in the model's first image input, as ``Period`` s."""
+    image = graph.image_size()
+    if image is None:
+        raise GridError(f"{where} cannot be tiled in input pixels: the model has no image input")
+    return tuple(Period(length, full) for length, full in zip(pixels, image, strict=False))
+
+
+def misfit(periods: Sequence[Period], sizes: Sequence[tuple[int, int]]) -> tuple[Period, int] | None:
+    """The first period and size of ``sizes`` (rows, columns each) it does not tile
+    (``Period.length``); ``None`` where the periods tile them all."""
+    return next(((period, size[axis]) for size in sizes for axis, period in enumerate(periods)
+                 if period.length(size[axis]) is None), None)
 
 
 def class_key(tile: AxisTile, graph: Graph, inputs: Sequence[SegmentInput], outputs: Sequence[str],
@@ -93,12 +108,11 @@ def check_grid(grid: Sequence[int | Period], sizes: Sequence[tuple[int, int]], w
     if isinstance(grid, tuple) and len(grid) == 2 and all(isinstance(g, Period) for g in grid):
         if any(not isinstance(g.pixels, int) or g.pixels < 1 for g in grid):
             raise GridError(f"tiles of one period must be a positive number of pixels, got {grid!r}")
-        for size in sizes:
-            for axis, period in enumerate(grid):
-                if period.length(size[axis]) is None:
-                    raise GridError(f"{where} cannot be tiled every {period.pixels} input pixels: a size it "
-                                    f"partitions ({size[axis]}) is not the input's ({period.full}) at a stride "
-                                    f"dividing it")
+        found = misfit(grid, sizes)
+        if found is not None:
+            period, size = found
+            raise GridError(f"{where} cannot be tiled every {period.pixels} input pixels: a size it partitions "
+                            f"({size}) is not the input's ({period.full}) at a stride dividing it")
         return grid
     if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
         raise GridError(f"grid must be two positive integers ROWSxCOLS, got {grid!r}")
@@ -167,11 +181,8 @@ def _checked(graph: Graph, choice: SegmentChoice, batch: int | None) -> SegmentC
         sizes = owned_sizes(graph, first, stop)
         if not sizes:
             raise GridError(f"segment {where} cannot be tiled: it makes no image and reduces none; give it grid 1x1")
-        if isinstance(grid, tuple) and grid and all(isinstance(g, Period) for g in grid):
-            image = graph.image_size()
-            if image is None:
-                raise GridError(f"segment {where} cannot be tiled in input pixels: the model has no image input")
-            grid = tuple(Period(g.pixels, full) for g, full in zip(grid, image, strict=False))
+        if choice.period is not None:
+            grid = periods_on(graph, choice.period, f"segment {where}")
         grid = check_grid(grid, sizes, f"segment {where}")
     if mode == "stored" or not batchable(graph, first, stop):
         batch = 1
@@ -226,7 +237,7 @@ def plan(
             inputs=graph.inputs_of(first, stop),
             outputs=graph.outputs_of(first, stop), predicted_peak_bytes=0, flop_overhead=0.0, estimated_seconds=0.0,
             rows=rows, cols=cols, levels=levels(graph, first, stop) if mode == "tiled" else (), batch=seg_batch,
-            period=SegmentChoice(first, stop, seg_grid).period,
+            period=choices[index].period,
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored", s.batch, aligned)
              for s, aligned in zip(planned, aligned_segments(estimator, planned), strict=True)]

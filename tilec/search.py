@@ -60,7 +60,7 @@ from tilec.cost.estimator import Estimator, SegmentCost
 from tilec.errors import BudgetError
 from tilec.graph import Graph
 from tilec.ops import rule
-from tilec.planner import SegmentChoice
+from tilec.planner import SegmentChoice, misfit
 from tilec.recompute import candidates, recompute
 from tilec.regions import Period, parts_of, strides_of
 from tilec.sweeps import batchable, owned_sizes, role
@@ -240,9 +240,7 @@ class _Costs:
         height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
         if self.aligned is not None:
             partitioned = owned_sizes(self.graph, run_start(self.graph, stop), stop)
-            fits = all(period.length(size[axis]) is not None
-                       for size in partitioned for axis, period in enumerate(self.aligned))
-            return [self.aligned] if fits else []
+            return [self.aligned] if misfit(self.aligned, partitioned) is None else []
         grids = [(min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
         return list(dict.fromkeys(grids))
 

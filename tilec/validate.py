@@ -53,7 +53,7 @@ from tilec.errors import PlanError, TilecError
 from tilec.graph import Graph
 from tilec.ir import SCHEMA_VERSION, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
 from tilec.ops import rule, tileable
-from tilec.planner import class_key, default_segments
+from tilec.planner import class_key, default_segments, periods_on
 from tilec.regions import Interval, Period
 from tilec.sweeps import batchable, levels, may_roll
 
@@ -333,7 +333,7 @@ def _check_segment(segment: Segment, graph: Graph) -> None:
     if segment.period is not None:
         image = graph.image_size()
         if image is None or min(segment.period) < 1 or tuple(
-                Period(pixels, full).parts for pixels, full in zip(segment.period, image, strict=True)) != grid:
+                period.parts for period in periods_on(graph, segment.period, where)) != grid:
             _fail(f"{where} has period {tuple(segment.period)}, which does not cut the model's image input "
                   f"{image} into its grid {grid[0]}x{grid[1]}")
 
@@ -440,7 +440,7 @@ def _axis_grid(segment: Segment, axis: int, graph: Graph) -> int | Period:
     """What the planner split ``axis`` of tiled ``segment`` by: its tiles' count, or its ``period``."""
     if segment.period is None:
         return len(getattr(segment, AXES[axis]))
-    return Period(segment.period[axis], graph.image_size()[axis])
+    return periods_on(graph, segment.period, f"segment {segment.index}")[axis]
 
 
 def _check_axis(segment: Segment, axis: int, graph: Graph) -> None:

@@ -1946,6 +1946,11 @@ def grad_leaf(value):
     return None if value is None else tuple(grad_leaf(t) for t in value)
 
 
+def same_grads(grads, others):
+    """Whether two tiles' owned output gradients (``Sweep.owned_grads``) hold the same bits."""
+    return all(g is None or same_bits(g, h) for (g, _), (h, _) in zip(grads, others, strict=True))
+
+
 def by_name(names, leaves, grads):
     """``grads`` (one per tensor of the ``leaves`` of ``names`` that requires grad, in order)
     per name: for each of its tensors, its gradient or ``None``."""
@@ -2362,9 +2367,7 @@ class Sweep:
     def same_gradients(self, first, row, col):
         """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
         _, first_row, first_col = first
-        return all(g is None or same_bits(g, h) for (g, _), (h, _) in zip(self.owned_grads(row, col),
-                                                                          self.owned_grads(first_row, first_col),
-                                                                          strict=True))
+        return same_grads(self.owned_grads(row, col), self.owned_grads(first_row, first_col))
 
     def recompute(self, batch, r, needs, frozen=False):
         """The function of the tiles ``batch`` (``(index, row, col)`` each, of one shape class: one
@@ -2527,15 +2530,16 @@ class Sweep:
         buckets, classes = {}, []
         for tile in tiles:
             _, row, col = tile
-            key = tuple(None if g is None else fingerprint(g, spatial) for g, spatial in self.owned_grads(row, col))
+            grads = self.owned_grads(row, col)
+            key = tuple(None if g is None else fingerprint(g, spatial) for g, spatial in grads)
             found = buckets.setdefault(key, [])
-            for members in found:
-                if self.same_gradients(members[0], row, col):
+            for first, members in found:
+                if same_grads(grads, first):
                     members.append(tile)
                     break
             else:
-                found.append([tile])
-                classes.append(found[-1])
+                found.append((grads, [tile]))
+                classes.append(found[-1][1])
         return classes
 
     def direct_inputs(self, r, level, share, sums):
