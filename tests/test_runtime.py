@@ -623,3 +623,26 @@ def test_a_later_step_carves_its_forward_from_the_arena_and_backs_up_on_fresh_te
     assert first_forward.buffer is None and later_forward.buffer is not None
     assert later_forward.capacity == first_forward.need > 0
     assert first_backward.buffer is None and later_backward.buffer is None and later_backward.need > 0
+
+
+def test_runtime_files_define_each_top_level_name_once():
+    """The generated module holds every runtime file in one namespace: a name two files define
+    (a function, a class, a constant) would shadow the first file's at run time."""
+    import ast
+    from importlib import resources
+
+    from tilec.runtime import SOURCES
+
+    seen = {}
+    for name in SOURCES:
+        tree = ast.parse((resources.files("tilec.runtime") / name).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for defined in names:
+                assert seen.setdefault(defined, name) == name, f"{defined} is defined in {seen[defined]} and {name}"

@@ -58,8 +58,9 @@ RACE_BYTES = 1 << 20
 RACE_MARGIN = 0.9
 #: How the generated module runs tiles, as far as their timings depend on it; part of the cache
 #: keys, so that a machine times again what an earlier runtime timed (2: backward passes on fresh
-#: tensors; 3: normalisation in one pass).
-TILES_REVISION = 3
+#: tensors; 3: normalisation in one pass; 4: its per-channel scale and shift made once per level,
+#: partials' shares of the merged gradients in closed form).
+TILES_REVISION = 4
 
 
 def clock(target: Target, dtype: str, autocast: str | None) -> Target:
@@ -132,9 +133,8 @@ def _kind_op(kind: str, x: torch.Tensor, generator: torch.Generator):
     if kind == "pool":
         return lambda arena: max_pool(arena, x, (3, 3), (2, 2), (1, 1), (1, 1)), 9 * (x.numel() // 4) * 3
     if kind == "norm":  # with batch statistics, their gradient too (a sweep's leaves)
-        weight = torch.ones(channels, **options).requires_grad_()
-        stats = [torch.zeros(1, channels, 1, 1, **options).requires_grad_() for _ in range(2)]
-        return lambda arena: norm_apply(x, stats, None, weight, weight), 5 * x.numel() * 3
+        affine = [torch.zeros(1, channels, 1, 1, **options).requires_grad_() for _ in range(2)]
+        return lambda arena: norm_apply(x, affine), 5 * x.numel() * 3
     return lambda arena: torch.relu(x), x.numel() * 3
 
 

@@ -220,18 +220,32 @@ class Arena:
 
     def take(self, shape, dtype, device, memory_format=torch.contiguous_format):
         """An uninitialised tensor of ``shape`` (4-D for channels-last) at ``top``, 64-byte aligned."""
+        start = self.claim(shape, dtype, device)
+        if start is None:
+            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+        return self.carve(start, shape, dtype, memory_format)
+
+    def claim(self, shape, dtype, device):
+        """Room for a tensor of ``shape`` and ``dtype`` at ``top``, 64-byte aligned, counted in
+        ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (no buffer on
+        ``device``, or past its capacity)."""
         start = -(-self.top // 64) * 64
         self.top = start + math.prod(shape) * dtype.itemsize
         self.need = max(self.need, self.top)
         if self.buffer is None or device != self.buffer.device or self.top > self.capacity:
-            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+            return None
+        return start
+
+    def carve(self, start, shape, dtype, memory_format=torch.contiguous_format):
+        """The tensor of ``shape`` at ``start`` in the buffer (``claim``)."""
         if memory_format == torch.channels_last:
             n, c, h, w = shape
             strides = (h * w * c, 1, w * c, c)
         else:
             strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
         offset = (self.base + start) // dtype.itemsize
-        return torch.empty(0, dtype=dtype, device=device).set_(self.buffer.untyped_storage(), offset, shape, strides)
+        return torch.empty(0, dtype=dtype, device=self.buffer.device).set_(self.buffer.untyped_storage(), offset,
+                                                                            shape, strides)
 
     def packed(self, w, x, stride, padding, dilation, groups):
         """Convolution weight ``w`` for oneDNN: in an arena that packs (a forward pass's), in
@@ -360,13 +374,21 @@ def copy_in(arena, tile):
 
 
 def padded_copy(arena, x, pads, value):
-    """``x`` padded with ``value`` (``pads``: left, right, top, bottom), in the arena."""
+    """``x`` padded with ``value`` (``pads``: left, right, top, bottom), in the arena: its border
+    strips filled, ``x`` copied inside; where the arena gives a fresh tensor, aten's
+    ``constant_pad_nd`` (one call)."""
     left, right, top, bottom = pads
     n, c, h, w = x.shape
-    y = arena.take((n, c, h + top + bottom, w + left + right), x.dtype, x.device, layout_of(x))
-    for rows, cols in ((slice(0, top), slice(None)), (slice(top + h, None), slice(None)),
-                       (slice(top, top + h), slice(0, left)), (slice(top, top + h), slice(left + w, None))):
-        y[:, :, rows, cols].fill_(value)
+    shape = (n, c, h + top + bottom, w + left + right)
+    start = arena.claim(shape, x.dtype, x.device)
+    if start is None:
+        return torch.constant_pad_nd(x, pads, value)
+    y = arena.carve(start, shape, x.dtype, layout_of(x))
+    inner = slice(top, top + h)
+    for rows, cols, size in ((slice(0, top), slice(None), top), (slice(top + h, None), slice(None), bottom),
+                             (inner, slice(0, left), left), (inner, slice(left + w, None), right)):
+        if size:
+            y[:, :, rows, cols].fill_(value)
     y[:, :, top:top + h, left:left + w].copy_(x)
     return y
 
@@ -758,17 +780,18 @@ def whole(x):
 A tile computes a *partial* over the part of a reduction's input it owns (the owned parts of the
 tiles partition the input). Partials of one kind *merge* two at a time, associatively: the step
 merges each tile's into a running one as the tiles run, and keeps only that. Its backward needs a
-tile's share of the merged partial's gradient, which depends on every other tile's partial; merged
-too, they are the *rest*: the merged partial less the tile's, which each kind solves for. So a tile's
-partial merged with its rest (held constant) is the merged partial again, and autograd through that
-one merge gives the tile's share exactly as through a merge of all the tiles'. Partials and merges
-are differentiable torch code, so autograd derives every reduction's backward (the maxima's merges
-say how a tie's gradient is shared). Partials keep the reduced dims (``keepdim``), so that they
-broadcast.
+tile's *share* of the merged partial's gradient: the gradient of the tile's partial through the
+merge of all the tiles' partials, the others' held constant. Each kind gives it in closed form
+from the merged partial and the tile's (``shares_of``), a few element-wise ops per reduction, where
+autograd through a merge with the others' partial solved for took some fifty. Partials and merges
+are differentiable torch code, so autograd derives the backward of a level's combine through its
+merged partials (the maxima's merges say how a tie's gradient is shared). Partials keep the
+reduced dims (``keepdim``), so that they broadcast.
 
-* ``sum``: sums (means divide by a count known when compiling); the rest is the difference.
+* ``sum``: sums (means divide by a count known when compiling); a part's share is the merged
+  gradient.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
-  stays accurate where ``E[x²] - E[x]²`` cancels; the rest solves it for the other part.
+  stays accurate where ``E[x²] - E[x]²`` cancels.
 * ``max``: maxima with the number of elements tied at them; the merged gradient goes to each part
   in proportion to its ties, as ``amax`` spreads it evenly over all maxima of the whole input.
 * ``argmax``: the first maximum in row-major order and its flat index, as max pooling picks it; the
@@ -784,12 +807,6 @@ def widened(x):
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def lowest(like):
-    """A tensor like ``like`` holding the lowest value of its dtype (``-inf`` for floating ones)."""
-    low = float("-inf") if like.is_floating_point() else torch.iinfo(like.dtype).min
-    return torch.full_like(like, low)
-
-
 def partial_sum(x, dims):
     return (widened(x).sum(dims, keepdim=True),)
 
@@ -798,8 +815,8 @@ def merge_sum(a, b):
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-def rest_sum(merged, part):
-    return tuple(m - p for m, p in zip(merged, part, strict=True))
+def share_sum(merged, part, grads):
+    return grads
 
 
 def partial_moments(x, dims):
@@ -815,8 +832,8 @@ def partial_moments(x, dims):
         shape = (1, -1, 1, 1) if groups is None else (*x.shape[:2], 1, 1, 1)
         mean, m2 = (t.view(shape) for t in ChannelMoments.apply(channels_last, groups))
         return torch.full_like(mean, count, requires_grad=False), mean, m2
-    var, mean = torch.var_mean(x, dims, correction=0, keepdim=True)
-    return torch.full_like(mean, count, requires_grad=False), mean, var * count
+    m2, mean = torch.var_mean(x, dims, correction=count - 1, keepdim=True)  # over count - correction = 1: M2
+    return torch.full_like(mean, count, requires_grad=False), mean, m2
 
 
 #: Elements of the scratch block ``ChannelMoments`` takes deviations in (1 MiB of float32: cached).
@@ -912,20 +929,24 @@ def merge_moments(a, b):
     other_count, other_mean, other_m2 = b
     total = count + other_count
     delta = other_mean - mean
-    return total, mean + delta * (other_count / total), m2 + other_m2 + delta.square() * (count * other_count / total)
+    weight = other_count / total
+    return total, torch.addcmul(mean, delta, weight), torch.addcmul(m2 + other_m2, delta.square(), count * weight)
 
 
-def rest_moments(merged, part):
-    """Chan's merge solved for ``b``: ``nb = n - na``, ``mean_b = mean + (mean - mean_a) * na / nb``,
-    ``M2_b = M2 - M2_a - (mean_a - mean_b)² * na * nb / n``; an empty part (count 0) where ``part``
-    is all of it."""
-    count, mean, m2 = merged
-    own_count, own_mean, own_m2 = part
-    others = count - own_count
-    some = others > 0
-    other_mean = torch.where(some, mean + (mean - own_mean) * (own_count / torch.where(some, others, 1)), mean)
-    other_m2 = m2 - own_m2 - (own_mean - other_mean).square() * (own_count * others / count)
-    return others, other_mean, torch.where(some, other_m2, torch.zeros_like(other_m2))
+def share_moments(merged, part, grads):
+    """A part's share of the gradients ``grads`` of merged ``(n, mean, M2)``: with the others'
+    ``(nb, mean_b, M2_b)`` held constant, ``d mean / d mean_a = na / n``, ``d M2 / d M2_a = 1`` and
+    ``d M2 / d mean_a = -2 (mean_b - mean_a) na nb / n = 2 (mean_a - mean) na`` (as ``mean_b -
+    mean_a = (mean - mean_a) n / nb``); counts are constants."""
+    count, mean, _ = merged
+    own_count, own_mean, _ = part
+    _, grad_mean, grad_m2 = grads
+    if grad_m2 is None:
+        return None, None if grad_mean is None else grad_mean * (own_count / count), None
+    spread = (own_mean - mean).mul_(own_count)
+    grad = spread.mul_(grad_m2).mul_(2) if grad_mean is None else torch.addcmul(grad_mean * (own_count / count),
+                                                                                 spread, grad_m2, value=2)
+    return None, grad, grad_m2
 
 
 def partial_max(x, dims):
@@ -958,13 +979,16 @@ def merge_max(a, b):
     return MaxMerge.apply(a[1].detach(), b[1].detach(), a[0], b[0])
 
 
-def rest_max(merged, part):
-    """The other parts' maximum and ties: the merged ones less this part's ties where it holds the
-    maximum; none (the lowest value) where it holds all of them."""
+def share_max(merged, part, grads):
+    """A part's share of the merged maximum's gradient: in proportion to the elements it holds at
+    the merged maximum (none where its maximum is lower), as ``MaxMerge`` shares it."""
     top, hits = merged
-    mine = part[0] == top
-    others = torch.where(mine, hits - part[1], hits)
-    return torch.where(mine & (others == 0), lowest(top), top), others
+    own_top, own_hits = part
+    grad = grads[0]
+    if grad is None:
+        return None, None
+    mine = torch.where(own_top == top, own_hits / hits, torch.zeros_like(hits))
+    return (grad * mine).to(grad.dtype), None
 
 
 class ArgMaxMerge(torch.autograd.Function):
@@ -991,12 +1015,13 @@ def merge_argmax(a, b):
     return ArgMaxMerge.apply(a[1], b[1], a[0], b[0])
 
 
-def rest_argmax(merged, part):
-    """The other parts' first maximum: the merged one, or none (the lowest value, the largest
-    index) where this part holds it."""
-    top, index = merged
-    mine = part[1] == index
-    return torch.where(mine, lowest(top), top), torch.where(mine, torch.iinfo(index.dtype).max, index)
+def share_argmax(merged, part, grads):
+    """A part's share of the merged first maximum's gradient: all of it where the part holds that
+    maximum (its flat index), none elsewhere."""
+    grad = grads[0]
+    if grad is None:
+        return None, None
+    return torch.where(part[1] == merged[1], grad, torch.zeros_like(grad)), None
 
 
 def partial_argmax(x, origin, width):
@@ -1009,14 +1034,17 @@ def partial_argmax(x, origin, width):
 
 
 class Merge(NamedTuple):
-    """How partials of one kind merge, and the rest of a merged one without one part."""
+    """How partials of one kind merge, and a part's share of a merged one's gradients:
+    ``share(merged, part, grads)`` gives the gradient of each of ``part``'s tensors (``None``
+    where none), ``merged`` and ``grads`` the merged partial and its gradients (``None`` where
+    none)."""
 
     merge: object
-    rest: object
+    share: object
 
 
-MERGES = {"sum": Merge(merge_sum, rest_sum), "moments": Merge(merge_moments, rest_moments),
-          "max": Merge(merge_max, rest_max), "argmax": Merge(merge_argmax, rest_argmax)}
+MERGES = {"sum": Merge(merge_sum, share_sum), "moments": Merge(merge_moments, share_moments),
+          "max": Merge(merge_max, share_max), "argmax": Merge(merge_argmax, share_argmax)}
 
 
 def merged(kind, parts):
@@ -1024,11 +1052,13 @@ def merged(kind, parts):
     return functools.reduce(MERGES[kind].merge, parts)
 
 
-def own_share(kind, merged_part, part):
-    """``part`` merged with the rest of ``merged_part`` held constant: ``merged_part`` again, whose
-    gradient back-propagates into ``part`` the part's share of it."""
-    rest = MERGES[kind].rest(tuple(t.detach() for t in merged_part), tuple(t.detach() for t in part))
-    return MERGES[kind].merge(part, rest)
+def shares_of(kind, merged_part, part, grads):
+    """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
+    the merged partial ``merged_part`` (its gradient through the merge of every part, the others
+    held constant) into ``part``'s tensors that require grad."""
+    with torch.no_grad():
+        found = MERGES[kind].share(merged_part, part, grads)
+    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and t.requires_grad]
 
 
 def autocast_dtype(like):
@@ -1073,22 +1103,30 @@ def batch_norm_stats(moments, running_mean, running_var, mode, eps, update):
     return mean, torch.rsqrt(var + eps)
 
 
-def norm_apply(x, stats, groups, weight, bias):
-    """``x`` normalised with ``stats = (mean, 1 / std)`` (per channel where ``groups`` is ``None``,
-    else per sample and channel group), then scaled and shifted per channel, in ``x``'s layout: as
-    PyTorch's CPU kernels compute it, ``x * a + b`` with ``a = weight / std`` and ``b = bias - mean
-    * a`` per (sample,) channel, one pass over ``x`` whose backward keeps ``x`` only."""
+def norm_affine(stats, groups, channels, weight, bias):
+    """``(a, b)`` per (sample,) channel, shaped ``(N or 1, channels, 1, 1)``, from ``stats = (mean,
+    1 / std)`` (per channel where ``groups`` is ``None``, else per sample and channel group) and the
+    per-channel ``weight`` and ``bias``: ``a = weight / std``, ``b = bias - mean * a``, as PyTorch's
+    CPU kernels compute a normalisation. A level's combine makes them once, so that each tile
+    normalises in one op (``norm_apply``) and their gradients reach the weight and bias through
+    the combine."""
     mean, scale = stats
-    trailing = (1,) * (x.dim() - 2)
     if groups is not None:  # per (sample, group) -> per (sample, channel); one sample broadcasts over stacked tiles
-        n, channels = mean.shape[0], x.shape[1]
-        mean, scale = (t.reshape(n, groups, 1).expand(n, groups, channels // groups).reshape(n, channels, *trailing)
+        n = mean.shape[0]
+        mean, scale = (t.reshape(n, groups, 1).expand(n, groups, channels // groups).reshape(n, channels, 1, 1)
                        for t in (mean, scale))
     if weight is not None:
-        scale = scale * weight.view(1, -1, *trailing)
+        scale = scale * weight.view(1, -1, 1, 1)
     shift = -mean * scale
     if bias is not None:
-        shift = shift + bias.view(1, -1, *trailing)
+        shift = shift + bias.view(1, -1, 1, 1)
+    return scale, shift
+
+
+def norm_apply(x, affine):
+    """``x * a + b`` with ``affine = (a, b)`` (``norm_affine``), in ``x``'s dtype and layout: one pass
+    over ``x`` whose backward keeps ``x`` only."""
+    scale, shift = affine
     return torch.addcmul(shift, x, scale).to(x.dtype)
 
 
@@ -1909,14 +1947,14 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
    the tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
    again, from its merged partials as leaves, and back-propagates ``G_l``: that gives ``H_l``, the
    gradient of the merged partials, and the gradients of the lower leaves the combine read (added
-   to theirs) and of its parameters. A tile's partials get their share of ``H_l`` through one merge
-   with the rest of the merged ones held constant (``tilec.runtime.reduce.own_share``), in the
-   sweeps that recompute the tile;
+   to theirs) and of its parameters. A tile's partials get their share of ``H_l``
+   (``tilec.runtime.reduce.shares_of``, in closed form) in the sweeps that recompute the tile;
 2. the last sweep recomputes each tile and back-propagates ``g_t`` and every ``H`` into the
-   parameters and the segment's inputs; it also sums the gradients of the leaves of level 0 and of
-   a direct level 1, which need no sweep of their own (nothing in the tiles depends on their
-   partials);
-3. a direct level's combine back-propagates its ``G``, and its partials' shares are added to the
+   parameters and the segment's inputs; it also sums the gradients of the leaves of level 0, of a
+   direct level 1 and of a level that computes no statistics in this step (BatchNorms in eval
+   mode), which need no sweep of their own (nothing in the tiles depends on their partials);
+3. their combines back-propagate their ``G`` (a normalisation's into its weight and bias,
+   ``tilec.runtime.reduce.norm_affine``); a direct level's partials' shares are added to the
    input gradient over each tile's owned slices; last, level 0's combine back-propagates into the
    broadcast inputs and the parameters.
 
@@ -2020,12 +2058,10 @@ def exchange(group, found, like, kinds):
 
 def share_pairs(kind, merged_part, grads, part):
     """(tensor, gradient) pairs that back-propagate one tile's share of the gradients ``grads`` of a
-    merged partial into the tile's ``part`` (``tilec.runtime.reduce.own_share``)."""
+    merged partial into the tile's ``part`` (``tilec.runtime.reduce.shares_of``)."""
     if all(g is None for g in grads) or not any(t.requires_grad for t in part):
         return []
-    with torch.enable_grad():
-        own = own_share(kind, merged_part, part)
-    return [(t, g) for t, g in zip(own, grads, strict=True) if g is not None and t.requires_grad]
+    return shares_of(kind, merged_part, part, grads)
 
 
 def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
@@ -2246,13 +2282,14 @@ class Tiled(torch.autograd.Function):
                 for name, grads_of in sweep.leaf_grads(r, level.results, shares).items():
                     add_grad(totals, name, grads_of)
             shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
-        later = [level for level in segment.levels if level.index == 0 or (level.direct and ctx.active[level.index])]
+        later = [level for level in segment.levels
+                 if level.index == 0 or level.direct or not ctx.active[level.index]]
         collected = sweep.last(r, [name for level in later for name in level.results], shares, sums)
         for name, grads_of in collected.items():
             add_grad(totals, name, grads_of)
         for level in reversed(later):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
-            if level.direct:
+            if level.direct and ctx.active[level.index]:
                 sweep.direct_inputs(r, level, share, sums)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
@@ -2312,6 +2349,7 @@ class Sweep:
         self.segment, self.run, self.autocast = segment, run, autocast
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
         self.keys = keys
+        self.frozen = [t.detach() for t in bs], [t.detach() for t in p]
 
     def groups(self, shares, rolled, inputs):
         """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
@@ -2376,7 +2414,7 @@ class Sweep:
         partials. ``frozen``: with the broadcast inputs and parameters detached, for a sweep that
         wants only the leaves' gradients (a tile convolution adds its weight gradient into the
         weight's ``grad`` as it goes)."""
-        bs, p = ([t.detach() for t in self.bs], [t.detach() for t in self.p]) if frozen else (self.bs, self.p)
+        bs, p = self.frozen if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
         tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
                   for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,

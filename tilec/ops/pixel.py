@@ -83,12 +83,12 @@ class BatchNorm(Pixel):
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         mode = view.mode(node.path) if is_batch_norm_module(node) else f"(True, {const(node, 6)!r})"
-        return (f"batch_norm_stats({combined}, {view.arg(node.args[3])}, {view.arg(node.args[4])}, {mode}, "
-                f"{const(node, 7)!r}, update)")
+        stats = (f"batch_norm_stats({combined}, {view.arg(node.args[3])}, {view.arg(node.args[4])}, {mode}, "
+                 f"{const(node, 7)!r}, update)")
+        return f"norm_affine({stats}, None, {node.shape[1]}, {view.arg(node.args[1])}, {view.arg(node.args[2])})"
 
     def apply(self, node: NodeSpec, tile) -> str:
-        return (f"norm_apply({tile.read(node.inputs[0])}, {tile.leaf(node.name)}, None, {tile.arg(node.args[1])}, "
-                f"{tile.arg(node.args[2])})")
+        return f"norm_apply({tile.read(node.inputs[0])}, {tile.leaf(node.name)})"
 
     def switch(self, node: NodeSpec) -> str | None:
         return node.path if is_batch_norm_module(node) else None

@@ -248,9 +248,9 @@ class Normalise(Op):
         return const(node, {"group_norm": 4, "instance_norm": 7, "layer_norm": 4}[node.op])
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
-        return f"norm_stats({combined}, {self.eps(node)!r})"
+        weight, bias = {"group_norm": (2, 3), "instance_norm": (1, 2), "layer_norm": (2, 3)}[node.op]
+        return (f"norm_affine(norm_stats({combined}, {self.eps(node)!r}), {self.groups(node, view.shapes)}, "
+                f"{node.shape[1]}, {view.arg(node.args[weight])}, {view.arg(node.args[bias])})")
 
     def apply(self, node: NodeSpec, tile) -> str:
-        weight, bias = {"group_norm": (2, 3), "instance_norm": (1, 2), "layer_norm": (2, 3)}[node.op]
-        return (f"norm_apply({tile.read(node.inputs[0])}, {tile.leaf(node.name)}, "
-                f"{self.groups(node, tile.shapes)}, {tile.arg(node.args[weight])}, {tile.arg(node.args[bias])})")
+        return f"norm_apply({tile.read(node.inputs[0])}, {tile.leaf(node.name)})"

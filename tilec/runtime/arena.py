@@ -38,18 +38,32 @@ class Arena:
 
     def take(self, shape, dtype, device, memory_format=torch.contiguous_format):
         """An uninitialised tensor of ``shape`` (4-D for channels-last) at ``top``, 64-byte aligned."""
+        start = self.claim(shape, dtype, device)
+        if start is None:
+            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+        return self.carve(start, shape, dtype, memory_format)
+
+    def claim(self, shape, dtype, device):
+        """Room for a tensor of ``shape`` and ``dtype`` at ``top``, 64-byte aligned, counted in
+        ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (no buffer on
+        ``device``, or past its capacity)."""
         start = -(-self.top // 64) * 64
         self.top = start + math.prod(shape) * dtype.itemsize
         self.need = max(self.need, self.top)
         if self.buffer is None or device != self.buffer.device or self.top > self.capacity:
-            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+            return None
+        return start
+
+    def carve(self, start, shape, dtype, memory_format=torch.contiguous_format):
+        """The tensor of ``shape`` at ``start`` in the buffer (``claim``)."""
         if memory_format == torch.channels_last:
             n, c, h, w = shape
             strides = (h * w * c, 1, w * c, c)
         else:
             strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
         offset = (self.base + start) // dtype.itemsize
-        return torch.empty(0, dtype=dtype, device=device).set_(self.buffer.untyped_storage(), offset, shape, strides)
+        return torch.empty(0, dtype=dtype, device=self.buffer.device).set_(self.buffer.untyped_storage(), offset,
+                                                                            shape, strides)
 
     def packed(self, w, x, stride, padding, dilation, groups):
         """Convolution weight ``w`` for oneDNN: in an arena that packs (a forward pass's), in

@@ -103,13 +103,21 @@ def copy_in(arena, tile):
 
 
 def padded_copy(arena, x, pads, value):
-    """``x`` padded with ``value`` (``pads``: left, right, top, bottom), in the arena."""
+    """``x`` padded with ``value`` (``pads``: left, right, top, bottom), in the arena: its border
+    strips filled, ``x`` copied inside; where the arena gives a fresh tensor, aten's
+    ``constant_pad_nd`` (one call)."""
     left, right, top, bottom = pads
     n, c, h, w = x.shape
-    y = arena.take((n, c, h + top + bottom, w + left + right), x.dtype, x.device, layout_of(x))
-    for rows, cols in ((slice(0, top), slice(None)), (slice(top + h, None), slice(None)),
-                       (slice(top, top + h), slice(0, left)), (slice(top, top + h), slice(left + w, None))):
-        y[:, :, rows, cols].fill_(value)
+    shape = (n, c, h + top + bottom, w + left + right)
+    start = arena.claim(shape, x.dtype, x.device)
+    if start is None:
+        return torch.constant_pad_nd(x, pads, value)
+    y = arena.carve(start, shape, x.dtype, layout_of(x))
+    inner = slice(top, top + h)
+    for rows, cols, size in ((slice(0, top), slice(None), top), (slice(top + h, None), slice(None), bottom),
+                             (inner, slice(0, left), left), (inner, slice(left + w, None), right)):
+        if size:
+            y[:, :, rows, cols].fill_(value)
     y[:, :, top:top + h, left:left + w].copy_(x)
     return y
 

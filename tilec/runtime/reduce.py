@@ -3,17 +3,18 @@
 A tile computes a *partial* over the part of a reduction's input it owns (the owned parts of the
 tiles partition the input). Partials of one kind *merge* two at a time, associatively: the step
 merges each tile's into a running one as the tiles run, and keeps only that. Its backward needs a
-tile's share of the merged partial's gradient, which depends on every other tile's partial; merged
-too, they are the *rest*: the merged partial less the tile's, which each kind solves for. So a tile's
-partial merged with its rest (held constant) is the merged partial again, and autograd through that
-one merge gives the tile's share exactly as through a merge of all the tiles'. Partials and merges
-are differentiable torch code, so autograd derives every reduction's backward (the maxima's merges
-say how a tie's gradient is shared). Partials keep the reduced dims (``keepdim``), so that they
-broadcast.
+tile's *share* of the merged partial's gradient: the gradient of the tile's partial through the
+merge of all the tiles' partials, the others' held constant. Each kind gives it in closed form
+from the merged partial and the tile's (``shares_of``), a few element-wise ops per reduction, where
+autograd through a merge with the others' partial solved for took some fifty. Partials and merges
+are differentiable torch code, so autograd derives the backward of a level's combine through its
+merged partials (the maxima's merges say how a tie's gradient is shared). Partials keep the
+reduced dims (``keepdim``), so that they broadcast.
 
-* ``sum``: sums (means divide by a count known when compiling); the rest is the difference.
+* ``sum``: sums (means divide by a count known when compiling); a part's share is the merged
+  gradient.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
-  stays accurate where ``E[x²] - E[x]²`` cancels; the rest solves it for the other part.
+  stays accurate where ``E[x²] - E[x]²`` cancels.
 * ``max``: maxima with the number of elements tied at them; the merged gradient goes to each part
   in proportion to its ties, as ``amax`` spreads it evenly over all maxima of the whole input.
 * ``argmax``: the first maximum in row-major order and its flat index, as max pooling picks it; the
@@ -32,12 +33,6 @@ def widened(x):
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def lowest(like):
-    """A tensor like ``like`` holding the lowest value of its dtype (``-inf`` for floating ones)."""
-    low = float("-inf") if like.is_floating_point() else torch.iinfo(like.dtype).min
-    return torch.full_like(like, low)
-
-
 def partial_sum(x, dims):
     return (widened(x).sum(dims, keepdim=True),)
 
@@ -46,8 +41,8 @@ def merge_sum(a, b):
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-def rest_sum(merged, part):
-    return tuple(m - p for m, p in zip(merged, part, strict=True))
+def share_sum(merged, part, grads):
+    return grads
 
 
 def partial_moments(x, dims):
@@ -63,8 +58,8 @@ def partial_moments(x, dims):
         shape = (1, -1, 1, 1) if groups is None else (*x.shape[:2], 1, 1, 1)
         mean, m2 = (t.view(shape) for t in ChannelMoments.apply(channels_last, groups))
         return torch.full_like(mean, count, requires_grad=False), mean, m2
-    var, mean = torch.var_mean(x, dims, correction=0, keepdim=True)
-    return torch.full_like(mean, count, requires_grad=False), mean, var * count
+    m2, mean = torch.var_mean(x, dims, correction=count - 1, keepdim=True)  # over count - correction = 1: M2
+    return torch.full_like(mean, count, requires_grad=False), mean, m2
 
 
 #: Elements of the scratch block ``ChannelMoments`` takes deviations in (1 MiB of float32: cached).
@@ -160,20 +155,24 @@ def merge_moments(a, b):
     other_count, other_mean, other_m2 = b
     total = count + other_count
     delta = other_mean - mean
-    return total, mean + delta * (other_count / total), m2 + other_m2 + delta.square() * (count * other_count / total)
+    weight = other_count / total
+    return total, torch.addcmul(mean, delta, weight), torch.addcmul(m2 + other_m2, delta.square(), count * weight)
 
 
-def rest_moments(merged, part):
-    """Chan's merge solved for ``b``: ``nb = n - na``, ``mean_b = mean + (mean - mean_a) * na / nb``,
-    ``M2_b = M2 - M2_a - (mean_a - mean_b)² * na * nb / n``; an empty part (count 0) where ``part``
-    is all of it."""
-    count, mean, m2 = merged
-    own_count, own_mean, own_m2 = part
-    others = count - own_count
-    some = others > 0
-    other_mean = torch.where(some, mean + (mean - own_mean) * (own_count / torch.where(some, others, 1)), mean)
-    other_m2 = m2 - own_m2 - (own_mean - other_mean).square() * (own_count * others / count)
-    return others, other_mean, torch.where(some, other_m2, torch.zeros_like(other_m2))
+def share_moments(merged, part, grads):
+    """A part's share of the gradients ``grads`` of merged ``(n, mean, M2)``: with the others'
+    ``(nb, mean_b, M2_b)`` held constant, ``d mean / d mean_a = na / n``, ``d M2 / d M2_a = 1`` and
+    ``d M2 / d mean_a = -2 (mean_b - mean_a) na nb / n = 2 (mean_a - mean) na`` (as ``mean_b -
+    mean_a = (mean - mean_a) n / nb``); counts are constants."""
+    count, mean, _ = merged
+    own_count, own_mean, _ = part
+    _, grad_mean, grad_m2 = grads
+    if grad_m2 is None:
+        return None, None if grad_mean is None else grad_mean * (own_count / count), None
+    spread = (own_mean - mean).mul_(own_count)
+    grad = spread.mul_(grad_m2).mul_(2) if grad_mean is None else torch.addcmul(grad_mean * (own_count / count),
+                                                                                 spread, grad_m2, value=2)
+    return None, grad, grad_m2
 
 
 def partial_max(x, dims):
@@ -206,13 +205,16 @@ def merge_max(a, b):
     return MaxMerge.apply(a[1].detach(), b[1].detach(), a[0], b[0])
 
 
-def rest_max(merged, part):
-    """The other parts' maximum and ties: the merged ones less this part's ties where it holds the
-    maximum; none (the lowest value) where it holds all of them."""
+def share_max(merged, part, grads):
+    """A part's share of the merged maximum's gradient: in proportion to the elements it holds at
+    the merged maximum (none where its maximum is lower), as ``MaxMerge`` shares it."""
     top, hits = merged
-    mine = part[0] == top
-    others = torch.where(mine, hits - part[1], hits)
-    return torch.where(mine & (others == 0), lowest(top), top), others
+    own_top, own_hits = part
+    grad = grads[0]
+    if grad is None:
+        return None, None
+    mine = torch.where(own_top == top, own_hits / hits, torch.zeros_like(hits))
+    return (grad * mine).to(grad.dtype), None
 
 
 class ArgMaxMerge(torch.autograd.Function):
@@ -239,12 +241,13 @@ def merge_argmax(a, b):
     return ArgMaxMerge.apply(a[1], b[1], a[0], b[0])
 
 
-def rest_argmax(merged, part):
-    """The other parts' first maximum: the merged one, or none (the lowest value, the largest
-    index) where this part holds it."""
-    top, index = merged
-    mine = part[1] == index
-    return torch.where(mine, lowest(top), top), torch.where(mine, torch.iinfo(index.dtype).max, index)
+def share_argmax(merged, part, grads):
+    """A part's share of the merged first maximum's gradient: all of it where the part holds that
+    maximum (its flat index), none elsewhere."""
+    grad = grads[0]
+    if grad is None:
+        return None, None
+    return torch.where(part[1] == merged[1], grad, torch.zeros_like(grad)), None
 
 
 def partial_argmax(x, origin, width):
@@ -257,14 +260,17 @@ def partial_argmax(x, origin, width):
 
 
 class Merge(NamedTuple):
-    """How partials of one kind merge, and the rest of a merged one without one part."""
+    """How partials of one kind merge, and a part's share of a merged one's gradients:
+    ``share(merged, part, grads)`` gives the gradient of each of ``part``'s tensors (``None``
+    where none), ``merged`` and ``grads`` the merged partial and its gradients (``None`` where
+    none)."""
 
     merge: object
-    rest: object
+    share: object
 
 
-MERGES = {"sum": Merge(merge_sum, rest_sum), "moments": Merge(merge_moments, rest_moments),
-          "max": Merge(merge_max, rest_max), "argmax": Merge(merge_argmax, rest_argmax)}
+MERGES = {"sum": Merge(merge_sum, share_sum), "moments": Merge(merge_moments, share_moments),
+          "max": Merge(merge_max, share_max), "argmax": Merge(merge_argmax, share_argmax)}
 
 
 def merged(kind, parts):
@@ -272,11 +278,13 @@ def merged(kind, parts):
     return functools.reduce(MERGES[kind].merge, parts)
 
 
-def own_share(kind, merged_part, part):
-    """``part`` merged with the rest of ``merged_part`` held constant: ``merged_part`` again, whose
-    gradient back-propagates into ``part`` the part's share of it."""
-    rest = MERGES[kind].rest(tuple(t.detach() for t in merged_part), tuple(t.detach() for t in part))
-    return MERGES[kind].merge(part, rest)
+def shares_of(kind, merged_part, part, grads):
+    """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
+    the merged partial ``merged_part`` (its gradient through the merge of every part, the others
+    held constant) into ``part``'s tensors that require grad."""
+    with torch.no_grad():
+        found = MERGES[kind].share(merged_part, part, grads)
+    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and t.requires_grad]
 
 
 def autocast_dtype(like):
@@ -321,22 +329,30 @@ def batch_norm_stats(moments, running_mean, running_var, mode, eps, update):
     return mean, torch.rsqrt(var + eps)
 
 
-def norm_apply(x, stats, groups, weight, bias):
-    """``x`` normalised with ``stats = (mean, 1 / std)`` (per channel where ``groups`` is ``None``,
-    else per sample and channel group), then scaled and shifted per channel, in ``x``'s layout: as
-    PyTorch's CPU kernels compute it, ``x * a + b`` with ``a = weight / std`` and ``b = bias - mean
-    * a`` per (sample,) channel, one pass over ``x`` whose backward keeps ``x`` only."""
+def norm_affine(stats, groups, channels, weight, bias):
+    """``(a, b)`` per (sample,) channel, shaped ``(N or 1, channels, 1, 1)``, from ``stats = (mean,
+    1 / std)`` (per channel where ``groups`` is ``None``, else per sample and channel group) and the
+    per-channel ``weight`` and ``bias``: ``a = weight / std``, ``b = bias - mean * a``, as PyTorch's
+    CPU kernels compute a normalisation. A level's combine makes them once, so that each tile
+    normalises in one op (``norm_apply``) and their gradients reach the weight and bias through
+    the combine."""
     mean, scale = stats
-    trailing = (1,) * (x.dim() - 2)
     if groups is not None:  # per (sample, group) -> per (sample, channel); one sample broadcasts over stacked tiles
-        n, channels = mean.shape[0], x.shape[1]
-        mean, scale = (t.reshape(n, groups, 1).expand(n, groups, channels // groups).reshape(n, channels, *trailing)
+        n = mean.shape[0]
+        mean, scale = (t.reshape(n, groups, 1).expand(n, groups, channels // groups).reshape(n, channels, 1, 1)
                        for t in (mean, scale))
     if weight is not None:
-        scale = scale * weight.view(1, -1, *trailing)
+        scale = scale * weight.view(1, -1, 1, 1)
     shift = -mean * scale
     if bias is not None:
-        shift = shift + bias.view(1, -1, *trailing)
+        shift = shift + bias.view(1, -1, 1, 1)
+    return scale, shift
+
+
+def norm_apply(x, affine):
+    """``x * a + b`` with ``affine = (a, b)`` (``norm_affine``), in ``x``'s dtype and layout: one pass
+    over ``x`` whose backward keeps ``x`` only."""
+    scale, shift = affine
     return torch.addcmul(shift, x, scale).to(x.dtype)
 
 

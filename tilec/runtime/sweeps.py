@@ -21,14 +21,14 @@ owned output gradient; ``H_{l,t}`` the gradient of tile ``t``'s level-``l`` part
    the tiles: ``G_l``, complete, as nothing else depends on ``r_l``; then the level's combine runs
    again, from its merged partials as leaves, and back-propagates ``G_l``: that gives ``H_l``, the
    gradient of the merged partials, and the gradients of the lower leaves the combine read (added
-   to theirs) and of its parameters. A tile's partials get their share of ``H_l`` through one merge
-   with the rest of the merged ones held constant (``tilec.runtime.reduce.own_share``), in the
-   sweeps that recompute the tile;
+   to theirs) and of its parameters. A tile's partials get their share of ``H_l``
+   (``tilec.runtime.reduce.shares_of``, in closed form) in the sweeps that recompute the tile;
 2. the last sweep recomputes each tile and back-propagates ``g_t`` and every ``H`` into the
-   parameters and the segment's inputs; it also sums the gradients of the leaves of level 0 and of
-   a direct level 1, which need no sweep of their own (nothing in the tiles depends on their
-   partials);
-3. a direct level's combine back-propagates its ``G``, and its partials' shares are added to the
+   parameters and the segment's inputs; it also sums the gradients of the leaves of level 0, of a
+   direct level 1 and of a level that computes no statistics in this step (BatchNorms in eval
+   mode), which need no sweep of their own (nothing in the tiles depends on their partials);
+3. their combines back-propagate their ``G`` (a normalisation's into its weight and bias,
+   ``tilec.runtime.reduce.norm_affine``); a direct level's partials' shares are added to the
    input gradient over each tile's owned slices; last, level 0's combine back-propagates into the
    broadcast inputs and the parameters.
 
@@ -47,7 +47,7 @@ import torch.distributed as dist
 from tilec.runtime.arena import Arena
 from tilec.runtime.batches import Pending, batch_partials, stack_in, unstacked
 from tilec.runtime.kernels import copy_in, narrow
-from tilec.runtime.reduce import merged, own_share
+from tilec.runtime.reduce import merged, shares_of
 from tilec.runtime.reuse import Keys, fingerprint, same_bits
 from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import (
@@ -150,12 +150,10 @@ def exchange(group, found, like, kinds):
 
 def share_pairs(kind, merged_part, grads, part):
     """(tensor, gradient) pairs that back-propagate one tile's share of the gradients ``grads`` of a
-    merged partial into the tile's ``part`` (``tilec.runtime.reduce.own_share``)."""
+    merged partial into the tile's ``part`` (``tilec.runtime.reduce.shares_of``)."""
     if all(g is None for g in grads) or not any(t.requires_grad for t in part):
         return []
-    with torch.enable_grad():
-        own = own_share(kind, merged_part, part)
-    return [(t, g) for t, g in zip(own, grads, strict=True) if g is not None and t.requires_grad]
+    return shares_of(kind, merged_part, part, grads)
 
 
 def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
@@ -376,13 +374,14 @@ class Tiled(torch.autograd.Function):
                 for name, grads_of in sweep.leaf_grads(r, level.results, shares).items():
                     add_grad(totals, name, grads_of)
             shares[level.index] = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
-        later = [level for level in segment.levels if level.index == 0 or (level.direct and ctx.active[level.index])]
+        later = [level for level in segment.levels
+                 if level.index == 0 or level.direct or not ctx.active[level.index]]
         collected = sweep.last(r, [name for level in later for name in level.results], shares, sums)
         for name, grads_of in collected.items():
             add_grad(totals, name, grads_of)
         for level in reversed(later):
             share = Tiled.combine_backward(segment, level, run, ctx.autocast, xs, bs, p, r, parts, totals)
-            if level.direct:
+            if level.direct and ctx.active[level.index]:
                 sweep.direct_inputs(r, level, share, sums)
         del arena, sweep
         gx = [None if accumulated is None else accumulated.result() for accumulated in sums]
@@ -442,6 +441,7 @@ class Sweep:
         self.segment, self.run, self.autocast = segment, run, autocast
         self.xs, self.bs, self.p, self.leaves, self.image_grads, self.arena = xs, bs, p, leaves, image_grads, arena
         self.keys = keys
+        self.frozen = [t.detach() for t in bs], [t.detach() for t in p]
 
     def groups(self, shares, rolled, inputs):
         """Per representative's index, the tiles it back-propagates for in this sweep (itself first,
@@ -506,7 +506,7 @@ class Sweep:
         partials. ``frozen``: with the broadcast inputs and parameters detached, for a sweep that
         wants only the leaves' gradients (a tile convolution adds its weight gradient into the
         weight's ``grad`` as it goes)."""
-        bs, p = ([t.detach() for t in self.bs], [t.detach() for t in self.p]) if frozen else (self.bs, self.p)
+        bs, p = self.frozen if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
         tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
                   for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
