@@ -22,7 +22,9 @@ class AxisArrays:
     window op's input read plus its border padding; ``copied`` / ``copies``: length of its padded
     copy and whether the tile makes one (1 or 0, ``Op.copies``). ``reads[name]``: per input of
     the node, ``(input, start, stop)`` of the interval read, over ``tiles`` of the arrays
-    (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles.
+    (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles;
+    ``derived``: what has been computed from the arrays (``call_shapes``, the cost model's shape
+    classes of a run of their nodes), kept for the next asker.
     """
 
     def __init__(self, graph: Graph, offset: int, count: int, parts: int, steps):
@@ -48,6 +50,18 @@ class AxisArrays:
                 self.copies[:, column] = copies
                 self.copied[:, column] = read_stop - read_start + np.where(copies, before + after, 0)
         self.sums = self.out.sum(axis=0)
+        self.derived: dict[tuple, object] = {}
+
+    def call_shapes(self, position: int) -> set[tuple[int, int]]:
+        """The distinct ``(length, padding)`` along this axis of the calls of the window op at
+        ``position`` over the tiles: its read padded natively, or the copy of it padded (padding 0)."""
+        found = self.derived.get(("shapes", position))
+        if found is None:
+            column = position - self.offset
+            length = np.where(self.copies[:, column] > 0, self.padded[:, column], self.copied[:, column])
+            found = self.derived["shapes", position] = set(zip(length.tolist(),
+                                                               (self.padded[:, column] - length).tolist(), strict=True))
+        return found
 
     @classmethod
     def of_cone(cls, graph: Graph, found: Cone) -> AxisArrays:
@@ -83,7 +97,7 @@ class AxisArrays:
         part.parts, part.tiles = stop - start, slice(start, stop)
         part.out, part.padded, part.copied, part.copies = (
             a[start:stop] for a in (self.out, self.padded, self.copied, self.copies))
-        part.sums = part.out.sum(axis=0)
+        part.sums, part.derived = part.out.sum(axis=0), {}
         return part
 
 

@@ -29,6 +29,7 @@ with the image axes replaced by the tile's lengths, times the element size.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -161,7 +162,7 @@ class Estimator:
             calls=calls,
             copied=0,
             seconds=self.speed.seconds(flop_seconds, calls, 0),
-            kernels=self.kernel_bytes((p, facts.stored_passes[p], None) for p in facts.convolutions
+            kernels=self.kernel_bytes((p, facts.stored_passes[p], (None,)) for p in facts.convolutions
                                       if first <= p < stop),
         )
 
@@ -334,16 +335,21 @@ class Estimator:
         """Of ``rollable(cut)``, the tensors made by a tiled segment of ``spans``, ``(first, stop,
         mode)`` each (at least the segments before ``cut``): the segment starting there rolls
         those of its ``SegmentCost.rolls``."""
+        rollable = self.rollable(cut)
+        if not rollable:
+            return rollable
         position, tiled = self.graph.position, [(first, stop) for first, stop, mode in spans if mode == "tiled"]
-        return frozenset(name for name in self.rollable(cut) if any(a <= position[name] < b for a, b in tiled))
+        return frozenset(name for name in rollable if any(a <= position[name] < b for a, b in tiled))
 
-    def kernel_bytes(self, calls: Iterable[tuple[int, int, object]]) -> int:
-        """Kernel state of convolution calls ``(position, passes, call shape)``: alike convolutions'
-        calls of one shape share their kernels."""
+    def kernel_bytes(self, calls: Iterable[tuple[int, int, Iterable]]) -> int:
+        """Kernel state of convolution calls, per convolution ``(position, passes, call shapes)``:
+        alike convolutions' calls of one shape share their kernels."""
         if not self.target.kernel_state:
             return 0
-        distinct = {(self.facts.kernel_key[p], passes, shape) for p, passes, shape in calls}
-        return self.target.kernel_state * sum(passes for _, passes, _ in distinct)
+        shapes: dict[tuple, set] = {}
+        for p, passes, found in calls:
+            shapes.setdefault((self.facts.kernel_key[p], passes), set()).update(found)
+        return self.target.kernel_state * sum(passes * len(found) for (_, passes), found in shapes.items())
 
     def _boundary(self, first: int, stop: int) -> tuple[int, int, int]:
         """A tiled segment's output bytes, sliced inputs' gradient bytes, and backward bytes besides
@@ -355,7 +361,7 @@ class Estimator:
     def local(self, cost: SegmentCost, made: frozenset[str] = frozenset()) -> int:
         """Peak bytes while a segment runs, beyond the kept bytes of earlier segments, its tiles
         rolling the gradients of those of its ``rolls`` that tiled segments ``made``."""
-        if not cost.rolls:
+        if not cost.rolls or not made:
             return max(cost.forward_local, cost.backward_local)
         return max(cost.forward_local, cost.backward_local - sum(saved for name, saved in cost.rolls if name in made))
 
@@ -422,22 +428,11 @@ class Estimator:
 
 def _tile_calls(facts: Facts, first: int, stop: int, rows: AxisArrays, cols: AxisArrays, sizes):
     """``Estimator.kernel_bytes``'s calls of a tiled segment ``[first, stop)``: per convolution,
-    its passes and each call shape, a row and a column shape (``_shapes``) and a batch size."""
+    its passes and its call shapes, each a row and a column shape (``AxisArrays.call_shapes``)
+    and a batch size."""
     for p in facts.convolutions:
         if first <= p < stop:
-            col_shapes = _shapes(cols, p)
-            for row in _shapes(rows, p):
-                for col in col_shapes:
-                    for size in sizes:
-                        yield p, facts.tile_passes[p], (row, col, size)
-
-
-def _shapes(arrays: AxisArrays, position: int) -> set[tuple[int, int]]:
-    """The distinct ``(length, padding)`` along one axis of the convolution calls at ``position``
-    over the tiles: its read padded natively, or the copy of it padded (padding 0)."""
-    column = position - arrays.offset
-    length = np.where(arrays.copies[:, column] > 0, arrays.padded[:, column], arrays.copied[:, column])
-    return set(zip(length.tolist(), (arrays.padded[:, column] - length).tolist(), strict=True))
+            yield p, facts.tile_passes[p], itertools.product(rows.call_shapes(p), cols.call_shapes(p), sizes)
 
 
 def _class_ids(program: Program, arrays: AxisArrays, members: Sequence[str]) -> np.ndarray:
@@ -445,6 +440,9 @@ def _class_ids(program: Program, arrays: AxisArrays, members: Sequence[str]) -> 
     whose reads of the segment's nodes ``members`` touch the same ends of what they read (what their
     shape class is, as far as the cost model sees it: a first and a last tile may have equal
     lengths, padded at opposite ends)."""
+    key = ("classes", program.first, program.stop)
+    if key in arrays.derived:
+        return arrays.derived[key]
     reads = [(start, stop) for name in members for _, start, stop in arrays.reads.get(name, ())]
     ends = []
     if reads:
@@ -452,7 +450,9 @@ def _class_ids(program: Program, arrays: AxisArrays, members: Sequence[str]) -> 
         ends = [starts[arrays.tiles] == 0, stops[arrays.tiles] == stops.max(axis=0)]
     table = np.ascontiguousarray(np.concatenate([_table(program, arrays), *ends], axis=1))
     seen: dict[bytes, int] = {}
-    return np.array([seen.setdefault(row.tobytes(), len(seen)) for row in table], dtype=np.int64)
+    found = arrays.derived[key] = np.array([seen.setdefault(row.tobytes(), len(seen)) for row in table],
+                                           dtype=np.int64)
+    return found
 
 
 def _calls(row_ids: np.ndarray, col_ids: np.ndarray, batch: int,
