@@ -941,11 +941,10 @@ def share_moments(merged, part, grads):
     count, mean, _ = merged
     own_count, own_mean, _ = part
     _, grad_mean, grad_m2 = grads
-    if grad_m2 is None:
-        return None, None if grad_mean is None else grad_mean * (own_count / count), None
-    spread = (own_mean - mean).mul_(own_count)
-    grad = spread.mul_(grad_m2).mul_(2) if grad_mean is None else torch.addcmul(grad_mean * (own_count / count),
-                                                                                 spread, grad_m2, value=2)
+    grad = None if grad_mean is None else grad_mean * (own_count / count)
+    if grad_m2 is not None:
+        spread = (own_mean - mean).mul_(own_count)
+        grad = spread.mul_(grad_m2).mul_(2) if grad is None else grad.addcmul_(spread, grad_m2, value=2)
     return None, grad, grad_m2
 
 
@@ -1055,7 +1054,9 @@ def merged(kind, parts):
 def shares_of(kind, merged_part, part, grads):
     """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
     the merged partial ``merged_part`` (its gradient through the merge of every part, the others
-    held constant) into ``part``'s tensors that require grad."""
+    held constant) into ``part``'s tensors that require grad; none where nothing is wanted."""
+    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
+        return []
     with torch.no_grad():
         found = MERGES[kind].share(merged_part, part, grads)
     return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and t.requires_grad]
@@ -2056,14 +2057,6 @@ def exchange(group, found, like, kinds):
                  for kind, stack in zip(kinds, stacks, strict=True))
 
 
-def share_pairs(kind, merged_part, grads, part):
-    """(tensor, gradient) pairs that back-propagate one tile's share of the gradients ``grads`` of a
-    merged partial into the tile's ``part`` (``tilec.runtime.reduce.shares_of``)."""
-    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
-        return []
-    return shares_of(kind, merged_part, part, grads)
-
-
 def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     """The tiles of one forward pass of ``segment`` in the order this process runs them: a tile
     whose key (``keys``, ``tilec.runtime.reuse``) an earlier one had is reused
@@ -2441,7 +2434,7 @@ class Sweep:
                 pairs.append((part, summed(pieces) if group else pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
         for level in self.segment.levels:
             for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
-                found = share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
+                found = shares_of(level.merges[k], merged_part, partials[level.first + k], grads)
                 pairs += [(a, b * len(group)) for a, b in found] if group else found
         return pairs
 
@@ -2593,7 +2586,7 @@ class Sweep:
             with torch.enable_grad():
                 partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
                 pairs = [pair for kind, partial, (merged_part, grads) in zip(level.merges, partials, share, strict=True)
-                         for pair in share_pairs(kind, merged_part, grads, partial)]
+                         for pair in shares_of(kind, merged_part, partial, grads)]
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
             if pairs and leaves:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=leaves)

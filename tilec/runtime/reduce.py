@@ -167,11 +167,10 @@ def share_moments(merged, part, grads):
     count, mean, _ = merged
     own_count, own_mean, _ = part
     _, grad_mean, grad_m2 = grads
-    if grad_m2 is None:
-        return None, None if grad_mean is None else grad_mean * (own_count / count), None
-    spread = (own_mean - mean).mul_(own_count)
-    grad = spread.mul_(grad_m2).mul_(2) if grad_mean is None else torch.addcmul(grad_mean * (own_count / count),
-                                                                                 spread, grad_m2, value=2)
+    grad = None if grad_mean is None else grad_mean * (own_count / count)
+    if grad_m2 is not None:
+        spread = (own_mean - mean).mul_(own_count)
+        grad = spread.mul_(grad_m2).mul_(2) if grad is None else grad.addcmul_(spread, grad_m2, value=2)
     return None, grad, grad_m2
 
 
@@ -281,7 +280,9 @@ def merged(kind, parts):
 def shares_of(kind, merged_part, part, grads):
     """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
     the merged partial ``merged_part`` (its gradient through the merge of every part, the others
-    held constant) into ``part``'s tensors that require grad."""
+    held constant) into ``part``'s tensors that require grad; none where nothing is wanted."""
+    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
+        return []
     with torch.no_grad():
         found = MERGES[kind].share(merged_part, part, grads)
     return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and t.requires_grad]

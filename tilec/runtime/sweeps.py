@@ -148,14 +148,6 @@ def exchange(group, found, like, kinds):
                  for kind, stack in zip(kinds, stacks, strict=True))
 
 
-def share_pairs(kind, merged_part, grads, part):
-    """(tensor, gradient) pairs that back-propagate one tile's share of the gradients ``grads`` of a
-    merged partial into the tile's ``part`` (``tilec.runtime.reduce.shares_of``)."""
-    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
-        return []
-    return shares_of(kind, merged_part, part, grads)
-
-
 def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     """The tiles of one forward pass of ``segment`` in the order this process runs them: a tile
     whose key (``keys``, ``tilec.runtime.reuse``) an earlier one had is reused
@@ -533,7 +525,7 @@ class Sweep:
                 pairs.append((part, summed(pieces) if group else pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
         for level in self.segment.levels:
             for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
-                found = share_pairs(level.merges[k], merged_part, grads, partials[level.first + k])
+                found = shares_of(level.merges[k], merged_part, partials[level.first + k], grads)
                 pairs += [(a, b * len(group)) for a, b in found] if group else found
         return pairs
 
@@ -685,7 +677,7 @@ class Sweep:
             with torch.enable_grad():
                 partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
                 pairs = [pair for kind, partial, (merged_part, grads) in zip(level.merges, partials, share, strict=True)
-                         for pair in share_pairs(kind, merged_part, grads, partial)]
+                         for pair in shares_of(kind, merged_part, partial, grads)]
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
             if pairs and leaves:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=leaves)
