@@ -33,6 +33,10 @@ if str(ROOT) not in sys.path:
 
 from tilec.modelfile import load_model  # noqa: E402
 
+#: Aten ops that read a value off the device (on CUDA the host waits for the queue to drain):
+#: a tensor's truth or ``item()``, and ``torch.equal``; ``Tensor.tolist`` does too, outside aten.
+SYNCS = {"aten._local_scalar_dense", "aten.equal"}
+
 
 class Count(TorchDispatchMode):
     """Counts aten calls by op and by the generated module's function that made them."""
@@ -40,14 +44,35 @@ class Count(TorchDispatchMode):
     def __init__(self, module_file: str):
         super().__init__()
         self.module_file = module_file
-        self.ops, self.where = collections.Counter(), collections.Counter()
+        self.ops, self.where, self.syncs = collections.Counter(), collections.Counter(), collections.Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        frame = sys._getframe(1)
+    def __enter__(self):
+        tolist = self.tolist = torch.Tensor.tolist
+
+        def counted(tensor):
+            self.syncs[self.caller() + " (tolist)"] += 1
+            return tolist(tensor)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self.tolist
+        return super().__exit__(*exc)
+
+    def caller(self):
+        """The qualified name of the generated module's innermost function on the stack."""
+        frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename != self.module_file:
             frame = frame.f_back
-        self.where[frame.f_code.co_qualname if frame is not None else "(outside the module)"] += 1
+        return frame.f_code.co_qualname if frame is not None else "(outside the module)"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        if name in SYNCS:
+            self.syncs[f"{self.caller()} ({name.split('.')[-1]})"] += 1
+        self.where[self.caller()] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -92,7 +117,8 @@ def main(argv=None) -> None:
         with counter:
             tiled(x).sum().backward()
     print(f"{sum(counter.ops.values()):,} aten calls in a step ({'CUDA' if args.as_cuda else 'CPU'}'s path)\n")
-    for title, counts in (("op", counter.ops), ("function", counter.where)):
+    print(f"{sum(counter.syncs.values()):,} reads off the device\n")
+    for title, counts in (("op", counter.ops), ("function", counter.where), ("read off the device", counter.syncs)):
         print(f"| {title} | calls |\n|---|--:|")
         for name, calls in counts.most_common(args.top):
             print(f"| `{name}` | {calls:,} |")

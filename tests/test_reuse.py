@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilec.pipeline import build
-from tilec.runtime.reuse import SAMPLE, Keys, constants
+from tilec.runtime.bits import SAMPLE, constants
+from tilec.runtime.reuse import Keys
 from tilec.trace import trace
 
 from support.exactness import TOLERANCE, randomise_buffers, tiled_segments
@@ -260,6 +261,19 @@ def test_a_slice_is_constant_only_where_its_bits_are():
     assert constants(x, spatial) is None
 
 
+def _keys(x, heights, width):
+    """The keys of a column of tiles ``heights`` rows each of a one-input segment reading ``x``."""
+    segment = SimpleNamespace(reuse=True, sliced=[(2, 3)])
+    col, tiles, start = (((0, width),), ((0, width),), 0, ()), [], 0
+    for index, height in enumerate(heights):
+        rows = (start, start + height)
+        tiles.append((index, ((rows,), (rows,), 0, ()), col))
+        start += height
+    keys = Keys()
+    keys.prepare(segment, [x], tiles)
+    return [keys.find(segment, [x], index, row, col) for index, row, col in tiles]
+
+
 def test_tiles_whose_first_looks_agree_are_one_key_only_where_all_their_bits_do():
     """Three tiles of a float tensor, the second differing from the first only in a row that the
     fingerprint skips: its fingerprint is the first's, but its bits are not, and it has no key; the
@@ -268,14 +282,40 @@ def test_tiles_whose_first_looks_agree_are_one_key_only_where_all_their_bits_do(
     first = torch.randn(1, 2, height, 5, dtype=torch.float64)
     x = torch.cat([first, first.clone(), first], dim=2)
     x[0, 0, height + 3, 1] += 1
-    segment = SimpleNamespace(reuse=True, sliced=[(2, 3)])
-    col = (((0, 5),), ((0, 5),), 0, ())
-    keys = Keys()
-    for index in range(3):
-        rows = (index * height, (index + 1) * height)
-        row = ((rows,), (rows,), 0, ())
-        keys.find(segment, [x], [x[:, :, rows[0]:rows[1]]], index, row, col)
+    keys = _keys(x, [height] * 3, 5)
     assert keys[0] is not None and keys[1] is None and keys[2] == keys[0]
+    assert keys[0][3][0][0] == "f"
+
+
+def test_constant_tiles_are_keyed_by_their_bits_and_a_tile_without_an_equal_has_no_key():
+    """Tiles of one constant per channel are keyed by it, where every row holds it (a row the first
+    look skips is looked at too, and -0.0 is not 0.0); a tile no other tile equals has no key."""
+    height = 2 * SAMPLE + 1
+    x = torch.zeros(1, 2, 5 * height, 4, dtype=torch.float64)
+    x[0, 1] = 3.5
+    x[0, 0, 2 * height + SAMPLE + 1, 2] = -0.0  # the third tile: not one constant, and unique
+    x[0, 1, 3 * height:4 * height] = torch.randn(height, 4, dtype=torch.float64)  # the fourth: unique
+    keys = _keys(x, [height] * 5, 4)
+    bits = (0, torch.tensor(3.5, dtype=torch.float64).view(torch.int64).item())
+    assert keys[0] == keys[1] == keys[4] and keys[0][3] == (("c", bits),)
+    assert keys[2] is None and keys[3] is None
+
+
+def test_the_keys_of_a_segment_are_read_off_its_device_a_few_times_however_many_its_tiles(monkeypatch):
+    """Finding the keys of 40 tiles, half of them background, waits for the device three times: the
+    first looks, the second look at the background candidates, and the pairwise comparison of the
+    fingerprinted tiles (not once or twice per tile)."""
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+    texture = torch.randn(1, 3, SAMPLE, 6, dtype=torch.float64)
+    x = torch.cat([texture if k % 4 == 0 else texture + k if k % 2 else torch.ones_like(texture) for k in range(40)],
+                  dim=2)
+    keys = _keys(x, [SAMPLE] * 40, 6)
+    assert len(reads) == 3, reads
+    assert set(keys[1::2]) == {None}  # the textured tiles 4k + 1 and 4k + 3 are each unique
+    assert len(set(keys[::4])) == 1 and keys[0][3][0][0] == "f"
+    assert len(set(keys[2::4])) == 1 and keys[2][3][0][0] == "c"
 
 
 def test_a_segment_drawing_element_wise_dropout_never_reuses_and_one_without_may():

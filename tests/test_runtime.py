@@ -553,7 +553,7 @@ def test_costlier_tiles_are_spread_not_counted():
 # --- one tiled segment, by hand ------------------------------------------------------------------
 
 
-def _pointwise_tile(xs, bs, p, arena, r, o):
+def _pointwise_tile(xs, bs, p, arena, r, o, want):
     """A tile of ``relu(conv1x1(x) * s)``: no halo, so each tile reads what it owns."""
     x, = xs
     s, = bs

@@ -37,8 +37,9 @@ from tilec.sweeps import role
 
 @dataclass
 class TileFunction:
-    """A tile function ``(xs, bs, p, arena, r, o)`` of one shape class: the full one (returns the
-    owned outputs and the partials) or a level's prefix (returns that level's partials)."""
+    """A tile function ``(xs, bs, p, arena, r, o, want)`` of one shape class: the full one (returns
+    the owned outputs and the partials, ``None`` for those its caller does not ``want``) or a
+    level's prefix (returns that level's partials)."""
 
     name: str
     row: int

@@ -177,9 +177,11 @@ class TileView:
         return source, tuple(native)
 
     def partial(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
-        """The statement computing a reduction's partial in one tile (``q_<node>``)."""
+        """The statement computing a reduction's partial in one tile (``q_<node>``), where the
+        caller wants it (``want``, per reduction), else ``None``."""
         self.focus(node, row, col, None)
-        return Statement(f"q_{node.name}", rule(node).partial(node, self), self.uses)
+        expr = rule(node).partial(node, self)
+        return Statement(f"q_{node.name}", f"{expr} if want[{self.reductions.index(node.name)}] else None", self.uses)
 
     def applied(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
         """The statement computing a normalisation's image output in one tile from its result."""

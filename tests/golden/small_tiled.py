@@ -606,6 +606,74 @@ def adaptive_average(x, rows, cols):
     return torch.stack([x[..., a:b].mean(3) for a, b in zip(*cols, strict=True)], 3)
 
 
+# --- tilec/runtime/bits.py ---------------------------------------------------------------------------------
+
+"""Tensors compared by their bits: each element read as an integer of its width, so that 0.0 and
+-0.0 differ and two NaNs of one payload are equal (``tilec.runtime.reuse`` finds identical tiles
+with them). ``spatial`` names a slice's image dims; ``SAMPLE`` is how sparsely a first look reads
+them."""
+
+
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: Every how many rows (along a slice's first image dim) a first look reads (``sampled``).
+SAMPLE = 8
+
+
+def as_bits(x):
+    """``x`` read as integers of its element width (``None`` for widths without one)."""
+    width = BITS.get(x.element_size())
+    if width is None or x.is_complex():
+        return None
+    return x if x.dtype == width else x.view(width)
+
+
+def sampled(x, spatial):
+    """Every ``SAMPLE``-th row of slice ``x`` along the first of its image dims ``spatial`` (a view)."""
+    return x[tuple(slice(None, None, SAMPLE) if d == spatial[0] else slice(None) for d in range(x.dim()))]
+
+
+def constants(x, spatial):
+    """The bits of the constant per sample and channel of slice ``x`` over its image dims
+    ``spatial``, as a tuple of integers; ``()`` for an empty slice; ``None`` where not constant.
+    Meant for host tensors: it reads its answers off ``x``'s device."""
+    if x.numel() == 0:
+        return ()
+    bits = as_bits(x)
+    if bits is None:
+        return None
+    first = bits[tuple(slice(0, 1) if d in spatial else slice(None) for d in range(bits.dim()))]
+    if not (sampled(bits, spatial) == first).all() or not (bits == first).all():
+        return None
+    return tuple(first.reshape(-1).tolist())
+
+
+def fingerprint(x, spatial):
+    """The sums of the bits of ``sampled`` rows of slice ``x`` per sample and channel over its image
+    dims ``spatial``, as a tuple of integers (``None`` for widths without integers)."""
+    bits = as_bits(x)
+    if bits is None:
+        return None
+    return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
+
+
+def same_bits(a, b):
+    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
+    bits_a, bits_b = as_bits(a), as_bits(b)
+    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
+
+
+def differing(pairs):
+    """Per pair of same-shaped tensors (of one dtype) in ``pairs``, whether any of their bits
+    differ, read off the device at once (one wait for it, however many pairs)."""
+    if not pairs:
+        return []
+    flags = []
+    for a, b in pairs:
+        bits_a, bits_b = as_bits(a), as_bits(b)
+        flags.append((a != b).any() if bits_a is None else (bits_a != bits_b).any())
+    return torch.stack(flags).tolist()
+
+
 # --- tilec/runtime/sources.py ------------------------------------------------------------------------------
 
 """Inputs read by region: a model input given as an array-like on the host (a NumPy memory-mapped
@@ -681,6 +749,7 @@ class Source:
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.mapping = _mapping(data)
         self.pending = {}  # region -> future of its read
+        self.found = {}  # region -> its constants per sample and channel as last read (``constants``)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"tilec-read-{name}") if ahead else None
         self.lock = threading.Lock()
 
@@ -689,13 +758,18 @@ class Source:
         key = (tuple(spatial), tuple(rows), tuple(cols))
         start = time.perf_counter()
         future = self.pending.pop(key, None)
-        moved, event = future.result() if future is not None else self._fetch(key)
+        moved, event, self.found[key] = future.result() if future is not None else self._fetch(key)
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
             moved.record_stream(stream)
         self.reading.waited += time.perf_counter() - start
         return moved
+
+    def constants(self, spatial, rows, cols):
+        """The bits of the constant per sample and channel of the slice ``rows`` x ``cols`` as last
+        read (``tilec.runtime.bits.constants``, found on the host as it was read), or ``None``."""
+        return self.found.get((tuple(spatial), tuple(rows), tuple(cols)))
 
     def ahead(self, spatial, rows, cols):
         """Start reading the slice ``rows`` x ``cols``, which a tile will ask for next."""
@@ -731,7 +805,8 @@ class Source:
             self.mapping.madvise(mmap.MADV_DONTNEED)  # copied: the file keeps its pages, not this process
 
     def _fetch(self, key):
-        """Read one region into staging and start its copy to the device: ``(tensor, event)``."""
+        """Read one region into staging and start its copy to the device: ``(tensor, event,
+        constants)``, its constants found in staging (``None`` for the whole input)."""
         with self.lock:
             start = time.perf_counter()
             part = self.data[self._index(key)]
@@ -742,13 +817,14 @@ class Source:
                 self._copy(staging.numpy(), part, key[0])
             del part
             self.reading.add(time.perf_counter() - start, staging.numel() * staging.element_size())
+        found = None if key[0] is None else constants(staging, key[0])
         if not self.cuda:
-            return staging, None
+            return staging, None, found
         with torch.cuda.stream(self.stream):
             moved = staging.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return moved, event
+        return moved, event, found
 
 
 def _bands(shape, axis, itemsize):
@@ -791,7 +867,8 @@ reduced dims (``keepdim``), so that they broadcast.
 * ``sum``: sums (means divide by a count known when compiling); a part's share is the merged
   gradient.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
-  stays accurate where ``E[x²] - E[x]²`` cancels.
+  stays accurate where ``E[x²] - E[x]²`` cancels; the count is a Python integer (every group of a
+  partial has as many elements), exact however large the image.
 * ``max``: maxima with the number of elements tied at them; the merged gradient goes to each part
   in proportion to its ties, as ``amax`` spreads it evenly over all maxima of the whole input.
 * ``argmax``: the first maximum in row-major order and its flat index, as max pooling picks it; the
@@ -821,7 +898,7 @@ def share_sum(merged, part, grads):
 
 def partial_moments(x, dims):
     """``(count, mean, M2)`` of ``x`` over ``dims`` in one pass (``var_mean``, whose backward keeps
-    only ``x``; ``ChannelMoments`` where it applies): the count as a tensor of the mean's shape."""
+    only ``x``; ``ChannelMoments`` where it applies), the count an integer."""
     count = 1
     for d in dims:
         count *= x.shape[d]
@@ -831,9 +908,9 @@ def partial_moments(x, dims):
         channels_last, groups = found
         shape = (1, -1, 1, 1) if groups is None else (*x.shape[:2], 1, 1, 1)
         mean, m2 = (t.view(shape) for t in ChannelMoments.apply(channels_last, groups))
-        return torch.full_like(mean, count, requires_grad=False), mean, m2
+        return count, mean, m2
     m2, mean = torch.var_mean(x, dims, correction=count - 1, keepdim=True)  # over count - correction = 1: M2
-    return torch.full_like(mean, count, requires_grad=False), mean, m2
+    return count, mean, m2
 
 
 #: Elements of the scratch block ``ChannelMoments`` takes deviations in (1 MiB of float32: cached).
@@ -930,7 +1007,7 @@ def merge_moments(a, b):
     total = count + other_count
     delta = other_mean - mean
     weight = other_count / total
-    return total, torch.addcmul(mean, delta, weight), torch.addcmul(m2 + other_m2, delta.square(), count * weight)
+    return total, torch.add(mean, delta, alpha=weight), torch.add(m2 + other_m2, delta.square(), alpha=count * weight)
 
 
 def share_moments(merged, part, grads):
@@ -1055,11 +1132,16 @@ def shares_of(kind, merged_part, part, grads):
     """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
     the merged partial ``merged_part`` (its gradient through the merge of every part, the others
     held constant) into ``part``'s tensors that require grad; none where nothing is wanted."""
-    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
+    if all(g is None for g in grads) or not any(needs_grad(t) for t in part):
         return []
     with torch.no_grad():
         found = MERGES[kind].share(merged_part, part, grads)
-    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and t.requires_grad]
+    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and needs_grad(t)]
+
+
+def needs_grad(t):
+    """Whether ``t``, a partial's tensor or count, requires grad."""
+    return isinstance(t, torch.Tensor) and t.requires_grad
 
 
 def autocast_dtype(like):
@@ -1097,9 +1179,8 @@ def batch_norm_stats(moments, running_mean, running_var, mode, eps, update):
     var = m2 / count
     if update and running_mean is not None:
         with torch.no_grad():
-            total = count.reshape(-1)[0]
             running_mean.mul_(1 - momentum).add_(mean.reshape(-1).to(running_mean.dtype), alpha=momentum)
-            unbiased = (var * (total / (total - 1))).reshape(-1).to(running_var.dtype)
+            unbiased = (var * (count / (count - 1))).reshape(-1).to(running_var.dtype)
             running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
     return mean, torch.rsqrt(var + eps)
 
@@ -1316,18 +1397,21 @@ gradients reaching its owned outputs and its partials. Two tiles of one class wh
 one constant per sample and channel, the same constants, compute the same tensors at every op, unless
 an op reads absolute positions: such a segment has ``reuse`` off (the op rules' ``positional``).
 
-This is found at run time from the slices the tiles read anyway, comparing bits: a slice is constant
-where, per sample and channel, every element read as an integer of its width equals the first (so
-0.0 and -0.0 are never one constant, and two NaNs of one payload are); every ``SAMPLE``-th row is
-compared first, which rejects a textured slice for a fraction of the cost. A slice of a tensor in
-memory that is not constant (a stored activation over background, whose tiles copied one
-representative's owned values, rounded by position within it) is fingerprinted by the sums of the
-bits of those rows per sample and channel, and a tile whose fingerprints match an earlier tile's is
-that tile's member only where its slices hold the same bits as that tile's, read again
-(``Keys.find``); a file is never read twice, so a slice of a ``Source`` counts only where it is
-constant. A tile's *key* is its classes, the sizes of its reads, owned parts and partials, and its
-slices' constants or fingerprints; ``None`` where it has no equal. In the order this process runs
-the tiles, the first tile of a key is its *representative*, the later ones its *members*:
+This is found at run time from the slices the tiles read, comparing bits
+(``tilec.runtime.bits``). Once per step, at a segment's first pass, the slices of its sliced
+inputs in memory are looked at for all of this process's tiles together, so that a GPU is waited
+for once, not per tile (``Keys.prepare``): a first look takes, per sample and channel, the
+lowest, highest and summed bits of every ``SAMPLE``-th row of each slice; where the lowest and
+highest agree, a second look over all rows tells whether the slice is one constant, and a slice
+that is not is fingerprinted by the first look's sums. A tile whose fingerprints match an earlier
+tile's is that tile's equal only where its slices hold the same bits (a third look, compared
+pairwise): a stored activation over background, whose tiles copied one representative's owned
+values, repeats so without being one constant. A slice of a ``Source`` (a file, read once per
+pass) counts only where it is constant, which its reader finds on the host as it reads
+(``Source.region``). A tile's *key* is its classes, the sizes of its reads, owned parts and
+partials, and its slices' constants or fingerprints; ``None`` where it has no equal (in a segment
+reading only tensors, also where no other tile has its key). In the order this process runs the
+tiles, the first tile of a key is its *representative*, the later ones its *members*:
 
 * forward: a member merges the representative's partials in its own place in the order, which gives
   the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
@@ -1350,101 +1434,100 @@ the tiles, the first tile of a key is its *representative*, the later ones its *
 
 
 
-BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+def sizes_of(row, col):
+    """The sizes of a tile's reads, owned parts and partials (``row``, ``col``: its table entries)."""
+    return tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
 
 
-def as_bits(x):
-    """``x`` read as integers of its element width (``None`` for widths without one)."""
-    width = BITS.get(x.element_size())
-    if width is None or x.is_complex():
-        return None
-    return x if x.dtype == width else x.view(width)
+def first_looks(bits, spatial):
+    """Per sample and channel of slice ``bits`` (as integers), the lowest, highest and summed bits
+    of its ``sampled`` rows (on its device: nothing is read yet)."""
+    rows, dims = sampled(bits, spatial), tuple(spatial)
+    return rows.amin(dims), rows.amax(dims), rows.sum(dims, dtype=torch.int64)
 
 
-#: Every how many rows (along a slice's first image dim) a first look reads (``sampled``).
-SAMPLE = 8
-
-
-def sampled(x, spatial):
-    """Every ``SAMPLE``-th row of slice ``x`` along the first of its image dims ``spatial`` (a view)."""
-    return x[tuple(slice(None, None, SAMPLE) if d == spatial[0] else slice(None) for d in range(x.dim()))]
-
-
-def constants(x, spatial):
-    """The bits of the constant per sample and channel of slice ``x`` over its image dims
-    ``spatial``, as a tuple of integers; ``()`` for an empty slice; ``None`` where not constant."""
-    if x.numel() == 0:
-        return ()
-    bits = as_bits(x)
-    if bits is None:
-        return None
-    first = bits[tuple(slice(0, 1) if d in spatial else slice(None) for d in range(bits.dim()))]
-    if not (sampled(bits, spatial) == first).all() or not (bits == first).all():
-        return None
-    return tuple(first.reshape(-1).tolist())
-
-
-def fingerprint(x, spatial):
-    """The sums of the bits of ``sampled`` rows of slice ``x`` per sample and channel over its image
-    dims ``spatial``, as a tuple of integers (``None`` for widths without integers)."""
-    bits = as_bits(x)
-    if bits is None:
-        return None
-    return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
-
-
-def slice_key(x, spatial, source):
-    """What one slice contributes to its tile's key: ``("c", constants)`` where it is constant, else
-    ``("f", fingerprint)`` of a slice of a tensor (not of a ``source``), else ``None``."""
-    found = constants(x, spatial)
-    if found is not None:
-        return "c", found
-    if source:
-        return None
-    found = fingerprint(x, spatial)
-    return None if found is None else ("f", found)
-
-
-def tile_key(segment, xs, tile, row, col):
-    """The key of one tile (module docstring) from its slices ``tile`` of the segment's sliced inputs
-    ``xs``; ``None`` where it has no equal (or the segment's tiles are never reused)."""
-    if not segment.reuse:
-        return None
-    found = [slice_key(t, spatial, isinstance(x, Source)) for x, t, spatial in zip(xs, tile, segment.sliced,
-                                                                                   strict=True)]
-    if any(c is None for c in found):
-        return None
-    sizes = tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
-    return row[2], col[2], sizes, tuple(found)
+def slice_keys(slices, spatial):
+    """What each slice of ``slices`` (as integers, one input's, the same dims) contributes to its
+    tile's key: ``("c", constants)`` where it is one constant per sample and channel, else ``("f",
+    fingerprint)``; two reads off the device at most (``Keys.prepare``)."""
+    found, candidates = [None] * len(slices), []
+    full = [k for k, x in enumerate(slices) if x.numel()]
+    looks = []
+    if full:
+        columns = zip(*(first_looks(slices[k], spatial) for k in full), strict=True)
+        looks = torch.cat([torch.stack(column).reshape(len(full), -1).long() for column in columns], dim=1).tolist()
+    for k, look in zip(full, looks, strict=True):
+        n = len(look) // 3
+        low, high, sums = look[:n], look[n:2 * n], look[2 * n:]
+        found[k] = ("f", tuple(sums))
+        if low == high:
+            candidates.append((k, tuple(low)))
+    for k in set(range(len(slices))) - set(full):
+        found[k] = ("c", ())
+    dims = tuple(spatial)
+    if candidates:
+        whole = torch.stack([torch.stack([slices[k].amin(dims), slices[k].amax(dims)]).reshape(2, -1).long()
+                             for k, _ in candidates]).tolist()
+        for (k, low), (lowest, highest) in zip(candidates, whole, strict=True):
+            if lowest == highest:
+                found[k] = ("c", low)
+    return found
 
 
 class Keys(dict):
-    """Per tile index, its key in this step (``None``: it has no equal); ``first``: per key, its
-    representative's row and column entries."""
+    """Per tile index, its key in this step (``None``: it has no equal); ``ahead``: per tile index,
+    the part of its key its slices of tensors in memory make (``None``: it has no equal)."""
 
     def __init__(self):
         super().__init__()
-        self.first = {}
+        self.ahead = None
 
-    def find(self, segment, xs, tile, index, row, col):
-        """The key of tile ``index`` from its slices ``tile``, recorded: a tile whose fingerprinted
-        slices do not hold the bits of its key's representative's has none."""
-        key = tile_key(segment, xs, tile, row, col)
-        if key is not None:
-            first = self.first.setdefault(key, (row, col))
-            if first != (row, col) and not all(
-                    kind == "c" or same_bits(t, region(x, spatial, first[0][0][i], first[1][0][i]))
-                    for i, (x, t, spatial, (kind, _)) in enumerate(zip(xs, tile, segment.sliced, key[3],
-                                                                       strict=True))):
-                key = None
-        self[index] = key
-        return key
+    def prepare(self, segment, xs, tiles):
+        """Find the keys of ``tiles`` (``(index, row, col)``, those this process runs, in order)
+        from their slices of the tensors among ``xs`` (module docstring), once per step; where no
+        input is a ``Source``, the keys themselves, without those no other tile has."""
+        if self.ahead is not None:
+            return
+        tensors = [i for i, x in enumerate(xs) if not isinstance(x, Source)]
+        if not segment.reuse or any(as_bits(xs[i]) is None for i in tensors):
+            self.ahead = dict.fromkeys((index for index, _, _ in tiles), None)
+            self.update(self.ahead)
+            return
+        bits = {i: as_bits(xs[i]) for i in tensors}
+        cut = {(index, i): narrow(bits[i], segment.sliced[i], row[0][i], col[0][i])
+               for index, row, col in tiles for i in tensors}
+        found = {i: slice_keys([cut[index, i] for index, _, _ in tiles], segment.sliced[i]) for i in tensors}
+        parts = {index: (row[2], col[2], sizes_of(row, col), tuple(found[i][n] for i in tensors))
+                 for n, (index, row, col) in enumerate(tiles)}
+        self.ahead = dict(parts)
+        firsts, pairs = {}, []
+        for index, _, _ in tiles:
+            first = firsts.setdefault(parts[index], index)
+            if first != index:
+                pairs += [(index, cut[index, i], cut[first, i]) for i, (kind, _) in zip(tensors, parts[index][3],
+                                                                                      strict=True) if kind == "f"]
+        for (index, _, _), differs in zip(pairs, differing([(a, b) for _, a, b in pairs]), strict=True):
+            if differs:
+                self.ahead[index] = None
+        if len(tensors) == len(xs):
+            counts = {}
+            for key in self.ahead.values():
+                counts[key] = counts.get(key, 0) + 1
+            self.update((index, key if counts[key] > 1 else None) for index, key in self.ahead.items())
 
-
-def same_bits(a, b):
-    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
-    bits_a, bits_b = as_bits(a), as_bits(b)
-    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
+    def find(self, segment, xs, index, row, col):
+        """The key of tile ``index``, its slices read (``Keys.prepare`` first): its part of tensors
+        with the constants its reader found in its slices of each ``Source`` among ``xs``."""
+        if index not in self:
+            part = self.ahead.get(index)
+            found = None if part is None else list(part[3])
+            for i, x in enumerate(xs):
+                if found is not None and isinstance(x, Source):
+                    constant = x.constants(segment.sliced[i], row[0][i], col[0][i])
+                    found.insert(i, None if constant is None else ("c", constant))
+            self[index] = None if found is None or None in found else (*part[:3], tuple(found))
+        return self[index]
 
 
 class Reuse:
@@ -1562,13 +1645,16 @@ def batch_partials(partials, count, kinds):
     if count == 1:
         return partials
     return tuple(part if part is None or not per_sample(part, count) else
-                 merged(kind, [tuple(t[k:k + 1] for t in part) for k in range(count)])
+                 merged(kind, [tuple(t[k:k + 1] if isinstance(t, torch.Tensor) else t for t in part)
+                               for k in range(count)])
                  for kind, part in zip(kinds, partials, strict=True))
 
 
 def per_sample(part, count):
-    """Whether a stacked call's partial has one row per tile (its dim 0 was not reduced)."""
-    return part[0].dim() > 0 and part[0].shape[0] == count
+    """Whether a stacked call's partial has one row per tile (its dim 0 was not reduced): its
+    tensors' (a count is a number, the same for every row)."""
+    first = next(t for t in part if isinstance(t, torch.Tensor))
+    return first.dim() > 0 and first.shape[0] == count
 
 
 # --- tilec/runtime/tiles.py --------------------------------------------------------------------------------
@@ -1927,11 +2013,13 @@ def input_gradient(segment, index, x, group):
 
 """``Tiled``: a tiled segment as an autograd function, its reductions computed by sweeps.
 
-A tile function ``fn(xs, bs, p, arena, r, o)`` computes a tile from its slices ``xs`` of the
+A tile function ``fn(xs, bs, p, arena, r, o, want)`` computes a tile from its slices ``xs`` of the
 segment's sliced inputs, the broadcast inputs ``bs``, the model tensors ``p`` and the *leaves*
 ``r`` (by name: the results of the segment's reductions and of its small ops), ``o`` giving the
-origin of each partial; it returns the owned parts of the image outputs and every reduction's
-partial (``None`` for a direct level's). A level's *prefix* function returns its partials only.
+origin of each partial; it returns the owned parts of the image outputs and the partials of the
+reductions ``want`` names (``wanted``; ``None`` for the others and for a direct level's). A level's
+*prefix* function returns its partials only. A pass computes only the partials it uses: the last
+forward sweep none, a backward sweep those whose shares it back-propagates.
 
 Forward. Level 0 (reductions of nothing, small ops of the inputs) is computed once; then per level
 ``l``, a sweep runs every tile up to level ``l``'s partials under ``no_grad`` (a direct level reads
@@ -1979,10 +2067,11 @@ def flat(value):
 
 
 def grad_leaf(value):
-    """``value`` with its floating tensors detached and requiring grad."""
+    """``value`` (a tensor, or a tuple of them and numbers) with its floating tensors detached and
+    requiring grad."""
     if isinstance(value, torch.Tensor):
         return value.detach().requires_grad_(value.is_floating_point())
-    return None if value is None else tuple(grad_leaf(t) for t in value)
+    return tuple(grad_leaf(t) for t in value) if isinstance(value, tuple) else value
 
 
 def same_grads(grads, others):
@@ -2018,17 +2107,16 @@ def origins(row, col):
     return [(r[0], c[0]) for r, c in zip(row[3], col[3], strict=True)]
 
 
-def run_tile(fn, tile, bs, p, arena, r, row, col):
-    """``fn`` on one tile: its slices ``tile`` copied channels-last into the arena."""
-    return fn(copy_in(arena, tile), bs, p, arena, r, origins(row, col))
+def wanted(segment, levels):
+    """Per reduction of ``segment``, whether its partial is wanted: whether its level's index is
+    among ``levels``."""
+    return tuple(level.index in levels for level in segment.levels for _ in range(level.count))
 
 
 def read_tile(segment, xs, keys, index, row, col):
     """One tile's slices, and its key (``tilec.runtime.reuse``), found once per step in ``keys``."""
     tile = slices(segment, xs, row, col)
-    if index not in keys:
-        keys.find(segment, xs, tile, index, row, col)
-    return tile, keys[index]
+    return tile, keys.find(segment, xs, index, row, col)
 
 
 def merge_tile(found, part, kinds):
@@ -2042,18 +2130,26 @@ def merge_tile(found, part, kinds):
 def exchange(group, found, like, kinds):
     """The merged partials of every rank of ``group``, merged in rank order on every rank
     (``found``: this rank's, ``None`` where it ran no tile; ``like``: one tile's, for their shapes):
-    each rank fills its row of a stack of them, zeros elsewhere, and the stacks are summed."""
+    each rank fills its row of a stack of their tensors, and of a table of whether it ran tiles
+    and of their counts (numbers), zeros elsewhere, and the stacks and the table are summed."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    ran = torch.zeros(world, device=like[0][0].device)
-    stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) for t in part] for part in like]
+    device = next(t for part in like for t in part if isinstance(t, torch.Tensor)).device
+    counts = sum(not isinstance(t, torch.Tensor) for part in like for t in part)
+    table = torch.zeros(world, 1 + counts, dtype=torch.float64)
+    stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) if isinstance(t, torch.Tensor)
+               else None for t in part] for part in like]
     if found is not None:
-        ran[rank] = 1
+        table[rank] = torch.tensor([1, *(t for part in found for t in part if not isinstance(t, torch.Tensor))],
+                                   dtype=torch.float64)
         for stack, part in zip(stacks, found, strict=True):
             for rows, t in zip(stack, part, strict=True):
-                rows[rank] = t
-    sum_over(group, [ran, *(rows for stack in stacks for rows in stack)])
-    ranks = [k for k, flag in enumerate(ran.tolist()) if flag > 0]  # one read of the flags off the device
-    return tuple(merged(kind, [tuple(rows[k] for rows in stack) for k in ranks])
+                if rows is not None:
+                    rows[rank] = t
+    table = table.to(device)
+    sum_over(group, [table, *(rows for stack in stacks for rows in stack if rows is not None)])
+    ranks = [(k, iter(round(n) for n in row[1:])) for k, row in enumerate(table.tolist()) if row[0] > 0]  # one read
+    return tuple(merged(kind, [tuple(next(counts) if rows is None else rows[k] for rows in stack)
+                               for k, counts in ranks])
                  for kind, stack in zip(kinds, stacks, strict=True))
 
 
@@ -2066,7 +2162,9 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     reads owned slices and no tile's). Progress is reported under ``label``."""
     progress, known, pending = Progress(run, label, segment.count(run.group)), set(), Pending(
         1 if direct else segment.batch)
-    repeated = set() if direct or segment.batch == 1 else repeated_keys(segment, run, xs, keys)
+    if not direct:
+        keys.prepare(segment, xs, list(segment.tiles(run.group)))
+    repeated = set() if any(isinstance(x, Source) for x in xs) else set(keys.values())
 
     def flush():
         if pending:
@@ -2094,25 +2192,12 @@ def alone(segment, key, repeated):
     """Whether a forward pass runs a tile whose ``key`` no tile before it had by itself, so that the
     later tiles of its key reuse it (``tilec.runtime.reuse``): every such tile of a segment running
     its tiles one by one; in one that batches them, those whose slices are all constant (the
-    background, where tiles repeat) and those whose key a later tile of the pass has (``repeated``),
-    while the others run stacked with their neighbours."""
+    background, where tiles repeat) and those whose key a later tile of the pass has (``repeated``:
+    in a segment reading only tensors, every key, ``tilec.runtime.reuse.Keys.prepare``), while the
+    others run stacked with their neighbours."""
     if key is None:
         return False
     return segment.batch == 1 or key in repeated or all(kind == "c" for kind, _ in key[3])
-
-
-def repeated_keys(segment, run, xs, keys):
-    """The keys more than one tile of a pass has, found ahead (into ``keys``) from the slices of the
-    sliced inputs where all are tensors in memory; none where one is a ``Source``, whose slices are
-    read once, as the tiles run (its background tiles are constant, and run alone)."""
-    if any(isinstance(x, Source) for x in xs):
-        return set()
-    seen, repeated = set(), set()
-    for index, row, col in segment.tiles(run.group):
-        _, key = read_tile(segment, xs, keys, index, row, col)
-        if key is not None:
-            (repeated if key in seen else seen).add(key)
-    return repeated
 
 
 def summed(pieces):
@@ -2187,16 +2272,17 @@ class Tiled(torch.autograd.Function):
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
             fn = level.prefix[row[2], col[2]]
-            found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col))
+            found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col), want)
             return batch_partials(found, len(batch), level.merges)
 
-        found, known = None, {}
+        found, known, want = None, {}, wanted(segment, {level.index})
 
         def run_call(batch, key):
             nonlocal found
             part = partial(batch)
             if key is not None:  # kept past the arena's reset
-                known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)
+                known[key] = tuple(tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in partial_k)
+                                   for partial_k in part)
             found = merge_tile(found, part, level.merges)
 
         def reuse(key, row, col):
@@ -2216,14 +2302,14 @@ class Tiled(torch.autograd.Function):
     def images(segment, run, xs, bs, p, arena, r, keys):
         """The last forward sweep (``forward_pass``): the image outputs, every tile writing its owned
         parts; a reused tile copies its key's first tile's."""
-        group, outs, first = run.group, None, {}
+        group, outs, first, want = run.group, None, {}, wanted(segment, ())
 
         def run_call(batch, key):
             nonlocal outs
             arena.reset()
             _, row, col, _ = batch[0]
             parts, _ = segment.functions[row[2], col[2]](stack_in(arena, [item[3] for item in batch]), bs, p, arena,
-                                                        r, origins(row, col))
+                                                        r, origins(row, col), want)
             if outs is None:
                 outs = outputs(segment, parts, zeros=group is not None)
             for k, (out, (_, spatial, _), part) in enumerate(zip(outs, segment.images, parts, strict=True)):
@@ -2241,8 +2327,8 @@ class Tiled(torch.autograd.Function):
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
-            parts, _ = run_tile(segment.functions[row[2], col[2]], slices(segment, xs, row, col), bs, p, arena, r,
-                                row, col)
+            parts, _ = segment.functions[row[2], col[2]](copy_in(arena, slices(segment, xs, row, col)), bs, p, arena,
+                                                        r, origins(row, col), want)
             outs = outputs(segment, parts, zeros=True)
         if group is not None:
             sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
@@ -2313,7 +2399,7 @@ class Tiled(torch.autograd.Function):
             level.combine(sources, again, run.like(), bs, p, run.train, False)
             wanted = [(name, k, t) for name, k, t in wanted if flat(again[name])[k].requires_grad]  # not random ones
             results = [flat(again[name])[k] for name, k, _ in wanted]
-            ins = [t for part in sources for t in part if t.requires_grad]
+            ins = [t for part in sources for t in part if needs_grad(t)]
             ins += [t for value in lower.values() for t in flat(value) if t.requires_grad]
             params = [t for t in (*bs, *p) if t.requires_grad]
             found = torch.autograd.grad(results, ins + params, [totals[name][k] for name, k, _ in wanted],
@@ -2371,21 +2457,23 @@ class Sweep:
                 groups[index] = [(index, row, col)]
             else:
                 groups[first[key]].append((index, row, col))
-        apart, bands = set(), {}
-        for index, group in groups.items():
-            if not inputs or len(group) == 1:
-                continue
-            same = all(self.same_gradients(group[0], row, col) for _, row, col in group[1:])
-            if not same and len(group) < APART:
+        several = [(index, group) for index, group in groups.items() if inputs and len(group) > 1]
+        same = dict(zip((index for index, _ in several), self.agreeing([group for _, group in several]), strict=True))
+        apart, bands, checked = set(), {}, []
+        for index, group in several:
+            if not same[index] and len(group) < APART:
                 del group[1:]
-            elif rolled or not same:
+            elif rolled or not same[index]:
                 apart.add(index)
                 by_band = {}
                 for tile in group:
                     by_band.setdefault(tile[1][0] if rolled else None, []).append(tile)
-                bands.update((band[0][0], (band, rolled and (same or all(self.same_gradients(band[0], row, col)
-                                                                         for _, row, col in band[1:]))))
-                             for band in by_band.values())
+                for band in by_band.values():
+                    bands[band[0][0]] = band, rolled and same[index]
+                    if rolled and not same[index]:
+                        checked.append(band)
+        for band, agree in zip(checked, self.agreeing(checked), strict=True):
+            bands[band[0][0]] = band, agree
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 
     def owned_grads(self, row, col):
@@ -2395,18 +2483,28 @@ class Sweep:
                 for g, (_, spatial, _), rows, cols in zip(self.image_grads, self.segment.images, row[1], col[1],
                                                           strict=True)]
 
-    def same_gradients(self, first, row, col):
-        """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
-        _, first_row, first_col = first
-        return same_grads(self.owned_grads(row, col), self.owned_grads(first_row, first_col))
+    def agreeing(self, runs):
+        """Per run of tiles (``(index, row, col)`` each), whether the owned output gradients of
+        all its tiles have the bits of its first's, read off the device at once."""
+        pairs, owners = [], []
+        for n, (first, *others) in enumerate(runs):
+            for _, row, col in others:
+                for (g, _), (h, _) in zip(self.owned_grads(row, col), self.owned_grads(*first[1:]), strict=True):
+                    if g is not None:
+                        pairs.append((g, h))
+                        owners.append(n)
+        agree = [True] * len(runs)
+        for n, differs in zip(owners, differing(pairs), strict=True):
+            agree[n] = agree[n] and not differs
+        return agree
 
-    def recompute(self, batch, r, needs, frozen=False):
+    def recompute(self, batch, r, needs, shares, frozen=False):
         """The function of the tiles ``batch`` (``(index, row, col)`` each, of one shape class: one
         call, ``tilec.runtime.batches``) again under autograd (the forward's autocast state): per
         tile its slices (requiring grad per ``needs``), the owned outputs (stacked) and the batch's
-        partials. ``frozen``: with the broadcast inputs and parameters detached, for a sweep that
-        wants only the leaves' gradients (a tile convolution adds its weight gradient into the
-        weight's ``grad`` as it goes)."""
+        partials of the levels in ``shares`` (``None`` for the others). ``frozen``: with the
+        broadcast inputs and parameters detached, for a sweep that wants only the leaves' gradients
+        (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
         bs, p = self.frozen if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
         tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
@@ -2417,7 +2515,7 @@ class Sweep:
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
             outs, partials = self.segment.functions[row[2], col[2]](stack_in(self.arena, tiles), bs, p, self.arena, r,
-                                                                   origins(row, col))
+                                                                   origins(row, col), wanted(self.segment, shares))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials
@@ -2481,7 +2579,7 @@ class Sweep:
         totals = [None] * len(wanted)
         groups, members, _, _ = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
-            _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
+            _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), shares, frozen=True)
             pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
@@ -2507,7 +2605,7 @@ class Sweep:
                     self.linear(group, with_leaves, collected, shares)
                 self.band(*bands[index], r, needs, shares, sums)
                 continue
-            tiles, outs, partials = self.recompute(batch, with_leaves, needs)
+            tiles, outs, partials = self.recompute(batch, with_leaves, needs, shares)
             pairs = self.pairs(batch, outs, partials, shares, group)
             wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
@@ -2527,7 +2625,7 @@ class Sweep:
         leaves (``collected``, and the segment's own): their gradients, by linearity
         (``tilec.runtime.reuse``); their input gradients come band by band (``Sweep.band``)."""
         first = group[:1]
-        _, outs, partials = self.recompute(first, with_leaves, [False] * len(self.xs))
+        _, outs, partials = self.recompute(first, with_leaves, [False] * len(self.xs), shares)
         pairs = self.pairs(first, outs, partials, shares, group)
         wanted = [t for t in (*self.leaves, *collected) if t.requires_grad]
         if pairs and wanted:
@@ -2540,7 +2638,7 @@ class Sweep:
         where they all have the first's, ``same``) back-propagates its first's owned output
         gradients and shares into its first's slices, one backward each through the one graph, and
         that input gradient is each tile's of the class."""
-        (tile,), outs, partials = self.recompute(band[:1], r, needs, frozen=True)
+        (tile,), outs, partials = self.recompute(band[:1], r, needs, shares, frozen=True)
         inputs = [t for t in tile if t.requires_grad]
         classes = [band] if same else self.alike(band)
         for n, ((index, row, col), *_) in enumerate(classes):
@@ -3115,7 +3213,7 @@ _S0_COSTS = ((171996, 148896), (121368, 133536, 94068))
 _S0_SHARES = ()
 
 
-def _s0_0_0(xs, bs, p, arena, r, o):
+def _s0_0_0(xs, bs, p, arena, r, o, want):
     """Segment 0, shape class (0, 0)."""
     v_x, = xs
     v_conv2d = conv2d(pad_border(arena, v_x, (1, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3129,7 +3227,7 @@ def _s0_0_0(xs, bs, p, arena, r, o):
     return ((v_relu_[:, :, 0:7, 0:4], v_relu), ())
 
 
-def _s0_0_1(xs, bs, p, arena, r, o):
+def _s0_0_1(xs, bs, p, arena, r, o, want):
     """Segment 0, shape class (0, 1)."""
     v_x, = xs
     v_conv2d = conv2d(pad_border(arena, v_x, (0, 0, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3143,7 +3241,7 @@ def _s0_0_1(xs, bs, p, arena, r, o):
     return ((v_relu_[:, :, 0:7, 1:5], v_relu), ())
 
 
-def _s0_0_2(xs, bs, p, arena, r, o):
+def _s0_0_2(xs, bs, p, arena, r, o, want):
     """Segment 0, shape class (0, 2)."""
     v_x, = xs
     v_conv2d = conv2d(pad_border(arena, v_x, (0, 1, 1, 0), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3157,7 +3255,7 @@ def _s0_0_2(xs, bs, p, arena, r, o):
     return ((v_relu_[:, :, 0:7, 1:4], v_relu), ())
 
 
-def _s0_1_0(xs, bs, p, arena, r, o):
+def _s0_1_0(xs, bs, p, arena, r, o, want):
     """Segment 0, shape class (1, 0)."""
     v_x, = xs
     v_conv2d = conv2d(pad_border(arena, v_x, (1, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3171,7 +3269,7 @@ def _s0_1_0(xs, bs, p, arena, r, o):
     return ((v_relu_[:, :, 1:7, 0:4], v_relu), ())
 
 
-def _s0_1_1(xs, bs, p, arena, r, o):
+def _s0_1_1(xs, bs, p, arena, r, o, want):
     """Segment 0, shape class (1, 1)."""
     v_x, = xs
     v_conv2d = conv2d(pad_border(arena, v_x, (0, 0, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3185,7 +3283,7 @@ def _s0_1_1(xs, bs, p, arena, r, o):
     return ((v_relu_[:, :, 1:7, 1:5], v_relu), ())
 
 
-def _s0_1_2(xs, bs, p, arena, r, o):
+def _s0_1_2(xs, bs, p, arena, r, o, want):
     """Segment 0, shape class (1, 2)."""
     v_x, = xs
     v_conv2d = conv2d(pad_border(arena, v_x, (0, 1, 0, 1), 0.0), p[0], p[1], (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3245,7 +3343,7 @@ _S1_COSTS = ((303489, 340557, 198495), (441006, 357063))
 _S1_SHARES = ()
 
 
-def _s1_0_0(xs, bs, p, arena, r, o):
+def _s1_0_0(xs, bs, p, arena, r, o, want):
     """Segment 1, shape class (0, 0)."""
     v_relu, v_relu_, = xs
     v_conv2d_2 = conv2d(pad_border(arena, v_relu, (1, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3270,7 +3368,7 @@ def _s1_0_0(xs, bs, p, arena, r, o):
     return ((v_leaky_relu,), ())
 
 
-def _s1_0_1(xs, bs, p, arena, r, o):
+def _s1_0_1(xs, bs, p, arena, r, o, want):
     """Segment 1, shape class (0, 1)."""
     v_relu, v_relu_, = xs
     v_conv2d_2 = conv2d(pad_border(arena, v_relu, (0, 0, 1, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3295,7 +3393,7 @@ def _s1_0_1(xs, bs, p, arena, r, o):
     return ((v_leaky_relu,), ())
 
 
-def _s1_1_0(xs, bs, p, arena, r, o):
+def _s1_1_0(xs, bs, p, arena, r, o, want):
     """Segment 1, shape class (1, 0)."""
     v_relu, v_relu_, = xs
     v_conv2d_2 = conv2d(pad_border(arena, v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3320,7 +3418,7 @@ def _s1_1_0(xs, bs, p, arena, r, o):
     return ((v_leaky_relu,), ())
 
 
-def _s1_1_1(xs, bs, p, arena, r, o):
+def _s1_1_1(xs, bs, p, arena, r, o, want):
     """Segment 1, shape class (1, 1)."""
     v_relu, v_relu_, = xs
     v_conv2d_2 = conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3345,7 +3443,7 @@ def _s1_1_1(xs, bs, p, arena, r, o):
     return ((v_leaky_relu,), ())
 
 
-def _s1_2_0(xs, bs, p, arena, r, o):
+def _s1_2_0(xs, bs, p, arena, r, o, want):
     """Segment 1, shape class (2, 0)."""
     v_relu, v_relu_, = xs
     v_conv2d_2 = conv2d(pad_border(arena, v_relu, (1, 0, 0, 0), 0.0), p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)
@@ -3370,7 +3468,7 @@ def _s1_2_0(xs, bs, p, arena, r, o):
     return ((v_leaky_relu,), ())
 
 
-def _s1_2_1(xs, bs, p, arena, r, o):
+def _s1_2_1(xs, bs, p, arena, r, o, want):
     """Segment 1, shape class (2, 1)."""
     v_relu, v_relu_, = xs
     v_conv2d_2 = conv2d(v_relu, p[0], None, (1, 1), (0, 0), (1, 1), 1, arena)

@@ -76,7 +76,7 @@ class BatchNorm(Pixel):
         return f"partial_moments({tile.owned(node.inputs[0])}, (0, 2, 3))"
 
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
-        return (shapes.shape(node.inputs[0])[1],) * 3  # (count, mean, M2) per channel
+        return (shapes.shape(node.inputs[0])[1],) * 2  # (mean, M2) per channel; the count is a number
 
     def merge(self, node: NodeSpec) -> str:
         return "moments"

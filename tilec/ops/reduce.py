@@ -175,7 +175,7 @@ class Statistic(Reduce):
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         dims, shape = self.dims(node, shapes), shapes.shape(node.inputs[0])
         kept = prod(size for d, size in enumerate(shape) if d not in dims)
-        return (kept,) * {"amax": 2, "max": 2, "var": 3, "std": 3, "var_mean": 3}.get(node.op, 1)
+        return (kept,) * {"amax": 2, "max": 2, "var": 2, "std": 2, "var_mean": 2}.get(node.op, 1)  # moments: a count
 
     def merge(self, node: NodeSpec) -> str:
         return {"amax": "max", "max": "max", "var": "moments", "std": "moments",
@@ -242,7 +242,7 @@ class Normalise(Op):
         return "moments"
 
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
-        return (shapes.shape(node.inputs[0])[0] * self.groups(node, shapes),) * 3  # (count, mean, M2)
+        return (shapes.shape(node.inputs[0])[0] * self.groups(node, shapes),) * 2  # (mean, M2); the count a number
 
     def eps(self, node: NodeSpec) -> float:
         return const(node, {"group_norm": 4, "instance_norm": 7, "layer_norm": 4}[node.op])

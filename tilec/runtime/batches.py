@@ -90,10 +90,13 @@ def batch_partials(partials, count, kinds):
     if count == 1:
         return partials
     return tuple(part if part is None or not per_sample(part, count) else
-                 merged(kind, [tuple(t[k:k + 1] for t in part) for k in range(count)])
+                 merged(kind, [tuple(t[k:k + 1] if isinstance(t, torch.Tensor) else t for t in part)
+                               for k in range(count)])
                  for kind, part in zip(kinds, partials, strict=True))
 
 
 def per_sample(part, count):
-    """Whether a stacked call's partial has one row per tile (its dim 0 was not reduced)."""
-    return part[0].dim() > 0 and part[0].shape[0] == count
+    """Whether a stacked call's partial has one row per tile (its dim 0 was not reduced): its
+    tensors' (a count is a number, the same for every row)."""
+    first = next(t for t in part if isinstance(t, torch.Tensor))
+    return first.dim() > 0 and first.shape[0] == count

@@ -14,7 +14,8 @@ reduced dims (``keepdim``), so that they broadcast.
 * ``sum``: sums (means divide by a count known when compiling); a part's share is the merged
   gradient.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
-  stays accurate where ``E[x²] - E[x]²`` cancels.
+  stays accurate where ``E[x²] - E[x]²`` cancels; the count is a Python integer (every group of a
+  partial has as many elements), exact however large the image.
 * ``max``: maxima with the number of elements tied at them; the merged gradient goes to each part
   in proportion to its ties, as ``amax`` spreads it evenly over all maxima of the whole input.
 * ``argmax``: the first maximum in row-major order and its flat index, as max pooling picks it; the
@@ -47,7 +48,7 @@ def share_sum(merged, part, grads):
 
 def partial_moments(x, dims):
     """``(count, mean, M2)`` of ``x`` over ``dims`` in one pass (``var_mean``, whose backward keeps
-    only ``x``; ``ChannelMoments`` where it applies): the count as a tensor of the mean's shape."""
+    only ``x``; ``ChannelMoments`` where it applies), the count an integer."""
     count = 1
     for d in dims:
         count *= x.shape[d]
@@ -57,9 +58,9 @@ def partial_moments(x, dims):
         channels_last, groups = found
         shape = (1, -1, 1, 1) if groups is None else (*x.shape[:2], 1, 1, 1)
         mean, m2 = (t.view(shape) for t in ChannelMoments.apply(channels_last, groups))
-        return torch.full_like(mean, count, requires_grad=False), mean, m2
+        return count, mean, m2
     m2, mean = torch.var_mean(x, dims, correction=count - 1, keepdim=True)  # over count - correction = 1: M2
-    return torch.full_like(mean, count, requires_grad=False), mean, m2
+    return count, mean, m2
 
 
 #: Elements of the scratch block ``ChannelMoments`` takes deviations in (1 MiB of float32: cached).
@@ -156,7 +157,7 @@ def merge_moments(a, b):
     total = count + other_count
     delta = other_mean - mean
     weight = other_count / total
-    return total, torch.addcmul(mean, delta, weight), torch.addcmul(m2 + other_m2, delta.square(), count * weight)
+    return total, torch.add(mean, delta, alpha=weight), torch.add(m2 + other_m2, delta.square(), alpha=count * weight)
 
 
 def share_moments(merged, part, grads):
@@ -281,11 +282,16 @@ def shares_of(kind, merged_part, part, grads):
     """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
     the merged partial ``merged_part`` (its gradient through the merge of every part, the others
     held constant) into ``part``'s tensors that require grad; none where nothing is wanted."""
-    if all(g is None for g in grads) or not any(t.requires_grad for t in part):
+    if all(g is None for g in grads) or not any(needs_grad(t) for t in part):
         return []
     with torch.no_grad():
         found = MERGES[kind].share(merged_part, part, grads)
-    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and t.requires_grad]
+    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and needs_grad(t)]
+
+
+def needs_grad(t):
+    """Whether ``t``, a partial's tensor or count, requires grad."""
+    return isinstance(t, torch.Tensor) and t.requires_grad
 
 
 def autocast_dtype(like):
@@ -323,9 +329,8 @@ def batch_norm_stats(moments, running_mean, running_var, mode, eps, update):
     var = m2 / count
     if update and running_mean is not None:
         with torch.no_grad():
-            total = count.reshape(-1)[0]
             running_mean.mul_(1 - momentum).add_(mean.reshape(-1).to(running_mean.dtype), alpha=momentum)
-            unbiased = (var * (total / (total - 1))).reshape(-1).to(running_var.dtype)
+            unbiased = (var * (count / (count - 1))).reshape(-1).to(running_var.dtype)
             running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
     return mean, torch.rsqrt(var + eps)
 

@@ -7,18 +7,21 @@ gradients reaching its owned outputs and its partials. Two tiles of one class wh
 one constant per sample and channel, the same constants, compute the same tensors at every op, unless
 an op reads absolute positions: such a segment has ``reuse`` off (the op rules' ``positional``).
 
-This is found at run time from the slices the tiles read anyway, comparing bits: a slice is constant
-where, per sample and channel, every element read as an integer of its width equals the first (so
-0.0 and -0.0 are never one constant, and two NaNs of one payload are); every ``SAMPLE``-th row is
-compared first, which rejects a textured slice for a fraction of the cost. A slice of a tensor in
-memory that is not constant (a stored activation over background, whose tiles copied one
-representative's owned values, rounded by position within it) is fingerprinted by the sums of the
-bits of those rows per sample and channel, and a tile whose fingerprints match an earlier tile's is
-that tile's member only where its slices hold the same bits as that tile's, read again
-(``Keys.find``); a file is never read twice, so a slice of a ``Source`` counts only where it is
-constant. A tile's *key* is its classes, the sizes of its reads, owned parts and partials, and its
-slices' constants or fingerprints; ``None`` where it has no equal. In the order this process runs
-the tiles, the first tile of a key is its *representative*, the later ones its *members*:
+This is found at run time from the slices the tiles read, comparing bits
+(``tilec.runtime.bits``). Once per step, at a segment's first pass, the slices of its sliced
+inputs in memory are looked at for all of this process's tiles together, so that a GPU is waited
+for once, not per tile (``Keys.prepare``): a first look takes, per sample and channel, the
+lowest, highest and summed bits of every ``SAMPLE``-th row of each slice; where the lowest and
+highest agree, a second look over all rows tells whether the slice is one constant, and a slice
+that is not is fingerprinted by the first look's sums. A tile whose fingerprints match an earlier
+tile's is that tile's equal only where its slices hold the same bits (a third look, compared
+pairwise): a stored activation over background, whose tiles copied one representative's owned
+values, repeats so without being one constant. A slice of a ``Source`` (a file, read once per
+pass) counts only where it is constant, which its reader finds on the host as it reads
+(``Source.region``). A tile's *key* is its classes, the sizes of its reads, owned parts and
+partials, and its slices' constants or fingerprints; ``None`` where it has no equal (in a segment
+reading only tensors, also where no other tile has its key). In the order this process runs the
+tiles, the first tile of a key is its *representative*, the later ones its *members*:
 
 * forward: a member merges the representative's partials in its own place in the order, which gives
   the merged partials bit for bit as its own would (an ``argmax`` partial keeps the representative's
@@ -41,103 +44,104 @@ the tiles, the first tile of a key is its *representative*, the later ones its *
 
 import torch
 
-from tilec.runtime.sources import Source, region
-
-BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def as_bits(x):
-    """``x`` read as integers of its element width (``None`` for widths without one)."""
-    width = BITS.get(x.element_size())
-    if width is None or x.is_complex():
-        return None
-    return x if x.dtype == width else x.view(width)
+from tilec.runtime.bits import as_bits, differing, sampled
+from tilec.runtime.kernels import narrow
+from tilec.runtime.sources import Source
 
 
-#: Every how many rows (along a slice's first image dim) a first look reads (``sampled``).
-SAMPLE = 8
+def sizes_of(row, col):
+    """The sizes of a tile's reads, owned parts and partials (``row``, ``col``: its table entries)."""
+    return tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
 
 
-def sampled(x, spatial):
-    """Every ``SAMPLE``-th row of slice ``x`` along the first of its image dims ``spatial`` (a view)."""
-    return x[tuple(slice(None, None, SAMPLE) if d == spatial[0] else slice(None) for d in range(x.dim()))]
+def first_looks(bits, spatial):
+    """Per sample and channel of slice ``bits`` (as integers), the lowest, highest and summed bits
+    of its ``sampled`` rows (on its device: nothing is read yet)."""
+    rows, dims = sampled(bits, spatial), tuple(spatial)
+    return rows.amin(dims), rows.amax(dims), rows.sum(dims, dtype=torch.int64)
 
 
-def constants(x, spatial):
-    """The bits of the constant per sample and channel of slice ``x`` over its image dims
-    ``spatial``, as a tuple of integers; ``()`` for an empty slice; ``None`` where not constant."""
-    if x.numel() == 0:
-        return ()
-    bits = as_bits(x)
-    if bits is None:
-        return None
-    first = bits[tuple(slice(0, 1) if d in spatial else slice(None) for d in range(bits.dim()))]
-    if not (sampled(bits, spatial) == first).all() or not (bits == first).all():
-        return None
-    return tuple(first.reshape(-1).tolist())
-
-
-def fingerprint(x, spatial):
-    """The sums of the bits of ``sampled`` rows of slice ``x`` per sample and channel over its image
-    dims ``spatial``, as a tuple of integers (``None`` for widths without integers)."""
-    bits = as_bits(x)
-    if bits is None:
-        return None
-    return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
-
-
-def slice_key(x, spatial, source):
-    """What one slice contributes to its tile's key: ``("c", constants)`` where it is constant, else
-    ``("f", fingerprint)`` of a slice of a tensor (not of a ``source``), else ``None``."""
-    found = constants(x, spatial)
-    if found is not None:
-        return "c", found
-    if source:
-        return None
-    found = fingerprint(x, spatial)
-    return None if found is None else ("f", found)
-
-
-def tile_key(segment, xs, tile, row, col):
-    """The key of one tile (module docstring) from its slices ``tile`` of the segment's sliced inputs
-    ``xs``; ``None`` where it has no equal (or the segment's tiles are never reused)."""
-    if not segment.reuse:
-        return None
-    found = [slice_key(t, spatial, isinstance(x, Source)) for x, t, spatial in zip(xs, tile, segment.sliced,
-                                                                                   strict=True)]
-    if any(c is None for c in found):
-        return None
-    sizes = tuple(tuple(b - a for a, b in parts) for parts in (*row[:2], row[3], *col[:2], col[3]))
-    return row[2], col[2], sizes, tuple(found)
+def slice_keys(slices, spatial):
+    """What each slice of ``slices`` (as integers, one input's, the same dims) contributes to its
+    tile's key: ``("c", constants)`` where it is one constant per sample and channel, else ``("f",
+    fingerprint)``; two reads off the device at most (``Keys.prepare``)."""
+    found, candidates = [None] * len(slices), []
+    full = [k for k, x in enumerate(slices) if x.numel()]
+    looks = []
+    if full:
+        columns = zip(*(first_looks(slices[k], spatial) for k in full), strict=True)
+        looks = torch.cat([torch.stack(column).reshape(len(full), -1).long() for column in columns], dim=1).tolist()
+    for k, look in zip(full, looks, strict=True):
+        n = len(look) // 3
+        low, high, sums = look[:n], look[n:2 * n], look[2 * n:]
+        found[k] = ("f", tuple(sums))
+        if low == high:
+            candidates.append((k, tuple(low)))
+    for k in set(range(len(slices))) - set(full):
+        found[k] = ("c", ())
+    dims = tuple(spatial)
+    if candidates:
+        whole = torch.stack([torch.stack([slices[k].amin(dims), slices[k].amax(dims)]).reshape(2, -1).long()
+                             for k, _ in candidates]).tolist()
+        for (k, low), (lowest, highest) in zip(candidates, whole, strict=True):
+            if lowest == highest:
+                found[k] = ("c", low)
+    return found
 
 
 class Keys(dict):
-    """Per tile index, its key in this step (``None``: it has no equal); ``first``: per key, its
-    representative's row and column entries."""
+    """Per tile index, its key in this step (``None``: it has no equal); ``ahead``: per tile index,
+    the part of its key its slices of tensors in memory make (``None``: it has no equal)."""
 
     def __init__(self):
         super().__init__()
-        self.first = {}
+        self.ahead = None
 
-    def find(self, segment, xs, tile, index, row, col):
-        """The key of tile ``index`` from its slices ``tile``, recorded: a tile whose fingerprinted
-        slices do not hold the bits of its key's representative's has none."""
-        key = tile_key(segment, xs, tile, row, col)
-        if key is not None:
-            first = self.first.setdefault(key, (row, col))
-            if first != (row, col) and not all(
-                    kind == "c" or same_bits(t, region(x, spatial, first[0][0][i], first[1][0][i]))
-                    for i, (x, t, spatial, (kind, _)) in enumerate(zip(xs, tile, segment.sliced, key[3],
-                                                                       strict=True))):
-                key = None
-        self[index] = key
-        return key
+    def prepare(self, segment, xs, tiles):
+        """Find the keys of ``tiles`` (``(index, row, col)``, those this process runs, in order)
+        from their slices of the tensors among ``xs`` (module docstring), once per step; where no
+        input is a ``Source``, the keys themselves, without those no other tile has."""
+        if self.ahead is not None:
+            return
+        tensors = [i for i, x in enumerate(xs) if not isinstance(x, Source)]
+        if not segment.reuse or any(as_bits(xs[i]) is None for i in tensors):
+            self.ahead = dict.fromkeys((index for index, _, _ in tiles), None)
+            self.update(self.ahead)
+            return
+        bits = {i: as_bits(xs[i]) for i in tensors}
+        cut = {(index, i): narrow(bits[i], segment.sliced[i], row[0][i], col[0][i])
+               for index, row, col in tiles for i in tensors}
+        found = {i: slice_keys([cut[index, i] for index, _, _ in tiles], segment.sliced[i]) for i in tensors}
+        parts = {index: (row[2], col[2], sizes_of(row, col), tuple(found[i][n] for i in tensors))
+                 for n, (index, row, col) in enumerate(tiles)}
+        self.ahead = dict(parts)
+        firsts, pairs = {}, []
+        for index, _, _ in tiles:
+            first = firsts.setdefault(parts[index], index)
+            if first != index:
+                pairs += [(index, cut[index, i], cut[first, i]) for i, (kind, _) in zip(tensors, parts[index][3],
+                                                                                      strict=True) if kind == "f"]
+        for (index, _, _), differs in zip(pairs, differing([(a, b) for _, a, b in pairs]), strict=True):
+            if differs:
+                self.ahead[index] = None
+        if len(tensors) == len(xs):
+            counts = {}
+            for key in self.ahead.values():
+                counts[key] = counts.get(key, 0) + 1
+            self.update((index, key if counts[key] > 1 else None) for index, key in self.ahead.items())
 
-
-def same_bits(a, b):
-    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
-    bits_a, bits_b = as_bits(a), as_bits(b)
-    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
+    def find(self, segment, xs, index, row, col):
+        """The key of tile ``index``, its slices read (``Keys.prepare`` first): its part of tensors
+        with the constants its reader found in its slices of each ``Source`` among ``xs``."""
+        if index not in self:
+            part = self.ahead.get(index)
+            found = None if part is None else list(part[3])
+            for i, x in enumerate(xs):
+                if found is not None and isinstance(x, Source):
+                    constant = x.constants(segment.sliced[i], row[0][i], col[0][i])
+                    found.insert(i, None if constant is None else ("c", constant))
+            self[index] = None if found is None or None in found else (*part[:3], tuple(found))
+        return self[index]
 
 
 class Reuse:

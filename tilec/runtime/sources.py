@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from tilec.runtime.bits import constants
 from tilec.runtime.kernels import narrow
 
 #: Bytes of a region copied from a memory map between two hand-backs of its pages.
@@ -78,6 +79,7 @@ class Source:
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.mapping = _mapping(data)
         self.pending = {}  # region -> future of its read
+        self.found = {}  # region -> its constants per sample and channel as last read (``constants``)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"tilec-read-{name}") if ahead else None
         self.lock = threading.Lock()
 
@@ -86,13 +88,18 @@ class Source:
         key = (tuple(spatial), tuple(rows), tuple(cols))
         start = time.perf_counter()
         future = self.pending.pop(key, None)
-        moved, event = future.result() if future is not None else self._fetch(key)
+        moved, event, self.found[key] = future.result() if future is not None else self._fetch(key)
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
             moved.record_stream(stream)
         self.reading.waited += time.perf_counter() - start
         return moved
+
+    def constants(self, spatial, rows, cols):
+        """The bits of the constant per sample and channel of the slice ``rows`` x ``cols`` as last
+        read (``tilec.runtime.bits.constants``, found on the host as it was read), or ``None``."""
+        return self.found.get((tuple(spatial), tuple(rows), tuple(cols)))
 
     def ahead(self, spatial, rows, cols):
         """Start reading the slice ``rows`` x ``cols``, which a tile will ask for next."""
@@ -128,7 +135,8 @@ class Source:
             self.mapping.madvise(mmap.MADV_DONTNEED)  # copied: the file keeps its pages, not this process
 
     def _fetch(self, key):
-        """Read one region into staging and start its copy to the device: ``(tensor, event)``."""
+        """Read one region into staging and start its copy to the device: ``(tensor, event,
+        constants)``, its constants found in staging (``None`` for the whole input)."""
         with self.lock:
             start = time.perf_counter()
             part = self.data[self._index(key)]
@@ -139,13 +147,14 @@ class Source:
                 self._copy(staging.numpy(), part, key[0])
             del part
             self.reading.add(time.perf_counter() - start, staging.numel() * staging.element_size())
+        found = None if key[0] is None else constants(staging, key[0])
         if not self.cuda:
-            return staging, None
+            return staging, None, found
         with torch.cuda.stream(self.stream):
             moved = staging.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return moved, event
+        return moved, event, found
 
 
 def _bands(shape, axis, itemsize):

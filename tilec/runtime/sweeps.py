@@ -1,10 +1,12 @@
 """``Tiled``: a tiled segment as an autograd function, its reductions computed by sweeps.
 
-A tile function ``fn(xs, bs, p, arena, r, o)`` computes a tile from its slices ``xs`` of the
+A tile function ``fn(xs, bs, p, arena, r, o, want)`` computes a tile from its slices ``xs`` of the
 segment's sliced inputs, the broadcast inputs ``bs``, the model tensors ``p`` and the *leaves*
 ``r`` (by name: the results of the segment's reductions and of its small ops), ``o`` giving the
-origin of each partial; it returns the owned parts of the image outputs and every reduction's
-partial (``None`` for a direct level's). A level's *prefix* function returns its partials only.
+origin of each partial; it returns the owned parts of the image outputs and the partials of the
+reductions ``want`` names (``wanted``; ``None`` for the others and for a direct level's). A level's
+*prefix* function returns its partials only. A pass computes only the partials it uses: the last
+forward sweep none, a backward sweep those whose shares it back-propagates.
 
 Forward. Level 0 (reductions of nothing, small ops of the inputs) is computed once; then per level
 ``l``, a sweep runs every tile up to level ``l``'s partials under ``no_grad`` (a direct level reads
@@ -46,9 +48,10 @@ import torch.distributed as dist
 
 from tilec.runtime.arena import Arena
 from tilec.runtime.batches import Pending, batch_partials, stack_in, unstacked
+from tilec.runtime.bits import differing, fingerprint, same_bits
 from tilec.runtime.kernels import copy_in, narrow
-from tilec.runtime.reduce import merged, shares_of
-from tilec.runtime.reuse import Keys, fingerprint, same_bits
+from tilec.runtime.reduce import merged, needs_grad, shares_of
+from tilec.runtime.reuse import Keys
 from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import (
     Progress,
@@ -70,10 +73,11 @@ def flat(value):
 
 
 def grad_leaf(value):
-    """``value`` with its floating tensors detached and requiring grad."""
+    """``value`` (a tensor, or a tuple of them and numbers) with its floating tensors detached and
+    requiring grad."""
     if isinstance(value, torch.Tensor):
         return value.detach().requires_grad_(value.is_floating_point())
-    return None if value is None else tuple(grad_leaf(t) for t in value)
+    return tuple(grad_leaf(t) for t in value) if isinstance(value, tuple) else value
 
 
 def same_grads(grads, others):
@@ -109,17 +113,16 @@ def origins(row, col):
     return [(r[0], c[0]) for r, c in zip(row[3], col[3], strict=True)]
 
 
-def run_tile(fn, tile, bs, p, arena, r, row, col):
-    """``fn`` on one tile: its slices ``tile`` copied channels-last into the arena."""
-    return fn(copy_in(arena, tile), bs, p, arena, r, origins(row, col))
+def wanted(segment, levels):
+    """Per reduction of ``segment``, whether its partial is wanted: whether its level's index is
+    among ``levels``."""
+    return tuple(level.index in levels for level in segment.levels for _ in range(level.count))
 
 
 def read_tile(segment, xs, keys, index, row, col):
     """One tile's slices, and its key (``tilec.runtime.reuse``), found once per step in ``keys``."""
     tile = slices(segment, xs, row, col)
-    if index not in keys:
-        keys.find(segment, xs, tile, index, row, col)
-    return tile, keys[index]
+    return tile, keys.find(segment, xs, index, row, col)
 
 
 def merge_tile(found, part, kinds):
@@ -133,18 +136,26 @@ def merge_tile(found, part, kinds):
 def exchange(group, found, like, kinds):
     """The merged partials of every rank of ``group``, merged in rank order on every rank
     (``found``: this rank's, ``None`` where it ran no tile; ``like``: one tile's, for their shapes):
-    each rank fills its row of a stack of them, zeros elsewhere, and the stacks are summed."""
+    each rank fills its row of a stack of their tensors, and of a table of whether it ran tiles
+    and of their counts (numbers), zeros elsewhere, and the stacks and the table are summed."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    ran = torch.zeros(world, device=like[0][0].device)
-    stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) for t in part] for part in like]
+    device = next(t for part in like for t in part if isinstance(t, torch.Tensor)).device
+    counts = sum(not isinstance(t, torch.Tensor) for part in like for t in part)
+    table = torch.zeros(world, 1 + counts, dtype=torch.float64)
+    stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) if isinstance(t, torch.Tensor)
+               else None for t in part] for part in like]
     if found is not None:
-        ran[rank] = 1
+        table[rank] = torch.tensor([1, *(t for part in found for t in part if not isinstance(t, torch.Tensor))],
+                                   dtype=torch.float64)
         for stack, part in zip(stacks, found, strict=True):
             for rows, t in zip(stack, part, strict=True):
-                rows[rank] = t
-    sum_over(group, [ran, *(rows for stack in stacks for rows in stack)])
-    ranks = [k for k, flag in enumerate(ran.tolist()) if flag > 0]  # one read of the flags off the device
-    return tuple(merged(kind, [tuple(rows[k] for rows in stack) for k in ranks])
+                if rows is not None:
+                    rows[rank] = t
+    table = table.to(device)
+    sum_over(group, [table, *(rows for stack in stacks for rows in stack if rows is not None)])
+    ranks = [(k, iter(round(n) for n in row[1:])) for k, row in enumerate(table.tolist()) if row[0] > 0]  # one read
+    return tuple(merged(kind, [tuple(next(counts) if rows is None else rows[k] for rows in stack)
+                               for k, counts in ranks])
                  for kind, stack in zip(kinds, stacks, strict=True))
 
 
@@ -157,7 +168,9 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     reads owned slices and no tile's). Progress is reported under ``label``."""
     progress, known, pending = Progress(run, label, segment.count(run.group)), set(), Pending(
         1 if direct else segment.batch)
-    repeated = set() if direct or segment.batch == 1 else repeated_keys(segment, run, xs, keys)
+    if not direct:
+        keys.prepare(segment, xs, list(segment.tiles(run.group)))
+    repeated = set() if any(isinstance(x, Source) for x in xs) else set(keys.values())
 
     def flush():
         if pending:
@@ -185,25 +198,12 @@ def alone(segment, key, repeated):
     """Whether a forward pass runs a tile whose ``key`` no tile before it had by itself, so that the
     later tiles of its key reuse it (``tilec.runtime.reuse``): every such tile of a segment running
     its tiles one by one; in one that batches them, those whose slices are all constant (the
-    background, where tiles repeat) and those whose key a later tile of the pass has (``repeated``),
-    while the others run stacked with their neighbours."""
+    background, where tiles repeat) and those whose key a later tile of the pass has (``repeated``:
+    in a segment reading only tensors, every key, ``tilec.runtime.reuse.Keys.prepare``), while the
+    others run stacked with their neighbours."""
     if key is None:
         return False
     return segment.batch == 1 or key in repeated or all(kind == "c" for kind, _ in key[3])
-
-
-def repeated_keys(segment, run, xs, keys):
-    """The keys more than one tile of a pass has, found ahead (into ``keys``) from the slices of the
-    sliced inputs where all are tensors in memory; none where one is a ``Source``, whose slices are
-    read once, as the tiles run (its background tiles are constant, and run alone)."""
-    if any(isinstance(x, Source) for x in xs):
-        return set()
-    seen, repeated = set(), set()
-    for index, row, col in segment.tiles(run.group):
-        _, key = read_tile(segment, xs, keys, index, row, col)
-        if key is not None:
-            (repeated if key in seen else seen).add(key)
-    return repeated
 
 
 def summed(pieces):
@@ -278,16 +278,17 @@ class Tiled(torch.autograd.Function):
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
             fn = level.prefix[row[2], col[2]]
-            found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col))
+            found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col), want)
             return batch_partials(found, len(batch), level.merges)
 
-        found, known = None, {}
+        found, known, want = None, {}, wanted(segment, {level.index})
 
         def run_call(batch, key):
             nonlocal found
             part = partial(batch)
             if key is not None:  # kept past the arena's reset
-                known[key] = tuple(tuple(t.clone() for t in partial_k) for partial_k in part)
+                known[key] = tuple(tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in partial_k)
+                                   for partial_k in part)
             found = merge_tile(found, part, level.merges)
 
         def reuse(key, row, col):
@@ -307,14 +308,14 @@ class Tiled(torch.autograd.Function):
     def images(segment, run, xs, bs, p, arena, r, keys):
         """The last forward sweep (``forward_pass``): the image outputs, every tile writing its owned
         parts; a reused tile copies its key's first tile's."""
-        group, outs, first = run.group, None, {}
+        group, outs, first, want = run.group, None, {}, wanted(segment, ())
 
         def run_call(batch, key):
             nonlocal outs
             arena.reset()
             _, row, col, _ = batch[0]
             parts, _ = segment.functions[row[2], col[2]](stack_in(arena, [item[3] for item in batch]), bs, p, arena,
-                                                        r, origins(row, col))
+                                                        r, origins(row, col), want)
             if outs is None:
                 outs = outputs(segment, parts, zeros=group is not None)
             for k, (out, (_, spatial, _), part) in enumerate(zip(outs, segment.images, parts, strict=True)):
@@ -332,8 +333,8 @@ class Tiled(torch.autograd.Function):
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
-            parts, _ = run_tile(segment.functions[row[2], col[2]], slices(segment, xs, row, col), bs, p, arena, r,
-                                row, col)
+            parts, _ = segment.functions[row[2], col[2]](copy_in(arena, slices(segment, xs, row, col)), bs, p, arena,
+                                                        r, origins(row, col), want)
             outs = outputs(segment, parts, zeros=True)
         if group is not None:
             sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
@@ -404,7 +405,7 @@ class Tiled(torch.autograd.Function):
             level.combine(sources, again, run.like(), bs, p, run.train, False)
             wanted = [(name, k, t) for name, k, t in wanted if flat(again[name])[k].requires_grad]  # not random ones
             results = [flat(again[name])[k] for name, k, _ in wanted]
-            ins = [t for part in sources for t in part if t.requires_grad]
+            ins = [t for part in sources for t in part if needs_grad(t)]
             ins += [t for value in lower.values() for t in flat(value) if t.requires_grad]
             params = [t for t in (*bs, *p) if t.requires_grad]
             found = torch.autograd.grad(results, ins + params, [totals[name][k] for name, k, _ in wanted],
@@ -462,21 +463,23 @@ class Sweep:
                 groups[index] = [(index, row, col)]
             else:
                 groups[first[key]].append((index, row, col))
-        apart, bands = set(), {}
-        for index, group in groups.items():
-            if not inputs or len(group) == 1:
-                continue
-            same = all(self.same_gradients(group[0], row, col) for _, row, col in group[1:])
-            if not same and len(group) < APART:
+        several = [(index, group) for index, group in groups.items() if inputs and len(group) > 1]
+        same = dict(zip((index for index, _ in several), self.agreeing([group for _, group in several]), strict=True))
+        apart, bands, checked = set(), {}, []
+        for index, group in several:
+            if not same[index] and len(group) < APART:
                 del group[1:]
-            elif rolled or not same:
+            elif rolled or not same[index]:
                 apart.add(index)
                 by_band = {}
                 for tile in group:
                     by_band.setdefault(tile[1][0] if rolled else None, []).append(tile)
-                bands.update((band[0][0], (band, rolled and (same or all(self.same_gradients(band[0], row, col)
-                                                                         for _, row, col in band[1:]))))
-                             for band in by_band.values())
+                for band in by_band.values():
+                    bands[band[0][0]] = band, rolled and same[index]
+                    if rolled and not same[index]:
+                        checked.append(band)
+        for band, agree in zip(checked, self.agreeing(checked), strict=True):
+            bands[band[0][0]] = band, agree
         return groups, {index for group in groups.values() for index, _, _ in group[1:]}, apart, bands
 
     def owned_grads(self, row, col):
@@ -486,18 +489,28 @@ class Sweep:
                 for g, (_, spatial, _), rows, cols in zip(self.image_grads, self.segment.images, row[1], col[1],
                                                           strict=True)]
 
-    def same_gradients(self, first, row, col):
-        """Whether the owned output gradients of tile ``row`` x ``col`` have the bits of tile ``first``'s."""
-        _, first_row, first_col = first
-        return same_grads(self.owned_grads(row, col), self.owned_grads(first_row, first_col))
+    def agreeing(self, runs):
+        """Per run of tiles (``(index, row, col)`` each), whether the owned output gradients of
+        all its tiles have the bits of its first's, read off the device at once."""
+        pairs, owners = [], []
+        for n, (first, *others) in enumerate(runs):
+            for _, row, col in others:
+                for (g, _), (h, _) in zip(self.owned_grads(row, col), self.owned_grads(*first[1:]), strict=True):
+                    if g is not None:
+                        pairs.append((g, h))
+                        owners.append(n)
+        agree = [True] * len(runs)
+        for n, differs in zip(owners, differing(pairs), strict=True):
+            agree[n] = agree[n] and not differs
+        return agree
 
-    def recompute(self, batch, r, needs, frozen=False):
+    def recompute(self, batch, r, needs, shares, frozen=False):
         """The function of the tiles ``batch`` (``(index, row, col)`` each, of one shape class: one
         call, ``tilec.runtime.batches``) again under autograd (the forward's autocast state): per
         tile its slices (requiring grad per ``needs``), the owned outputs (stacked) and the batch's
-        partials. ``frozen``: with the broadcast inputs and parameters detached, for a sweep that
-        wants only the leaves' gradients (a tile convolution adds its weight gradient into the
-        weight's ``grad`` as it goes)."""
+        partials of the levels in ``shares`` (``None`` for the others). ``frozen``: with the
+        broadcast inputs and parameters detached, for a sweep that wants only the leaves' gradients
+        (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
         bs, p = self.frozen if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
         tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
@@ -508,7 +521,7 @@ class Sweep:
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
             outs, partials = self.segment.functions[row[2], col[2]](stack_in(self.arena, tiles), bs, p, self.arena, r,
-                                                                   origins(row, col))
+                                                                   origins(row, col), wanted(self.segment, shares))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials
@@ -572,7 +585,7 @@ class Sweep:
         totals = [None] * len(wanted)
         groups, members, _, _ = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
-            _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), frozen=True)
+            _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), shares, frozen=True)
             pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
@@ -598,7 +611,7 @@ class Sweep:
                     self.linear(group, with_leaves, collected, shares)
                 self.band(*bands[index], r, needs, shares, sums)
                 continue
-            tiles, outs, partials = self.recompute(batch, with_leaves, needs)
+            tiles, outs, partials = self.recompute(batch, with_leaves, needs, shares)
             pairs = self.pairs(batch, outs, partials, shares, group)
             wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
             if pairs and wanted:
@@ -618,7 +631,7 @@ class Sweep:
         leaves (``collected``, and the segment's own): their gradients, by linearity
         (``tilec.runtime.reuse``); their input gradients come band by band (``Sweep.band``)."""
         first = group[:1]
-        _, outs, partials = self.recompute(first, with_leaves, [False] * len(self.xs))
+        _, outs, partials = self.recompute(first, with_leaves, [False] * len(self.xs), shares)
         pairs = self.pairs(first, outs, partials, shares, group)
         wanted = [t for t in (*self.leaves, *collected) if t.requires_grad]
         if pairs and wanted:
@@ -631,7 +644,7 @@ class Sweep:
         where they all have the first's, ``same``) back-propagates its first's owned output
         gradients and shares into its first's slices, one backward each through the one graph, and
         that input gradient is each tile's of the class."""
-        (tile,), outs, partials = self.recompute(band[:1], r, needs, frozen=True)
+        (tile,), outs, partials = self.recompute(band[:1], r, needs, shares, frozen=True)
         inputs = [t for t in tile if t.requires_grad]
         classes = [band] if same else self.alike(band)
         for n, ((index, row, col), *_) in enumerate(classes):
