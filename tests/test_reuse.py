@@ -14,11 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from tilec.pipeline import build
-from tilec.runtime.bits import SAMPLE, constants
-from tilec.runtime.reuse import Keys
+from tilec.runtime.bits import SAMPLE, as_bits, constants, fingerprint
+from tilec.runtime.reuse import Keys, slice_keys
 from tilec.trace import trace
 
 from support.exactness import TOLERANCE, randomise_buffers, tiled_segments
@@ -263,14 +265,14 @@ def test_a_slice_is_constant_only_where_its_bits_are():
 
 def _keys(x, heights, width):
     """The keys of a column of tiles ``heights`` rows each of a one-input segment reading ``x``."""
-    segment = SimpleNamespace(reuse=True, sliced=[(2, 3)])
     col, tiles, start = (((0, width),), ((0, width),), 0, ()), [], 0
     for index, height in enumerate(heights):
         rows = (start, start + height)
         tiles.append((index, ((rows,), (rows,), 0, ()), col))
         start += height
+    segment = SimpleNamespace(reuse=True, sliced=[(2, 3)], tiles=lambda group: iter(tiles))
     keys = Keys()
-    keys.prepare(segment, [x], tiles)
+    keys.prepare(segment, [x], None)
     return [keys.find(segment, [x], index, row, col) for index, row, col in tiles]
 
 
@@ -299,6 +301,39 @@ def test_constant_tiles_are_keyed_by_their_bits_and_a_tile_without_an_equal_has_
     bits = (0, torch.tensor(3.5, dtype=torch.float64).view(torch.int64).item())
     assert keys[0] == keys[1] == keys[4] and keys[0][3] == (("c", bits),)
     assert keys[2] is None and keys[3] is None
+
+
+@st.composite
+def channel_slices(draw):
+    """Slices of one tensor (N, C, H, W) of a drawn dtype, each channel of each drawn constant
+    (0.0 or -0.0 among them), textured, or constant but for one element, in any row."""
+    dtype = draw(st.sampled_from([torch.uint8, torch.int16, torch.float32, torch.float64, torch.bfloat16]))
+    count, channels = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    found = []
+    for _ in range(count):
+        height, width = draw(st.integers(0, 3 * SAMPLE)), draw(st.integers(1, 5))
+        x = torch.empty(1, channels, height, width, dtype=torch.float64)
+        for c in range(channels):
+            kind = draw(st.sampled_from(["constant", "textured", "one off"]))
+            x[0, c] = draw(st.sampled_from([0.0, -0.0, 3.0, 200.0]))
+            if kind == "textured":
+                x[0, c] = torch.randint(0, 3, (height, width), generator=generator).double()
+            elif kind == "one off" and height:
+                x[0, c, draw(st.integers(0, height - 1)), draw(st.integers(0, width - 1))] += 1
+        found.append(x.to(dtype))
+    return found
+
+
+@settings(max_examples=200, deadline=None)
+@given(channel_slices())
+def test_the_looks_on_the_device_give_the_hosts_exact_answers(slices):
+    """``slice_keys`` (sampled rows first, the whole slice where they agree, all slices at once)
+    keys each slice as the host's exact ``constants`` and ``fingerprint`` do."""
+    spatial = (2, 3)
+    for got, x in zip(slice_keys([as_bits(x) for x in slices], spatial), slices, strict=True):
+        constant = constants(x, spatial)
+        assert got == (("c", constant) if constant is not None else ("f", fingerprint(x, spatial)))
 
 
 def test_the_keys_of_a_segment_are_read_off_its_device_a_few_times_however_many_its_tiles(monkeypatch):

@@ -520,3 +520,28 @@ def test_the_estimate_counts_each_sweep_once():
     expected = sum(facts.flops[p] * (2 + sum(p in ran for ran in prefixes) + len(found)) + facts.backward_flops[p]
                    + sum(p in back for back in after) * facts.input_backward_flops[p] for p in range(stop))
     assert flops == pytest.approx(expected)
+
+
+def test_a_pass_computes_only_the_partials_it_uses():
+    """Two BatchNorms training at levels 1 and 2 of one segment of T tiles: the forward sweeps
+    compute T partials each (a level's prefix), the last forward sweep none; backward, level 2's
+    sweep none (no level above it), level 1's the T of level 2, and the last sweep 2T: 5T in all
+    (every pass computing every partial took 10T), and the step stays exact."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
+                          nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1)).double().train()
+    shape, grid = (1, 3, 14, 17), (2, 3)
+    reference = copy.deepcopy(model)
+    tiled = build(model, shape, segments=[(0, len(trace(model, shape)), grid)], dtype="float64")
+    names = type(tiled).__init__.__globals__  # the generated module's copy of the runtime
+    computed, partial_moments = [], names["partial_moments"]
+    names["partial_moments"] = lambda *args: computed.append(1) or partial_moments(*args)
+    x = torch.randn(shape, dtype=torch.float64)
+    out = tiled(x)
+    out.backward(torch.ones_like(out))
+    want = reference(x)
+    want.backward(torch.ones_like(want))
+    assert len(computed) == 5 * grid[0] * grid[1]
+    assert (out - want).abs().max() <= TOLERANCE
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert (a.grad - b.grad).abs().max() <= TOLERANCE

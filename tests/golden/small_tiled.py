@@ -1483,12 +1483,13 @@ class Keys(dict):
         super().__init__()
         self.ahead = None
 
-    def prepare(self, segment, xs, tiles):
-        """Find the keys of ``tiles`` (``(index, row, col)``, those this process runs, in order)
-        from their slices of the tensors among ``xs`` (module docstring), once per step; where no
-        input is a ``Source``, the keys themselves, without those no other tile has."""
+    def prepare(self, segment, xs, group):
+        """Find the keys of the tiles this process runs (its rank's of ``group``, or all) from their
+        slices of the tensors among ``xs`` (module docstring), once per step; where no input is a
+        ``Source``, the keys themselves, without those no other tile has."""
         if self.ahead is not None:
             return
+        tiles = list(segment.tiles(group))
         tensors = [i for i, x in enumerate(xs) if not isinstance(x, Source)]
         if not segment.reuse or any(as_bits(xs[i]) is None for i in tensors):
             self.ahead = dict.fromkeys((index for index, _, _ in tiles), None)
@@ -2163,7 +2164,7 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     progress, known, pending = Progress(run, label, segment.count(run.group)), set(), Pending(
         1 if direct else segment.batch)
     if not direct:
-        keys.prepare(segment, xs, list(segment.tiles(run.group)))
+        keys.prepare(segment, xs, run.group)
     repeated = set() if any(isinstance(x, Source) for x in xs) else set(keys.values())
 
     def flush():

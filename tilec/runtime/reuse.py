@@ -97,12 +97,13 @@ class Keys(dict):
         super().__init__()
         self.ahead = None
 
-    def prepare(self, segment, xs, tiles):
-        """Find the keys of ``tiles`` (``(index, row, col)``, those this process runs, in order)
-        from their slices of the tensors among ``xs`` (module docstring), once per step; where no
-        input is a ``Source``, the keys themselves, without those no other tile has."""
+    def prepare(self, segment, xs, group):
+        """Find the keys of the tiles this process runs (its rank's of ``group``, or all) from their
+        slices of the tensors among ``xs`` (module docstring), once per step; where no input is a
+        ``Source``, the keys themselves, without those no other tile has."""
         if self.ahead is not None:
             return
+        tiles = list(segment.tiles(group))
         tensors = [i for i, x in enumerate(xs) if not isinstance(x, Source)]
         if not segment.reuse or any(as_bits(xs[i]) is None for i in tensors):
             self.ahead = dict.fromkeys((index for index, _, _ in tiles), None)

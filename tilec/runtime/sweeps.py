@@ -169,7 +169,7 @@ def forward_pass(segment, run, xs, keys, label, direct, run_call, reuse):
     progress, known, pending = Progress(run, label, segment.count(run.group)), set(), Pending(
         1 if direct else segment.batch)
     if not direct:
-        keys.prepare(segment, xs, list(segment.tiles(run.group)))
+        keys.prepare(segment, xs, run.group)
     repeated = set() if any(isinstance(x, Source) for x in xs) else set(keys.values())
 
     def flush():
