@@ -17,7 +17,7 @@ from tilec.cli import main
 from tilec.cone import axis_tiles
 from tilec.errors import BudgetError
 from tilec.ops import rule
-from tilec.planner import plan
+from tilec.planner import SegmentChoice, plan
 from tilec.search import (
     MARGINS,
     MAX_CUTS,
@@ -105,7 +105,7 @@ def _brute_force(costs: _Costs, budget: int) -> float:
 
     def fits(chosen: list, limit: float = budget) -> bool:
         """``chosen``: ``((first, stop, mode), cost)`` per segment so far."""
-        spans = [span for span, _ in chosen]
+        spans = [SegmentChoice(first, stop, (1, 1), mode) for (first, stop, mode), _ in chosen]
         rolls = [costs.estimator.made_tiled(first, spans) for (first, _, _), _ in chosen]
         return max(costs.estimator.step_peaks([cost for _, cost in chosen], rolls), default=0) <= limit
 

@@ -241,8 +241,7 @@ def plan(
         ))
     costs = [estimator.segment(s.first, s.stop, s.rows, s.cols, s.mode == "stored", s.batch, aligned)
              for s, aligned in zip(planned, aligned_segments(estimator, planned), strict=True)]
-    spans = [(s.first, s.stop, s.mode) for s in planned]
-    rolls = [cost.rolled(estimator.made_tiled(s.first, spans)) for s, cost in zip(planned, costs, strict=True)]
+    rolls = [cost.rolled(estimator.made_tiled(s.first, planned)) for s, cost in zip(planned, costs, strict=True)]
     peaks = estimator.step_peaks(costs, rolls)
     planned = [
         s.model_copy(update={"predicted_peak_bytes": peak, "flop_overhead": round(cost.flop_overhead, 6),

@@ -213,6 +213,7 @@ class _Costs:
         self.batches = cache(self._batches)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
+        self._local: dict[tuple[int, frozenset[str]], int] = {}
 
     def _option(self, first: int, stop: int, grid: tuple[int, int] | None, batch: int = 1) -> SegmentCost:
         """Stored for ``grid=None``, else tiled with ``grid``, ``batch`` tiles of one class per call."""
@@ -256,11 +257,18 @@ class _Costs:
         return chosen
 
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
-        return self.estimator.local(cost, made)
+        """``Estimator.local``, kept per option (cached, so its identity names it) and ``made``."""
+        if not cost.rolls or not made:
+            return max(cost.forward_local, cost.backward_local)
+        key = id(cost), made
+        found = self._local.get(key)
+        if found is None:
+            found = self._local[key] = self.estimator.local(cost, made)
+        return found
 
     def made_tiled(self, cut: int, choices: Sequence[SegmentChoice]) -> frozenset[str]:
         """``Estimator.made_tiled`` after ``choices``."""
-        return self.estimator.made_tiled(cut, ((c.first, c.stop, c.mode) for c in choices))
+        return self.estimator.made_tiled(cut, choices)
 
     def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
@@ -268,21 +276,24 @@ class _Costs:
         An entry is a named tuple (``Partial``, ``Smallest``) whose first ``fields`` fields are
         minimised and whose last is its ``SegmentChoice`` s; a Pareto front is kept per cut and
         per set of the tensors crossing it whose gradients the next segment may roll, because
-        tiled segments made them (``made_tiled``).
-        ``extend(entry, first, stop)`` yields the entries one more segment ``[first, stop)``
-        makes of it. Returns the fronts at the last cut.
+        tiled segments made them (``made_tiled``, found once per entry), and pruned where it grew.
+        ``extend(entry, first, stop, made)`` yields the entries one more segment ``[first, stop)``
+        makes of it, ``made`` the entry's ``made_tiled`` at ``first``. Returns the fronts at the
+        last cut.
         """
-        fronts: dict[int, list[tuple]] = {0: [start]}
+        fronts: dict[int, dict[frozenset[str], list[tuple]]] = {0: {self.made_tiled(0, start[-1]): [start]}}
         for first in self.cuts[:-1]:
-            for entry in fronts.pop(first, []):
-                for stop in (c for c in self.cuts if c > first):
-                    fronts.setdefault(stop, []).extend(extend(entry, first, stop))
-            for stop in list(fronts):
-                groups: dict[frozenset[str], list[tuple]] = {}
-                for entry in fronts[stop]:
-                    groups.setdefault(self.made_tiled(stop, entry[-1]), []).append(entry)
-                fronts[stop] = [kept for group in groups.values() for kept in _pareto(group, fields)]
-        return fronts[self.cuts[-1]]
+            grown = set()
+            for made, entries in fronts.pop(first, {}).items():
+                for entry in entries:
+                    for stop in (c for c in self.cuts if c > first):
+                        for new in extend(entry, first, stop, made):
+                            group = self.made_tiled(stop, new[-1])
+                            fronts.setdefault(stop, {}).setdefault(group, []).append(new)
+                            grown.add((stop, group))
+            for stop, group in grown:
+                fronts[stop][group] = _pareto(fronts[stop][group], fields)
+        return [entry for group in fronts.get(self.cuts[-1], {}).values() for entry in group]
 
 
 @dataclass(frozen=True)
@@ -357,9 +368,8 @@ def _budget_for(peak: int) -> int:
 def _search(costs: _Costs, budget: int) -> Partial | None:
     """The plan of least estimated seconds with a predicted peak <= ``budget`` (already the
     usable part); ``None`` when no plan fits."""
-    def extend(entry: Partial, first: int, stop: int):
+    def extend(entry: Partial, first: int, stop: int, made: frozenset[str]):
         seconds, held, peak, choices = entry
-        made = costs.made_tiled(first, choices)
 
         def grown(grid: tuple[int, int], mode: str, cost: SegmentCost, batch: int = 1) -> Partial:
             return Partial(seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
@@ -440,9 +450,8 @@ def _smallest(costs: _Costs) -> int:
         peak, held, choices = _peak(costs, held, peak, best, made), _held(held, best), (*choices, choice)
     bound = peak
 
-    def extend(entry: Smallest, first: int, stop: int):
+    def extend(entry: Smallest, first: int, stop: int, made: frozenset[str]):
         peak, held, choices = entry
-        made = costs.made_tiled(first, choices)
         for choice, cost in options(first, stop, peak, held, bound):
             yield Smallest(_peak(costs, held, peak, cost, made), _held(held, cost), (*choices, choice))
 

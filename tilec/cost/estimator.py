@@ -331,15 +331,15 @@ class Estimator:
             return frozenset()
         return frozenset(name for name in may_roll(self.graph, cut) if self.facts.needs_grad(self.graph.position[name]))
 
-    def made_tiled(self, cut: int, spans: Iterable[tuple[int, int, str]]) -> frozenset[str]:
-        """Of ``rollable(cut)``, the tensors made by a tiled segment of ``spans``, ``(first, stop,
-        mode)`` each (at least the segments before ``cut``): the segment starting there rolls
-        those of its ``SegmentCost.rolls``."""
+    def made_tiled(self, cut: int, spans: Sequence) -> frozenset[str]:
+        """Of ``rollable(cut)``, the tensors made by a tiled segment of ``spans`` (segments or
+        segment choices in order, with ``first``, ``stop`` and ``mode``; at least those before
+        ``cut``): the segment starting there rolls those of its ``SegmentCost.rolls``."""
         rollable = self.rollable(cut)
         if not rollable:
             return rollable
-        position, tiled = self.graph.position, [(first, stop) for first, stop, mode in spans if mode == "tiled"]
-        return frozenset(name for name in rollable if any(a <= position[name] < b for a, b in tiled))
+        position = self.graph.position
+        return frozenset(name for name in rollable if _mode_at(spans, position[name]) == "tiled")
 
     def kernel_bytes(self, calls: Iterable[tuple[int, int, Iterable]]) -> int:
         """Kernel state of convolution calls, per convolution ``(position, passes, call shapes)``:
@@ -557,3 +557,12 @@ def _axis_period(tiles: Sequence[AxisTile], full: int) -> int | None:
         periods = {length * stride for stride in strides_of(size, full, full)}
         found = periods if found is None else found & periods
     return min(found) if found else None
+
+
+def _mode_at(spans: Sequence, position: int) -> str | None:
+    """The mode of the span of ``spans`` holding node ``position`` (``None``: none does), looked for
+    from the last: the tensors crossing a cut are mostly made by the segments just before it."""
+    for span in reversed(spans):
+        if span.first <= position < span.stop:
+            return span.mode
+    return None
