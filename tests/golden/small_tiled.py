@@ -1451,8 +1451,8 @@ def slice_keys(slices, spatial):
     """What each slice of ``slices`` (as integers, one input's, the same dims) contributes to its
     tile's key: ``("c", constants)`` where it is one constant per sample and channel, else ``("f",
     fingerprint)``; two reads off the device at most (``Keys.prepare``)."""
-    found, candidates = [None] * len(slices), []
-    full = [k for k, x in enumerate(slices) if x.numel()]
+    found = [None if x.numel() else ("c", ()) for x in slices]
+    full, candidates = [k for k, x in enumerate(slices) if x.numel()], []
     looks = []
     if full:
         columns = zip(*(first_looks(slices[k], spatial) for k in full), strict=True)
@@ -1463,8 +1463,6 @@ def slice_keys(slices, spatial):
         found[k] = ("f", tuple(sums))
         if low == high:
             candidates.append((k, tuple(low)))
-    for k in set(range(len(slices))) - set(full):
-        found[k] = ("c", ())
     dims = tuple(spatial)
     if candidates:
         whole = torch.stack([torch.stack([slices[k].amin(dims), slices[k].amax(dims)]).reshape(2, -1).long()
