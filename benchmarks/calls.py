@@ -68,11 +68,11 @@ class Count(TorchDispatchMode):
         return frame.f_code.co_qualname if frame is not None else "(outside the module)"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
+        name, where = str(func.overloadpacket), self.caller()
         self.ops[name] += 1
+        self.where[where] += 1
         if name in SYNCS:
-            self.syncs[f"{self.caller()} ({name.split('.')[-1]})"] += 1
-        self.where[self.caller()] += 1
+            self.syncs[f"{where} ({name.split('.')[-1]})"] += 1
         return func(*args, **(kwargs or {}))
 
 

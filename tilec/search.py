@@ -213,7 +213,6 @@ class _Costs:
         self.batches = cache(self._batches)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
-        self._local: dict[tuple[int, frozenset[str]], int] = {}
 
     def _option(self, first: int, stop: int, grid: tuple[int, int] | None, batch: int = 1) -> SegmentCost:
         """Stored for ``grid=None``, else tiled with ``grid``, ``batch`` tiles of one class per call."""
@@ -257,18 +256,7 @@ class _Costs:
         return chosen
 
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
-        """``Estimator.local``, kept per option (cached, so its identity names it) and ``made``."""
-        if not cost.rolls or not made:
-            return max(cost.forward_local, cost.backward_local)
-        key = id(cost), made
-        found = self._local.get(key)
-        if found is None:
-            found = self._local[key] = self.estimator.local(cost, made)
-        return found
-
-    def made_tiled(self, cut: int, choices: Sequence[SegmentChoice]) -> frozenset[str]:
-        """``Estimator.made_tiled`` after ``choices``."""
-        return self.estimator.made_tiled(cut, choices)
+        return self.estimator.local(cost, made)
 
     def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
@@ -276,19 +264,19 @@ class _Costs:
         An entry is a named tuple (``Partial``, ``Smallest``) whose first ``fields`` fields are
         minimised and whose last is its ``SegmentChoice`` s; a Pareto front is kept per cut and
         per set of the tensors crossing it whose gradients the next segment may roll, because
-        tiled segments made them (``made_tiled``, found once per entry), and pruned where it grew.
+        tiled segments made them (``Estimator.made_tiled``, found once per entry), and pruned where it grew.
         ``extend(entry, first, stop, made)`` yields the entries one more segment ``[first, stop)``
-        makes of it, ``made`` the entry's ``made_tiled`` at ``first``. Returns the fronts at the
+        makes of it, ``made`` the entry's ``Estimator.made_tiled`` at ``first``. Returns the fronts at the
         last cut.
         """
-        fronts: dict[int, dict[frozenset[str], list[tuple]]] = {0: {self.made_tiled(0, start[-1]): [start]}}
+        fronts: dict[int, dict[frozenset[str], list[tuple]]] = {0: {self.estimator.made_tiled(0, start[-1]): [start]}}
         for first in self.cuts[:-1]:
             grown = set()
             for made, entries in fronts.pop(first, {}).items():
                 for entry in entries:
                     for stop in (c for c in self.cuts if c > first):
                         for new in extend(entry, first, stop, made):
-                            group = self.made_tiled(stop, new[-1])
+                            group = self.estimator.made_tiled(stop, new[-1])
                             fronts.setdefault(stop, {}).setdefault(group, []).append(new)
                             grown.add((stop, group))
             for stop, group in grown:
@@ -444,7 +432,7 @@ def _smallest(costs: _Costs) -> int:
 
     peak, held, choices = 0, 0, ()
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
-        made = costs.made_tiled(first, choices)
+        made = costs.estimator.made_tiled(first, choices)
         choice, best = min(options(first, stop, peak, held, inf), key=lambda option: (  # noqa: B023
             _peak(costs, held, peak, option[1], made), _held(held, option[1])))  # noqa: B023
         peak, held, choices = _peak(costs, held, peak, best, made), _held(held, best), (*choices, choice)

@@ -656,12 +656,6 @@ def fingerprint(x, spatial):
     return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
 
 
-def same_bits(a, b):
-    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
-    bits_a, bits_b = as_bits(a), as_bits(b)
-    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
-
-
 def differing(pairs):
     """Per pair of same-shaped tensors (of one dtype) in ``pairs``, whether any of their bits
     differ, read off the device at once (one wait for it, however many pairs)."""
@@ -1489,23 +1483,22 @@ class Keys(dict):
             return
         tiles = list(segment.tiles(group))
         tensors = [i for i, x in enumerate(xs) if not isinstance(x, Source)]
-        if not segment.reuse or any(as_bits(xs[i]) is None for i in tensors):
+        bits = {i: as_bits(xs[i]) for i in tensors}
+        if not segment.reuse or None in bits.values():
             self.ahead = dict.fromkeys((index for index, _, _ in tiles), None)
             self.update(self.ahead)
             return
-        bits = {i: as_bits(xs[i]) for i in tensors}
         cut = {(index, i): narrow(bits[i], segment.sliced[i], row[0][i], col[0][i])
                for index, row, col in tiles for i in tensors}
         found = {i: slice_keys([cut[index, i] for index, _, _ in tiles], segment.sliced[i]) for i in tensors}
-        parts = {index: (row[2], col[2], sizes_of(row, col), tuple(found[i][n] for i in tensors))
-                 for n, (index, row, col) in enumerate(tiles)}
-        self.ahead = dict(parts)
+        self.ahead = {index: (row[2], col[2], sizes_of(row, col), tuple(found[i][n] for i in tensors))
+                      for n, (index, row, col) in enumerate(tiles)}
         firsts, pairs = {}, []
-        for index, _, _ in tiles:
-            first = firsts.setdefault(parts[index], index)
+        for index, part in self.ahead.items():
+            first = firsts.setdefault(part, index)
             if first != index:
-                pairs += [(index, cut[index, i], cut[first, i]) for i, (kind, _) in zip(tensors, parts[index][3],
-                                                                                      strict=True) if kind == "f"]
+                pairs += [(index, cut[index, i], cut[first, i]) for i, (kind, _) in zip(tensors, part[3], strict=True)
+                          if kind == "f"]
         for (index, _, _), differs in zip(pairs, differing([(a, b) for _, a, b in pairs]), strict=True):
             if differs:
                 self.ahead[index] = None
@@ -2073,9 +2066,14 @@ def grad_leaf(value):
     return tuple(grad_leaf(t) for t in value) if isinstance(value, tuple) else value
 
 
+def grad_pairs(grads, others):
+    """Two tiles' owned output gradients (``Sweep.owned_grads``) paired, where the outputs have one."""
+    return [(g, h) for (g, _), (h, _) in zip(grads, others, strict=True) if g is not None]
+
+
 def same_grads(grads, others):
-    """Whether two tiles' owned output gradients (``Sweep.owned_grads``) hold the same bits."""
-    return all(g is None or same_bits(g, h) for (g, _), (h, _) in zip(grads, others, strict=True))
+    """Whether two tiles' owned output gradients hold the same bits."""
+    return not any(differing(grad_pairs(grads, others)))
 
 
 def by_name(names, leaves, grads):
@@ -2133,8 +2131,8 @@ def exchange(group, found, like, kinds):
     and of their counts (numbers), zeros elsewhere, and the stacks and the table are summed."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     device = next(t for part in like for t in part if isinstance(t, torch.Tensor)).device
-    counts = sum(not isinstance(t, torch.Tensor) for part in like for t in part)
-    table = torch.zeros(world, 1 + counts, dtype=torch.float64)
+    numbers = sum(not isinstance(t, torch.Tensor) for part in like for t in part)
+    table = torch.zeros(world, 1 + numbers, dtype=torch.float64)
     stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) if isinstance(t, torch.Tensor)
                else None for t in part] for part in like]
     if found is not None:
@@ -2488,10 +2486,9 @@ class Sweep:
         pairs, owners = [], []
         for n, (first, *others) in enumerate(runs):
             for _, row, col in others:
-                for (g, _), (h, _) in zip(self.owned_grads(row, col), self.owned_grads(*first[1:]), strict=True):
-                    if g is not None:
-                        pairs.append((g, h))
-                        owners.append(n)
+                found = grad_pairs(self.owned_grads(row, col), self.owned_grads(*first[1:]))
+                pairs += found
+                owners += [n] * len(found)
         agree = [True] * len(runs)
         for n, differs in zip(owners, differing(pairs), strict=True):
             agree[n] = agree[n] and not differs

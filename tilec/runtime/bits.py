@@ -47,12 +47,6 @@ def fingerprint(x, spatial):
     return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
 
 
-def same_bits(a, b):
-    """Whether tensors ``a`` and ``b`` (of one shape and dtype) hold the same bits."""
-    bits_a, bits_b = as_bits(a), as_bits(b)
-    return torch.equal(a, b) if bits_a is None else torch.equal(bits_a, bits_b)
-
-
 def differing(pairs):
     """Per pair of same-shaped tensors (of one dtype) in ``pairs``, whether any of their bits
     differ, read off the device at once (one wait for it, however many pairs)."""

@@ -103,23 +103,22 @@ class Keys(dict):
             return
         tiles = list(segment.tiles(group))
         tensors = [i for i, x in enumerate(xs) if not isinstance(x, Source)]
-        if not segment.reuse or any(as_bits(xs[i]) is None for i in tensors):
+        bits = {i: as_bits(xs[i]) for i in tensors}
+        if not segment.reuse or None in bits.values():
             self.ahead = dict.fromkeys((index for index, _, _ in tiles), None)
             self.update(self.ahead)
             return
-        bits = {i: as_bits(xs[i]) for i in tensors}
         cut = {(index, i): narrow(bits[i], segment.sliced[i], row[0][i], col[0][i])
                for index, row, col in tiles for i in tensors}
         found = {i: slice_keys([cut[index, i] for index, _, _ in tiles], segment.sliced[i]) for i in tensors}
-        parts = {index: (row[2], col[2], sizes_of(row, col), tuple(found[i][n] for i in tensors))
-                 for n, (index, row, col) in enumerate(tiles)}
-        self.ahead = dict(parts)
+        self.ahead = {index: (row[2], col[2], sizes_of(row, col), tuple(found[i][n] for i in tensors))
+                      for n, (index, row, col) in enumerate(tiles)}
         firsts, pairs = {}, []
-        for index, _, _ in tiles:
-            first = firsts.setdefault(parts[index], index)
+        for index, part in self.ahead.items():
+            first = firsts.setdefault(part, index)
             if first != index:
-                pairs += [(index, cut[index, i], cut[first, i]) for i, (kind, _) in zip(tensors, parts[index][3],
-                                                                                      strict=True) if kind == "f"]
+                pairs += [(index, cut[index, i], cut[first, i]) for i, (kind, _) in zip(tensors, part[3], strict=True)
+                          if kind == "f"]
         for (index, _, _), differs in zip(pairs, differing([(a, b) for _, a, b in pairs]), strict=True):
             if differs:
                 self.ahead[index] = None

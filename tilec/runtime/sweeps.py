@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from tilec.runtime.arena import Arena
 from tilec.runtime.batches import Pending, batch_partials, stack_in, unstacked
-from tilec.runtime.bits import differing, fingerprint, same_bits
+from tilec.runtime.bits import differing, fingerprint
 from tilec.runtime.kernels import copy_in, narrow
 from tilec.runtime.reduce import merged, needs_grad, shares_of
 from tilec.runtime.reuse import Keys
@@ -80,9 +80,14 @@ def grad_leaf(value):
     return tuple(grad_leaf(t) for t in value) if isinstance(value, tuple) else value
 
 
+def grad_pairs(grads, others):
+    """Two tiles' owned output gradients (``Sweep.owned_grads``) paired, where the outputs have one."""
+    return [(g, h) for (g, _), (h, _) in zip(grads, others, strict=True) if g is not None]
+
+
 def same_grads(grads, others):
-    """Whether two tiles' owned output gradients (``Sweep.owned_grads``) hold the same bits."""
-    return all(g is None or same_bits(g, h) for (g, _), (h, _) in zip(grads, others, strict=True))
+    """Whether two tiles' owned output gradients hold the same bits."""
+    return not any(differing(grad_pairs(grads, others)))
 
 
 def by_name(names, leaves, grads):
@@ -140,8 +145,8 @@ def exchange(group, found, like, kinds):
     and of their counts (numbers), zeros elsewhere, and the stacks and the table are summed."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     device = next(t for part in like for t in part if isinstance(t, torch.Tensor)).device
-    counts = sum(not isinstance(t, torch.Tensor) for part in like for t in part)
-    table = torch.zeros(world, 1 + counts, dtype=torch.float64)
+    numbers = sum(not isinstance(t, torch.Tensor) for part in like for t in part)
+    table = torch.zeros(world, 1 + numbers, dtype=torch.float64)
     stacks = [[torch.zeros((world, *t.shape), dtype=t.dtype, device=t.device) if isinstance(t, torch.Tensor)
                else None for t in part] for part in like]
     if found is not None:
@@ -495,10 +500,9 @@ class Sweep:
         pairs, owners = [], []
         for n, (first, *others) in enumerate(runs):
             for _, row, col in others:
-                for (g, _), (h, _) in zip(self.owned_grads(row, col), self.owned_grads(*first[1:]), strict=True):
-                    if g is not None:
-                        pairs.append((g, h))
-                        owners.append(n)
+                found = grad_pairs(self.owned_grads(row, col), self.owned_grads(*first[1:]))
+                pairs += found
+                owners += [n] * len(found)
         agree = [True] * len(runs)
         for n, differs in zip(owners, differing(pairs), strict=True):
             agree[n] = agree[n] and not differs
