@@ -9,6 +9,9 @@
 # also packed into $OUT/cuda.tgz after each measurement, so that what finished is kept when a
 # later one runs out of time. Plain PyTorch is measured at the largest side that fits a card of
 # about 140 GB (ResNet-50 with frozen BatchNorm peaks at about 7 GiB at 2048², so 112 GiB at 8192²).
+# Lightstream (pip install lightstream==1.0.7) is measured beside tilec where it imports: ResNet-34
+# with frozen BatchNorm, its README's 2880² tiles, tilec at Lightstream's measured peak, plain at
+# 8192² (the largest side where plain fits); its tile statistics, taken on the CPU, take minutes.
 # Needs a CUDA build of torch and tilec's dependencies (pyproject.toml) importable.
 set -u
 cd "$(dirname "$0")/.."
@@ -36,3 +39,9 @@ measure --model examples/basic_unet.py --sizes 1024 --variants plain,checkpoint,
 measure --model examples/resnet50.py --sizes 16384 --variants auto --budget 40GiB,16GiB --name resnet50_16384_cuda
 measure --model examples/resnet18.py --sizes 16384 --variants auto --budget 40GiB --name resnet18_train_16384_cuda
 measure --model examples/unet.py --sizes 4096,8192 --variants plain,auto --budget 40GiB --name unet_cuda
+if "$PYTHON" -c "import lightstream.core.constructor" 2>/dev/null; then
+    measure --model examples/resnet18.py --attr resnet34_frozen --sizes 8192 --variants plain,lightstream,auto \
+        --budget lightstream --timeout 600 --name lightstream_8192_cuda
+    measure --model examples/resnet18.py --attr resnet34_frozen --sizes 16384 --variants lightstream,auto \
+        --budget lightstream --timeout 600 --name lightstream_16384_cuda
+fi

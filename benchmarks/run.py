@@ -1,4 +1,4 @@
-"""Compare plain PyTorch, checkpoint_sequential and tilec on one model: one training step each.
+"""Compare plain PyTorch, checkpointing, Lightstream and tilec on one model: one training step each.
 
     python benchmarks/run.py --model examples/vgg16.py --sizes 1024,2048 --grid 4x4,8x8 \\
         --variants plain,checkpoint,tilec --name vgg16_cpu
@@ -33,10 +33,17 @@ from common import (
 from step import VARIANTS, parse_bytes
 
 
-def budget_bytes(budget: str, plain: dict | None) -> int:
-    """``--budget``: bytes (``600MiB``) or a share of plain's measured peak at that size (``10%``)."""
+def budget_bytes(budget: str, measured: dict) -> int | None:
+    """``--budget``: bytes (``600MiB``), a share of plain's measured peak at that size (``10%``),
+    or ``lightstream``: Lightstream's measured peak there (None where it failed: no point)."""
+    if budget == "lightstream":
+        record = measured.get("lightstream")
+        if record is None:
+            raise SystemExit("--budget lightstream needs a lightstream measurement of that size (--variants ...)")
+        return record.get("peak_bytes")
     if not budget.endswith("%"):
         return parse_bytes(budget)
+    plain = measured.get("plain")
     if plain is None or "peak_bytes" not in plain:
         raise SystemExit(f"--budget {budget} needs a plain measurement of that size (--variants plain,...)")
     return int(plain["peak_bytes"] * float(budget[:-1]) / 100)
@@ -44,21 +51,28 @@ def budget_bytes(budget: str, plain: dict | None) -> int:
 
 def point(args, size: int, variant: str, **options) -> Point:
     """One point of this run: the run's model, step options and allocator unless overridden."""
-    extra = ("--grad", args.grad, "--repeats", str(args.repeats), *(("--busy",) if args.busy else ()),
-             *(("--autocast", args.autocast) if args.autocast else ()))
+    extra = (*(("--attr", args.attr) if args.attr != "model" else ()), "--grad", args.grad,
+             "--repeats", str(args.repeats), *(("--busy",) if args.busy else ()),
+             *(("--autocast", args.autocast) if args.autocast else ()),
+             *(("--tile-size", str(args.tile_size)) if variant == "lightstream" else ()))
     return Point(args.model, size, variant, extra=extra, **{"malloc": args.malloc, **options})
 
 
-def points(args, size: int, plain: dict | None) -> list[Point]:
-    """The points of one image size but plain's; ``plain`` is its record (sizes ``N%`` budgets)."""
+#: Variants measured first at each size: the others' budgets may be shares of their peaks.
+FIRST = ("plain", "lightstream")
+
+
+def points(args, size: int, measured: dict) -> list[Point]:
+    """The points of one image size but ``FIRST``'s; ``measured``: their records by variant."""
     result = []
     for variant in args.variants:
         if variant == "tilec":
             result += [point(args, size, "tilec", grid=grid) for grid in args.grid]
             result += [point(args, size, "tilec", tilec_segments=segments) for segments in args.tilec_segments]
         elif variant == "auto":
-            result += [point(args, size, "auto", budget=budget_bytes(budget, plain), malloc=malloc)
-                       for budget in args.budget for malloc in args.auto_malloc]
+            budgets = [budget_bytes(budget, measured) for budget in args.budget]
+            result += [point(args, size, "auto", budget=budget, malloc=malloc)
+                       for budget in budgets if budget for malloc in args.auto_malloc]
         elif variant == "checkpoint":
             result.append(point(args, size, "checkpoint", segments=args.segments))
     return result
@@ -184,6 +198,8 @@ def notes(records: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=Path("examples/vgg16.py"))
+    parser.add_argument("--attr", default="model", help="attribute of the model file (default: model)")
+    parser.add_argument("--tile-size", type=int, default=2880, help="lightstream's tiles' side (default 2880)")
     parser.add_argument("--sizes", default="1024,2048", help="comma-separated image sizes (square)")
     parser.add_argument("--grid", default="4x4", help="tilec grid(s), comma-separated, e.g. 4x4,8x8")
     parser.add_argument("--tilec-segments", action="append", default=[], metavar="FIRST:STOP@RxC[/B],...",
@@ -191,8 +207,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default="plain,checkpoint,tilec", help=f"comma-separated of {VARIANTS}")
     parser.add_argument("--segments", type=int, help="checkpoint segments (default round(sqrt(#layers)))")
     parser.add_argument("--budget", default="10%",
-                        help="auto's memory budget(s), comma-separated: bytes (600MiB) or a share of plain's "
-                             "measured peak at each size (10%%, the default)")
+                        help="auto's memory budget(s), comma-separated: bytes (600MiB), a share of plain's "
+                             "measured peak at each size (10%%, the default) or lightstream (its measured peak)")
     add_malloc_option(parser)
     parser.add_argument("--auto-malloc", help="auto's allocator settings, comma-separated (default: --malloc), "
                                               "e.g. tuned,default to show both")
@@ -223,11 +239,11 @@ def main(argv=None) -> int:
     env = environment(sys.argv)
     records = []
     for size in args.sizes:
-        plain = None
-        if "plain" in args.variants:
-            records += measure([point(args, size, "plain")], args.timeout, reuse, args.max_stall)
-            plain = records[-1]
-        records += measure(points(args, size, plain), args.timeout, reuse, args.max_stall)
+        measured = {}
+        for variant in (v for v in FIRST if v in args.variants):
+            records += measure([point(args, size, variant)], args.timeout, reuse, args.max_stall)
+            measured[variant] = records[-1]
+        records += measure(points(args, size, measured), args.timeout, reuse, args.max_stall)
     markdown = (f"# {args.model.stem}: one training step\n\n{header(env)}\n{table(records)}\n{notes(records)}")
     md, js = write_results(name, markdown, {"environment": env, "records": records})
     print(markdown)

@@ -17,7 +17,15 @@ Variants:
   tilec       tilec with ``--grid RxC`` (one fused segment), or explicit segments with
               ``--tilec-segments``; ``--tiles-per-call K`` stacks up to K tiles of one shape
               class per call (``tilec compile --batch``);
-  auto        tilec planning for ``--budget`` bytes (``memory_budget``).
+  auto        tilec planning for ``--budget`` bytes (``memory_budget``);
+  lightstream Lightstream 1.0.7's ``StreamingCNN`` (``pip install lightstream``) over a
+              torchvision-layout ResNet's convolutional part (stem and the four stages), with
+              ``--tile-size`` tiles (default 2880, its README's), its normalisation off; the head
+              (global pooling, flatten, ``fc``) runs as is. Lightstream keeps BatchNorm as it is
+              (its users freeze it: ``examples/resnet18.py``'s ``resnet34_frozen``) and trains
+              its own copies of the stages' parameters. Its convolutions' weight gradients are
+              taken over a tile's input and a cropped output gradient, which cuDNN accepts and
+              the CPU's kernels refuse (oneDNN and the native one), so on a CPU its backward fails.
 For tilec and auto the JSON line also has the plan's segments, ``predicted_peak_bytes`` (of a
 first step), ``kernel_state_bytes`` (of it, what the first step creates and later steps find) and
 ``estimated_seconds`` (the plan's time estimate, ``tilec.cost.Speed``; auto's from this machine's
@@ -57,6 +65,7 @@ profiled step is no faster than an unprofiled one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import importlib.util
@@ -90,7 +99,7 @@ from tilec.modelfile import load_model  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402
 from tilec.planner import SegmentChoice  # noqa: E402
 
-VARIANTS = ("plain", "checkpoint", "tilec", "auto")
+VARIANTS = ("plain", "checkpoint", "tilec", "auto", "lightstream")
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -224,9 +233,66 @@ def checkpoint_children(model: nn.Module, names: list[str] | None) -> list[str]:
     return names
 
 
+class _Streamed(torch.autograd.Function):
+    """Lightstream's streaming forward as an op: its backward streams the tiles again
+    (``StreamingCNN.backward``), which accumulates the parameters' gradients itself."""
+
+    @staticmethod
+    def forward(ctx, network, x, *params):
+        ctx.network, ctx.x, ctx.count = network, x, len(params)
+        return network(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.enable_grad():  # autograd runs a backward without it
+            ctx.network.backward(ctx.x, grad.contiguous())
+        return (None, None) + (None,) * ctx.count
+
+
+def streamed(model: nn.Module, tile: int, device: torch.device) -> tuple[object, nn.Module]:
+    """``(step function, trained module)``: Lightstream's ``StreamingCNN`` over ``model``'s stem
+    and stages, then its head, as its streaming ResNets split them (step.py's docstring)."""
+    from lightstream.core.constructor import StreamingConstructor
+    from lightstream.core.scnn.scnn import StreamingCNN
+
+    class Constructor(StreamingConstructor):
+        """Lightstream's constructor, its tile statistics taken on the model's device (on a CPU
+        its defaults move the model to CUDA)."""
+
+        def create_streaming_model(self):
+            return StreamingCNN(self.model, tile_shape=(1, 3, tile, tile), deterministic=self.deterministic,
+                                copy_to_gpu=False, verbose=False, statistics_on_cpu=device.type == "cuda",
+                                normalize_on_gpu=False, mean=self.mean, std=self.std)
+
+    stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool,
+                         model.layer1, model.layer2, model.layer3, model.layer4)
+    head = nn.Sequential(model.avgpool, nn.Flatten(1), model.fc)
+    with contextlib.redirect_stdout(sys.stderr):
+        network = Constructor(stem, tile, verbose=False, mean=[0, 0, 0], std=[1, 1, 1], normalize_on_gpu=False,
+                              add_keep_modules=[nn.BatchNorm2d]).prepare_streaming_model().to(device)
+    network.device = device
+    gc.collect()
+    if device.type == "cpu":  # the tile statistics' freed heap pages: a step should not find them
+        ctypes.CDLL(None).malloc_trim(0)
+    trained = nn.ModuleList([network.stream_module, head])
+    params = [p for p in network.stream_module.parameters() if p.requires_grad]
+    return (lambda x: head(_Streamed.apply(network, x, *params))), trained
+
+
 def prepare(args, model: nn.Module, shape: tuple[int, ...], record: dict, device: torch.device):
-    """Return the function a step calls on the input, for ``args.variant``; fill ``record``."""
+    """Return ``(the function a step calls on the input, the module it trains)`` for
+    ``args.variant``; fill ``record``."""
     autocast = f"{device.type}:{args.autocast}" if args.autocast else None
+    if args.variant == "lightstream":
+        start = time.perf_counter()
+        found = streamed(model, args.tile_size, device)
+        record.update(tile_size=args.tile_size, build_s=time.perf_counter() - start)
+        return found
+    return variant(args, model, shape, record, autocast), model
+
+
+def variant(args, model: nn.Module, shape: tuple[int, ...], record: dict, autocast: str | None):
+    """The function a step calls on the input, for ``args.variant`` but Lightstream's."""
     if args.variant == "plain":
         return model
     if args.variant == "checkpoint" and type(model) is not nn.Sequential:
@@ -396,6 +462,7 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint-modules", type=lambda text: text.split(","), metavar="NAME,...",
                         help="children to checkpoint for a non-Sequential model (default: those with >= 2 convs)")
     parser.add_argument("--budget", type=parse_bytes, help="memory budget for auto, e.g. 2GiB")
+    parser.add_argument("--tile-size", type=int, default=2880, help="lightstream: its tiles' side (default 2880)")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum",
                         help="backward of out.sum() (default) or of a random output gradient")
     parser.add_argument("--allocator", choices=("pinned", "as-is", "heap"), default="pinned",
@@ -437,17 +504,15 @@ def main(argv=None) -> int:
         "notes": [],
     }
     model = model.to(device)
-    for p in model.parameters():
-        p.requires_grad_(True)
-    x = torch.randn(shape, device=device)  # images: no requires_grad
+    x = torch.randn(shape, device=device)  # images: no requires_grad; parameters as the model file has them
+    if not args.no_warmup:
+        warm_up(model, shape, device, args.autocast)
     try:
-        fn = prepare(args, model, shape, record, device)
+        fn, model = prepare(args, model, shape, record, device)
     except BudgetError as error:  # no plan fits: a result of the sweep, not a failure
         record["skipped"] = str(error)
         print(json.dumps(record), flush=True)
         return 0
-    if not args.no_warmup:
-        warm_up(model, shape, device, args.autocast)
     model.zero_grad(set_to_none=True)
     generator = torch.Generator(device=device).manual_seed(args.seed + 1)
 

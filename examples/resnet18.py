@@ -74,4 +74,15 @@ def resnet34() -> nn.Module:
     return ResNet18(blocks=(3, 4, 6, 3)).train()
 
 
+def resnet34_frozen() -> nn.Module:
+    """ResNet-34 with frozen BatchNorm (``--attr resnet34_frozen``): in eval mode, its affine
+    parameters not trained, as Lightstream's streaming ResNets train (``benchmarks/step.py
+    --variant lightstream``)."""
+    model = ResNet18(blocks=(3, 4, 6, 3)).eval()
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.requires_grad_(False)
+    return model
+
+
 model = resnet18

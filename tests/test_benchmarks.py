@@ -114,3 +114,26 @@ def test_recorded_segments_of_either_form_plan_again():
     assert [parse_segments(",".join(current(t) for t in texts)) for texts in recorded] == [
         ((0, 13, (16, 16), None, 1), (13, 14, (1, 1), None, 1))] * 2
     assert current("0:13@16x16/4") == "0:13@16x16/4"
+
+
+def test_lightstream_over_one_tile_computes_plain_outputs_and_gradients():
+    """step.py's ``lightstream`` variant (where the package imports): over an image as large as
+    its tile, Lightstream's streaming computes the ResNet-34's output and parameter gradients as
+    plain PyTorch does (several tiles need cuDNN: step.py's docstring)."""
+    pytest.importorskip("lightstream.core.constructor")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    common = ["--model", str(ROOT / "examples" / "resnet18.py"), "--attr", "resnet34_frozen", "--size", "128",
+              "--threads", "1", "--device", "cpu", "--tile-size", "128"]
+    procs = [subprocess.Popen([sys.executable, str(STEP), *common, "--variant", variant], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for variant in ("plain", "lightstream")]
+    records = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+        records.append(json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1]))
+    plain, streamed = records
+    assert streamed["variant"] == "lightstream" and streamed["tile_size"] == 128
+    assert streamed["output_shape"] == plain["output_shape"] == [1, 1000]
+    assert streamed["output_checksum"] == pytest.approx(plain["output_checksum"], rel=1e-5)
+    assert streamed["grad_checksum"] == pytest.approx(plain["grad_checksum"], rel=1e-5)
