@@ -173,6 +173,18 @@ def test_the_pareto_front_keeps_exactly_the_undominated(values, fields):
     assert _pareto(entries, fields) == expected
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(*[st.integers(0, 5)] * 3), max_size=20), st.lists(st.tuples(*[st.integers(0, 5)] * 3),
+       max_size=10), st.sampled_from([2, 3]))
+def test_a_shield_prunes_what_it_dominates_and_stays_out(values, shielding, fields):
+    """Entries of another front (``shield``) prune the entries they are no worse than in every
+    field, equal ones included, and are not returned."""
+    entries = [(*v, index) for index, v in enumerate(values)]
+    shield = [(*v, -1) for v in shielding]
+    unshielded = [e for e in entries if not any(all(s[k] <= e[k] for k in range(fields)) for s in shield)]
+    assert _pareto(entries, fields, shield) == [e for e in _pareto(entries, fields) if e in unshielded]
+
+
 def test_every_budget_gets_a_plan_that_fits_it(graph):
     for budget in _budgets(graph):
         chosen = _planned(graph, budget)
@@ -180,8 +192,11 @@ def test_every_budget_gets_a_plan_that_fits_it(graph):
         assert chosen.predicted_peak_bytes == max(s.predicted_peak_bytes for s in chosen.segments)
 
 
-def test_dynamic_programming_matches_brute_force(graph, monkeypatch):
+@pytest.mark.parametrize("beam", [1, search.BEAM])
+def test_dynamic_programming_matches_brute_force(graph, monkeypatch, beam):
+    """The search's plans are the brute force's, however poor the bound its quick search finds."""
     monkeypatch.setattr(search, "BATCHES", (4,))  # one batch besides one by one: the brute force stays small
+    monkeypatch.setattr(search, "BEAM", beam)
     for recomputed, variant in variants(graph, TINY):
         costs = _Costs(variant, TINY, "float32")
         for budget in _budgets(graph):

@@ -13,7 +13,12 @@ spare is offered, and the finest.
 Rolled gradients: a tiled segment whose input a tiled segment produced may hold a band of that
 input's gradient instead of all of it (``Estimator.made_tiled``), so a segment's peak depends on
 the modes of the segments before it; partial plans are compared only with those whose tiled
-segments made the same tensors the next segment may roll.
+segments made the same tensors the next segment may roll, or more of them.
+
+Bounds: segments only add seconds, so a partial plan slower than a whole plan already found is
+not extended. Each search first runs with its fronts thinned to ``BEAM`` partial plans spread
+over their peaks, a quick way to a good plan; the exact search then extends only the partial
+plans no slower than it, nor than the best plan of the searches before (``choose``).
 
 Recompute: the search is run on the graph as traced and on ``variants`` of it where the
 cheapest long-lived tensors (a U-Net's skips) are recomputed from the model input by their late
@@ -83,6 +88,9 @@ ALIGNED = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Tiles of one shape class per call a tiled segment may run besides one by one
 #: (``tilec.runtime.batches``): the search offers the fastest that fits the budget.
 BATCHES = (2, 4, 8, 16, 32, 64)
+#: A search first finds a good plan keeping this many partial plans per front (``_thin``): no
+#: partial plan slower than it is extended after.
+BEAM = 16
 #: The coarsest grid, in tiles a side, ``smallest_budget`` tries besides the finest.
 FINE_GRIDS_FROM = 8
 #: Share of the budget a plan's predicted peak may use. The rest is headroom for what the cost
@@ -154,8 +162,9 @@ def prefix_arrays(graph: Graph, stop: int, axis: int, grids: Sequence[int | Peri
             for grid, parts, start in zip(grids, counts, starts, strict=False)}
 
 
-def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
-    """Keep entries not dominated in their first ``fields`` (2 or 3) fields, all minimised.
+def _pareto(entries: list[tuple], fields: int, shield: list[tuple] = ()) -> list[tuple]:
+    """Keep entries not dominated in their first ``fields`` (2 or 3) fields, all minimised, by
+    each other or by an entry of ``shield`` (kept elsewhere; an equal one dominates).
 
     In order of the first field, an entry is kept unless an earlier kept one is no worse in the
     others. The kept ones' other fields are tracked as a staircase (the second rising, the
@@ -165,12 +174,14 @@ def _pareto(entries: list[tuple], fields: int) -> list[tuple]:
     front: list[tuple] = []
     rising: list[int] = []  # the staircase's second fields
     falling: list[int] = []  # and its third fields
-    for entry in sorted(entries, key=lambda e: e[:fields]):
+    tagged = [(entry, True) for entry in shield] + [(entry, False) for entry in entries]
+    for entry, shielding in sorted(tagged, key=lambda tag: (tag[0][:fields], not tag[1])):
         second, third = entry[1], entry[2] if fields == 3 else 0
         below = bisect_right(rising, second)
         if below and falling[below - 1] <= third:
             continue
-        front.append(entry)
+        if not shielding:
+            front.append(entry)
         start = stop = bisect_left(rising, second)
         while stop < len(falling) and falling[stop] >= third:
             stop += 1
@@ -258,30 +269,46 @@ class _Costs:
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
         return self.estimator.local(cost, made)
 
-    def recurse(self, start: tuple, extend, fields: int) -> list[tuple]:
+    def recurse(self, start: tuple, extend, fields: int, beam: int | None = None) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
 
         An entry is a named tuple (``Partial``, ``Smallest``) whose first ``fields`` fields are
         minimised and whose last is its ``SegmentChoice`` s; a Pareto front is kept per cut and
         per set of the tensors crossing it whose gradients the next segment may roll, because
         tiled segments made them (``Estimator.made_tiled``, found once per entry), and pruned where it grew.
+        An entry also prunes those of the sets it holds less than: rolling more leaves every later
+        peak no higher (``Estimator.local``), and a tensor a later segment may roll that an earlier
+        one made crosses this cut, rollable here too (``Graph.may_roll``).
         ``extend(entry, first, stop, made)`` yields the entries one more segment ``[first, stop)``
         makes of it, ``made`` the entry's ``Estimator.made_tiled`` at ``first``. Returns the fronts at the
-        last cut.
+        last cut. With ``beam``, each front of ``Partial`` s keeps only ``_thin``'s entries: a quick
+        search for a good plan, not the best.
         """
         fronts: dict[int, dict[frozenset[str], list[tuple]]] = {0: {self.estimator.made_tiled(0, start[-1]): [start]}}
         for first in self.cuts[:-1]:
             grown = set()
-            for made, entries in fronts.pop(first, {}).items():
-                for entry in entries:
+            groups = fronts.pop(first, {})
+            for made, entries in groups.items():
+                shield = [entry for more, kept in groups.items() if more > made for entry in kept]
+                for entry in _pareto(entries, fields, shield) if shield else entries:
                     for stop in (c for c in self.cuts if c > first):
                         for new in extend(entry, first, stop, made):
                             group = self.estimator.made_tiled(stop, new[-1])
                             fronts.setdefault(stop, {}).setdefault(group, []).append(new)
                             grown.add((stop, group))
             for stop, group in grown:
-                fronts[stop][group] = _pareto(fronts[stop][group], fields)
+                front = _pareto(fronts[stop][group], fields)
+                fronts[stop][group] = front if beam is None or len(front) <= beam else _thin(front, beam)
         return [entry for group in fronts.get(self.cuts[-1], {}).values() for entry in group]
+
+
+def _thin(front: list[tuple], beam: int) -> list[tuple]:
+    """``beam`` entries of ``front`` (``Partial`` s) spread over its peaks so far (room for later
+    segments): in order of the peak, the fastest of each of ``beam`` equal stretches."""
+    ordered = sorted(front, key=lambda entry: (entry[2], entry[0], entry[1]))
+    bounds = [len(ordered) * k // beam for k in range(beam + 1)]
+    return [min(ordered[start:stop], key=lambda entry: entry[:3])
+            for start, stop in zip(bounds, bounds[1:], strict=False)]
 
 
 @dataclass(frozen=True)
@@ -313,11 +340,12 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
     found, costs = [], []
     for recomputed, variant in variants(graph, target, dtype):
         costs.append(_Costs(variant, target, dtype, backgrounds))
-        best = _search(costs[-1], usable(budget))
+        best = _search(costs[-1], usable(budget), min((choice.seconds for choice in found), default=inf))
         if best is not None:
             found.append(Choice(variant, recomputed, best.choices, best.seconds))
     for periods in aligned_periods(graph, backgrounds):
-        best = _search(_Costs(graph, target, dtype, backgrounds, periods), usable(budget))
+        best = _search(_Costs(graph, target, dtype, backgrounds, periods), usable(budget),
+                       min((choice.seconds for choice in found), default=inf))
         if best is not None:
             found.append(Choice(graph, (), best.choices, best.seconds))
     if not found:
@@ -353,20 +381,22 @@ def _budget_for(peak: int) -> int:
     return -(-peak * 100 // USABLE_PERCENT)
 
 
-def _search(costs: _Costs, budget: int) -> Partial | None:
+def _search(costs: _Costs, budget: int, bound: float = inf) -> Partial | None:
     """The plan of least estimated seconds with a predicted peak <= ``budget`` (already the
-    usable part); ``None`` when no plan fits."""
+    usable part) and seconds <= ``bound`` (a plan found before: a partial plan slower than it
+    cannot end faster, segments adding seconds); ``None`` when no plan fits."""
     def extend(entry: Partial, first: int, stop: int, made: frozenset[str]):
         seconds, held, peak, choices = entry
 
-        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost, batch: int = 1) -> Partial:
-            return Partial(seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
-                           (*choices, SegmentChoice(first, stop, grid, mode, batch)))
+        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost, batch: int = 1):
+            if seconds + cost.seconds <= bound:
+                yield Partial(seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
+                              (*choices, SegmentChoice(first, stop, grid, mode, batch)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
             stored = costs.option(first, stop, None)
             if _peak(costs, held, peak, stored, made) <= budget:
-                yield grown((1, 1), "stored", stored)
+                yield from grown((1, 1), "stored", stored)
         grids = costs.grids(first, stop)
         if grids and held + costs.estimator.floor(first, stop) <= budget:
             # finer grids add time for a lower peak so far, which later segments' kernel state
@@ -392,7 +422,7 @@ def _search(costs: _Costs, budget: int) -> Partial | None:
                 chosen += [grid for grid in grids if coarsest < max(grid) <= FINER * coarsest]
             for grid in dict.fromkeys(chosen):
                 cost = costs.option(first, stop, grid)
-                yield grown(grid, "tiled", cost)
+                yield from grown(grid, "tiled", cost)
                 # the same grid with several tiles per call, where that is faster and fits (a larger
                 # batch holds more: past the budget, none larger fits)
                 for batch in costs.batches(first, stop):
@@ -400,9 +430,12 @@ def _search(costs: _Costs, budget: int) -> Partial | None:
                     if _peak(costs, held, peak, batched, made) > budget:
                         break
                     if batched.seconds < cost.seconds:
-                        yield grown(grid, "tiled", batched, batch)
+                        yield from grown(grid, "tiled", batched, batch)
 
-    return min(costs.recurse(Partial(0.0, 0, 0, ()), extend, 3), default=None)
+    start = Partial(0.0, 0, 0, ())
+    quick = min(costs.recurse(start, extend, 3, BEAM), default=None)
+    bound = min(bound, quick.seconds) if quick is not None else bound
+    return min(costs.recurse(start, extend, 3), default=None)
 
 
 def _held(held: int, cost: SegmentCost) -> int:
