@@ -145,6 +145,26 @@ def test_the_search_costs_segments_as_the_planner_does(graph):
                 assert costs.option(first, stop, grid) == expected, (first, stop, grid)
 
 
+def test_a_batch_past_the_longest_run_of_a_class_costs_the_same(graph):
+    """Where no call of a batch takes as many tiles (``SegmentCost.largest_call``), no run of
+    consecutive tiles of one class is that long: a larger batch costs the same, and the search
+    stops offering them."""
+    costs = _Costs(graph, TINY, "float32")
+    past = full = 0
+    for first in costs.cuts:
+        for stop in (c for c in costs.cuts if c > first and costs.batches(first, c)):
+            for grid in costs.grids(first, stop):
+                for batch in (2, 3, 4):
+                    cost = costs.option(first, stop, grid, batch)
+                    if cost.largest_call < batch:
+                        past += 1
+                        assert costs.option(first, stop, grid, 2 * batch + 1) == cost, (first, stop, grid, batch)
+                    else:
+                        full += 1
+                        assert cost.largest_call == batch
+    assert past and full
+
+
 def test_cut_candidates(graph):
     costs = _Costs(graph, TINY, "float32")
     nodes, order = graph.nodes, graph.order

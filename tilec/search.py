@@ -424,13 +424,16 @@ def _search(costs: _Costs, budget: int, bound: float = inf) -> Partial | None:
                 cost = costs.option(first, stop, grid)
                 yield from grown(grid, "tiled", cost)
                 # the same grid with several tiles per call, where that is faster and fits (a larger
-                # batch holds more: past the budget, none larger fits)
+                # batch holds more: past the budget, none larger fits; past the longest run of tiles
+                # of one class, it costs the same)
                 for batch in costs.batches(first, stop):
                     batched = costs.option(first, stop, grid, batch)
                     if _peak(costs, held, peak, batched, made) > budget:
                         break
                     if batched.seconds < cost.seconds:
                         yield from grown(grid, "tiled", batched, batch)
+                    if batched.largest_call < batch:
+                        break
 
     start = Partial(0.0, 0, 0, ())
     quick = min(costs.recurse(start, extend, 3, BEAM), default=None)

@@ -74,6 +74,9 @@ class SegmentCost:
     #: Tiles per pass computed once for their identical ones, where the inputs' background is known
     #: (``Estimator.constant_tiles``): ``seconds`` counts the others.
     reused: int = 0
+    #: The most tiles of one call (``tilec.runtime.batches``): under the batch it was costed with,
+    #: no run of consecutive tiles of one class is longer, and a larger batch costs the same.
+    largest_call: int = 1
 
     def rolled(self, made: frozenset[str]) -> frozenset[str]:
         """The inputs the tiles roll, of those tiled segments made (``Estimator.made_tiled``)."""
@@ -235,6 +238,7 @@ class Estimator:
             rolls=rolls,
             staging=staging,
             reused=reused,
+            largest_call=made[1],
         )
 
     def _constant_tiles(self, first: int, stop: int, row_parts: int, col_parts: int) -> np.ndarray | None:
