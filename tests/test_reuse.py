@@ -9,6 +9,7 @@ float) with the untiled step, and asserts how many tiles were reused.
 """
 
 import copy
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tilec.pipeline import build
-from tilec.runtime.bits import SAMPLE, as_bits, constants, fingerprint
+from tilec.runtime.bits import SAMPLE, as_bits, constants, fingerprints
 from tilec.runtime.reuse import Keys, slice_keys
 from tilec.trace import trace
 
@@ -329,11 +330,11 @@ def channel_slices(draw):
 @given(channel_slices())
 def test_the_looks_on_the_device_give_the_hosts_exact_answers(slices):
     """``slice_keys`` (sampled rows first, the whole slice where they agree, all slices at once)
-    keys each slice as the host's exact ``constants`` and ``fingerprint`` do."""
+    keys each slice as the host's exact ``constants`` and ``fingerprints`` do."""
     spatial = (2, 3)
     for got, x in zip(slice_keys([as_bits(x) for x in slices], spatial), slices, strict=True):
         constant = constants(x, spatial)
-        assert got == (("c", constant) if constant is not None else ("f", fingerprint(x, spatial)))
+        assert got == (("c", constant) if constant is not None else ("f", fingerprints([(x, spatial)])[0]))
 
 
 def test_the_keys_of_a_segment_are_read_off_its_device_a_few_times_however_many_its_tiles(monkeypatch):
@@ -399,10 +400,22 @@ def test_tiles_whose_output_gradients_repeat_share_one_input_gradient_per_class(
         tiled_segments(tiled)[1].rolled = (rolled,)
     found = []
     sweep = type(tiled).__init__.__globals__["Sweep"]  # the generated module's copy of the runtime
-    alike = sweep.alike
+    alike, tolist = sweep.alike, torch.Tensor.tolist
 
     def recording(self, tiles):
-        classes = alike(self, tiles)
+        reads = []
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+            classes = alike(self, tiles)
+        # the fingerprints, then per round every tile against its bucket's first (a round makes a
+        # class at least), not a read or two per tile
+        assert len(reads) <= 1 + len(classes), (reads, len(classes))
+        grads = {tile: self.owned_grads(tile[1], tile[2]) for tile in tiles}  # each class's are equal
+        assert all(torch.equal(g, h) for members in classes for tile in members
+                   for (g, _), (h, _) in zip(grads[members[0]], grads[tile], strict=True) if g is not None)
+        assert sorted(tile for members in classes for tile in members) == sorted(tiles)
+        assert not any(all(torch.equal(g, h) for (g, _), (h, _) in zip(grads[a[0]], grads[b[0]], strict=True)
+                           if g is not None) for a, b in itertools.combinations(classes, 2))  # and differ
         found.append((self.segment.label, len(tiles), len(classes)))
         return classes
 

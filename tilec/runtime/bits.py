@@ -38,13 +38,22 @@ def constants(x, spatial):
     return tuple(first.reshape(-1).tolist())
 
 
-def fingerprint(x, spatial):
-    """The sums of the bits of ``sampled`` rows of slice ``x`` per sample and channel over its image
-    dims ``spatial``, as a tuple of integers (``None`` for widths without integers)."""
-    bits = as_bits(x)
-    if bits is None:
-        return None
-    return tuple(sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64).reshape(-1).tolist())
+def fingerprints(slices):
+    """Per ``(x, spatial)`` of ``slices``, the fingerprint of slice ``x``: the sums of the bits of
+    its ``sampled`` rows per sample and channel over its image dims ``spatial``, as a tuple of
+    integers (``None`` where ``x`` is, or for widths without integers); read off the device at once."""
+    sums = []
+    for x, spatial in slices:
+        bits = None if x is None else as_bits(x)
+        sums.append(None if bits is None else sampled(bits, spatial).sum(dim=tuple(spatial), dtype=torch.int64)
+                    .reshape(-1))
+    present = [s for s in sums if s is not None]
+    flat = torch.cat(present).tolist() if present else []
+    found, at = [], 0
+    for s in sums:
+        found.append(None if s is None else tuple(flat[at:at + s.numel()]))
+        at += 0 if s is None else s.numel()
+    return found
 
 
 def differing(pairs):

@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from tilec.runtime.arena import Arena
 from tilec.runtime.batches import Pending, batch_partials, stack_in, unstacked
-from tilec.runtime.bits import differing, fingerprint
+from tilec.runtime.bits import differing, fingerprints
 from tilec.runtime.kernels import copy_in, narrow
 from tilec.runtime.reduce import merged, needs_grad, shares_of
 from tilec.runtime.reuse import Keys
@@ -83,11 +83,6 @@ def grad_leaf(value):
 def grad_pairs(grads, others):
     """Two tiles' owned output gradients (``Sweep.owned_grads``) paired, where the outputs have one."""
     return [(g, h) for (g, _), (h, _) in zip(grads, others, strict=True) if g is not None]
-
-
-def same_grads(grads, others):
-    """Whether two tiles' owned output gradients hold the same bits."""
-    return not any(differing(grad_pairs(grads, others)))
 
 
 def by_name(names, leaves, grads):
@@ -665,21 +660,30 @@ class Sweep:
         same bits, each class in the order of ``tiles``, the classes in the order of their firsts:
         where the grids of consecutive segments line up, the gradients over the background repeat
         with their period, and a key's tiles fall into a few classes. Tiles are bucketed by the
-        fingerprints of their gradients (``tilec.runtime.reuse.fingerprint``), then compared."""
-        buckets, classes = {}, []
-        for tile in tiles:
-            _, row, col = tile
-            grads = self.owned_grads(row, col)
-            key = tuple(None if g is None else fingerprint(g, spatial) for g, spatial in grads)
-            found = buckets.setdefault(key, [])
-            for first, members in found:
-                if same_grads(grads, first):
-                    members.append(tile)
-                    break
-            else:
-                found.append((grads, [tile]))
-                classes.append(found[-1][1])
-        return classes
+        fingerprints of their gradients (``tilec.runtime.bits.fingerprints``, one read off the
+        device), then each is compared with its bucket's first, all at once (one read); a tile
+        that differs from it is bucketed again with the others that do (one more read a round)."""
+        grads = [self.owned_grads(row, col) for _, row, col in tiles]
+        width = len(grads[0]) if grads else 0
+        found = fingerprints([pair for tile in grads for pair in tile])
+        keys = [tuple(found[k * width:(k + 1) * width]) for k in range(len(tiles))]
+        classes, pending = {}, list(range(len(tiles)))
+        while pending:
+            firsts = {}
+            for k in pending:
+                classes.setdefault(firsts.setdefault(keys[k], k), [])
+            others = [k for k in pending if firsts[keys[k]] != k]
+            for first in firsts.values():
+                classes[first].append(tiles[first])
+            pairs = [grad_pairs(grads[k], grads[firsts[keys[k]]]) for k in others]
+            flags = iter(differing([pair for tile in pairs for pair in tile]))
+            pending = []
+            for k, tile in zip(others, pairs, strict=True):
+                if any([next(flags) for _ in tile]):
+                    pending.append(k)
+                else:
+                    classes[firsts[keys[k]]].append(tiles[k])
+        return [classes[first] for first in sorted(classes)]
 
     def direct_inputs(self, r, level, share, sums):
         """A direct ``level``'s partials' shares of their merged ones' gradients ``share``
