@@ -473,9 +473,9 @@ def _calls(row_ids: np.ndarray, col_ids: np.ndarray, batch: int,
     edges = np.flatnonzero(np.diff(rest)) + 1
     runs = np.diff(np.concatenate([[0], edges, [len(rest)]])) if len(rest) else np.zeros(0, dtype=np.int64)
     calls = alone + int((-(-runs // batch)).sum())
-    sizes = ({min(batch, int(run)) for run in runs} | {int(run) % batch for run in runs if run > batch}
-             | ({1} if alone else set())) - {0}
-    return calls, max(sizes, default=1), tuple(sorted(sizes)) or (1,), int(flat.sum()) - alone
+    found = np.unique(np.concatenate([np.minimum(runs, batch), runs[runs > batch] % batch, [1] if alone else []]))
+    sizes = tuple(int(size) for size in found if size > 0)
+    return calls, max(sizes, default=1), sizes or (1,), int(flat.sum()) - alone
 
 
 #: Tiles from one that runs (it reads tissue), in rows or columns, within which the owned output
