@@ -111,9 +111,9 @@ def run_point(point: Point, timeout: float) -> dict:
     wall = time.perf_counter() - start
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        raised = [line for line in lines if line.startswith("Traceback")]
-        tail = lines[-1:] if raised and lines[-1][:1].strip() else lines[-6:]  # the exception, else the tail
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        raised = any(line.startswith("Traceback") for line in said)
+        tail = said[-1:] if raised and said[-1][:1].strip() else said[-6:]  # the exception, else the tail
         reason = f"exit {proc.returncode}" if proc.returncode >= 0 else f"killed by signal {-proc.returncode}"
         return {**base, "error": f"{reason}: " + " | ".join(tail), "wall_s": wall}
     return {**json.loads(lines[-1]), **base, "wall_s": wall}

@@ -23,8 +23,8 @@ Variants:
               ``--tile-size`` tiles (default 2880, its README's), its normalisation off; the head
               (global pooling, flatten, ``fc``) runs as is. Lightstream keeps BatchNorm as it is
               (its users freeze it: ``examples/resnet18.py``'s ``resnet34_frozen``) and trains
-              its own copies of the stages' parameters. Its convolutions' weight gradients are
-              taken over a tile's input and a cropped output gradient, which cuDNN accepts and
+              its own copies of the stages' parameters. It is written for CUDA: its convolutions'
+              weight gradients are taken over a tile's input and a cropped output gradient, which
               the CPU's kernels refuse (oneDNN and the native one), so on a CPU its backward fails.
 For tilec and auto the JSON line also has the plan's segments, ``predicted_peak_bytes`` (of a
 first step), ``kernel_state_bytes`` (of it, what the first step creates and later steps find) and

@@ -2666,10 +2666,9 @@ class Sweep:
         while pending:
             firsts = {}
             for k in pending:
-                classes.setdefault(firsts.setdefault(keys[k], k), [])
+                firsts.setdefault(keys[k], k)
+            classes.update((first, [tiles[first]]) for first in firsts.values())
             others = [k for k in pending if firsts[keys[k]] != k]
-            for first in firsts.values():
-                classes[first].append(tiles[first])
             pairs = [grad_pairs(grads[k], grads[firsts[keys[k]]]) for k in others]
             flags = iter(differing([pair for tile in pairs for pair in tile]))
             pending = []
