@@ -57,6 +57,7 @@ class Point:
     segments: int | None = None  # checkpoint
     budget: int | None = None  # auto
     malloc: str = "default"  # "default" (the environment as is) or "tuned" (TUNED_MALLOC)
+    kernels: str = "auto"  # tilec and auto: TiledModel's tile kernels (auto, generic, compiled)
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -64,6 +65,8 @@ class Point:
         """Variant name as shown in tables: ``tilec 4x4``, ``auto 2.0 GiB``..."""
         if self.malloc == "tuned":
             return f"{replace(self, malloc='default').label}, tuned malloc"
+        if self.kernels != "auto":
+            return f"{replace(self, kernels='auto').label}, {self.kernels}"
         if self.variant == "tilec" and self.tilec_segments:
             return f"tilec {self.tilec_segments}"
         if self.variant == "tilec" and self.grid:
@@ -83,6 +86,8 @@ class Point:
             argv += ["--segments", str(self.segments)]
         if self.budget:
             argv += ["--budget", str(self.budget)]
+        if self.kernels != "auto":
+            argv += ["--kernels", self.kernels]
         return argv + list(self.extra)
 
     def matches(self, record: dict) -> bool:

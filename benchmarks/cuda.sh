@@ -45,3 +45,7 @@ if "$PYTHON" -c "import lightstream.core.constructor" 2>/dev/null; then
     measure --model examples/resnet18.py --attr resnet34_frozen --sizes 16384 --variants lightstream,auto \
         --budget lightstream --timeout 600 --name lightstream_16384_cuda
 fi
+# The tile functions compiled by torch.compile (TiledModel(kernels="compiled")), once per shape
+# class in the first step, against the same plan's uncompiled tiles.
+measure --model examples/basic_unet.py --sizes 1024 --variants auto --budget 270MiB --kernels auto,compiled \
+    --timeout 600 --name basic_unet_compiled_cuda

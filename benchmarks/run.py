@@ -67,12 +67,14 @@ def points(args, size: int, measured: dict) -> list[Point]:
     result = []
     for variant in args.variants:
         if variant == "tilec":
-            result += [point(args, size, "tilec", grid=grid) for grid in args.grid]
-            result += [point(args, size, "tilec", tilec_segments=segments) for segments in args.tilec_segments]
+            result += [point(args, size, "tilec", grid=grid, kernels=kernels)
+                       for grid in args.grid for kernels in args.kernels]
+            result += [point(args, size, "tilec", tilec_segments=segments, kernels=kernels)
+                       for segments in args.tilec_segments for kernels in args.kernels]
         elif variant == "auto":
             budgets = [budget_bytes(budget, measured) for budget in args.budget]
-            result += [point(args, size, "auto", budget=budget, malloc=malloc)
-                       for budget in budgets if budget for malloc in args.auto_malloc]
+            result += [point(args, size, "auto", budget=budget, malloc=malloc, kernels=kernels)
+                       for budget in budgets if budget for malloc in args.auto_malloc for kernels in args.kernels]
         elif variant == "checkpoint":
             result.append(point(args, size, "checkpoint", segments=args.segments))
     return result
@@ -212,6 +214,9 @@ def main(argv=None) -> int:
     add_malloc_option(parser)
     parser.add_argument("--auto-malloc", help="auto's allocator settings, comma-separated (default: --malloc), "
                                               "e.g. tuned,default to show both")
+    parser.add_argument("--kernels", default="auto",
+                        help="tilec's and auto's tile kernels, comma-separated of auto, generic, compiled "
+                             "(TiledModel(kernels=...); default auto)")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
     parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
@@ -233,6 +238,9 @@ def main(argv=None) -> int:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
     args.budget = args.budget.split(",")
     args.auto_malloc = (args.auto_malloc or args.malloc).split(",")
+    args.kernels = args.kernels.split(",")
+    if set(args.kernels) - {"auto", "generic", "compiled"}:
+        parser.error(f"unknown kernels in --kernels {','.join(args.kernels)}; choose from auto, generic, compiled")
     reuse = load_records(args.reuse)  # read before the results file may be overwritten
     name = args.name or f"{args.model.stem}_cpu"
 

@@ -32,7 +32,9 @@ first step), ``kernel_state_bytes`` (of it, what the first step creates and late
 rates, ``tilec.clock``);
 ``--allocator`` picks how their process's malloc returns memory: ``pinned`` (the default: the
 generated module pins glibc's mmap threshold), ``as-is`` (``return_freed_memory=False``) or
-``heap`` (as-is, and glibc keeps freed blocks below 32 MiB in its heap, untrimmed).
+``heap`` (as-is, and glibc keeps freed blocks below 32 MiB in its heap, untrimmed);
+``--kernels`` the tile kernels (``TiledModel(kernels=...)``: ``auto``, ``generic`` or
+``compiled``, whose ``torch.compile`` runs in the first step: ``first_step_s``).
 
 Peak memory ("peak_bytes") is the growth of the process's memory during the first step over
 its state just before it (model, input and tilec module already built, warm-up done):
@@ -351,7 +353,8 @@ def compile_tiled(args, model: nn.Module, shape, record: dict, autocast: str | N
         if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
             raise SystemExit("step.py: --allocator heap needs glibc's mallopt")
     record["allocator"] = args.allocator
-    tiled = module.TiledModel(model, return_freed_memory=args.allocator == "pinned")
+    record["kernels"] = args.kernels
+    tiled = module.TiledModel(model, return_freed_memory=args.allocator == "pinned", kernels=args.kernels)
     record["build_s"] = time.perf_counter() - start
     record["predicted_peak_bytes"] = plan.predicted_peak_bytes
     record["kernel_state_bytes"] = plan.kernel_state_bytes
@@ -468,6 +471,9 @@ def parse_args(argv=None):
     parser.add_argument("--allocator", choices=("pinned", "as-is", "heap"), default="pinned",
                         help="tilec/auto: the module pins glibc's mmap threshold (pinned, default), leaves "
                              "malloc as is, or keeps freed blocks below 32 MiB in the heap (heap)")
+    parser.add_argument("--kernels", choices=("auto", "generic", "compiled"), default="auto",
+                        help="tilec and auto: TiledModel's tile kernels (default auto; compiled: torch.compile, "
+                             "whose compiling the first step's time includes)")
     parser.add_argument("--repeats", type=int, default=1, help="steps to time; step_s is the best (default 1)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")

@@ -2,8 +2,8 @@
 compiling (float64 within 1e-10, float32 within rounding), and a ``TiledModel`` on CUDA runs the
 generic tile kernels (``tilec.runtime.device``: aten on fresh tensors, no arena buffer, no oneDNN,
 no matrix-product weight gradient, no allocator pin) with the caching allocator on expandable
-segments, which keeps what it reserves near what a tiled step allocates. Skipped without a CUDA
-device."""
+segments, which keeps what it reserves near what a tiled step allocates; compiled tile functions
+(``kernels="compiled"``) are exact there too. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ TRAINING = ["resnet_head", "efficientnet_drop", "groupnorm_resnet", "basic_unet"
 @pytest.mark.parametrize("name", TRAINING)
 def test_training_mode_sweeps_on_cuda_in_float64(name):
     check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=(3, 2), device="cuda")
+
+
+def test_compiled_tiles_equal_untiled_on_cuda_in_float64():
+    """``kernels="compiled"``: the tile functions compiled by ``torch.compile`` (Triton on CUDA)."""
+    check_exact(TRAIN_ZOO["basic_unet"](), TRAIN_SHAPES["basic_unet"], grid=(2, 2), device="cuda", kernels="compiled")
 
 
 @pytest.mark.parametrize("name", MODELS)

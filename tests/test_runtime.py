@@ -13,6 +13,7 @@ run through ``Tiled`` by hand.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -75,8 +76,12 @@ def _inside(tensor: torch.Tensor, arena: Arena) -> bool:
 
 
 def test_kernels_for_each_device():
-    assert kernels_for("cuda", 32) is CUDA and kernels_for("cuda", 32, generic=True) is CUDA
-    assert kernels_for("mps", None) is GENERIC and kernels_for("cpu", 32, generic=True) is GENERIC
+    assert kernels_for("cuda", 32) is CUDA and kernels_for("cuda", 32, "generic") is CUDA
+    assert kernels_for("mps", None) is GENERIC and kernels_for("cpu", 32, "generic") is GENERIC
+    assert kernels_for("cpu", 32, "compiled") == replace(GENERIC, compiled=True)
+    assert kernels_for("cuda", 32, "compiled") == replace(CUDA, compiled=True)
+    assert not any(kernels_for(device, 32, choice).compiled
+                   for device in ("cpu", "cuda") for choice in ("auto", "generic"))
     assert GENERIC == Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False)
     assert CUDA == Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False,
                            expand_segments=True)
@@ -585,7 +590,7 @@ def test_tiled_runs_a_segment_tile_by_tile(kernels, rolled):
     want = torch.relu(F.conv2d(leaves[0], leaves[2], leaves[3]) * leaves[1])
     want_grads = torch.autograd.grad(want, leaves, g)
     segment = _hand_made_segment(rolled)
-    run = Run("hand", False, None, kernels == "generic", GEMM_MIN_CHANNELS, device=x.device, dtype=x.dtype)
+    run = Run("hand", False, None, kernels, GEMM_MIN_CHANNELS, device=x.device, dtype=x.dtype)
     leaves = [t.clone().requires_grad_() for t in (x, scale, w, b)]
     got, = Tiled.apply(segment, run, *leaves)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
@@ -615,7 +620,7 @@ def test_a_later_step_carves_its_forward_from_the_arena_and_backs_up_on_fresh_te
     generator = torch.Generator().manual_seed(0)
     tensors = [torch.randn(shape, generator=generator) for shape in ((2, 3, 7, 6), (1, 4, 1, 1), (4, 3, 1, 1), (4,))]
     segment = _hand_made_segment(False)
-    run = Run("hand", False, None, False, GEMM_MIN_CHANNELS, device=CPU, dtype=torch.float32)
+    run = Run("hand", False, None, "auto", GEMM_MIN_CHANNELS, device=CPU, dtype=torch.float32)
     for _ in range(2):
         leaves = [t.clone().requires_grad_() for t in tensors]
         Tiled.apply(segment, run, *leaves)[0].square().sum().backward()

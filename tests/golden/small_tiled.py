@@ -21,7 +21,7 @@ import functools
 import os
 import sys
 import torch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import math
 import mmap
 import threading
@@ -30,12 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 import contextlib
 import zlib
+import warnings
+from dataclasses import dataclass
 import torch.distributed as dist
 import hashlib
 import json
-import warnings
 import importlib
-from dataclasses import dataclass, replace
 
 
 # --- tilec/runtime/memory.py -------------------------------------------------------------------------------
@@ -117,8 +117,9 @@ convolution-into with weights packed once per forward pass, may compute a convol
 gradient as matrix products (raced against the library's on the device: ``gemm_min_channels``),
 and the process pins glibc's mmap threshold. Every other device (CUDA among them) runs the
 *generic* path: aten's kernels on fresh tensors, which its caching allocator reuses (CUDA's on
-expandable segments). The
-generic path can be forced on the CPU (``TiledModel(model, kernels="generic")``).
+expandable segments). The generic path can be forced on the CPU (``TiledModel(model,
+kernels="generic")``), and so can the *compiled* one: the generic kernels with every tile function
+compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``).
 The cost model asks the same table what a plan's tiles will run.
 """
 
@@ -139,7 +140,8 @@ class Kernels:
     oneDNN's convolution-into the arena, weights packed in forward. ``gemm_min_channels``: from
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
-    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``).
+    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiled``: tile
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``).
     """
 
     arena: bool
@@ -147,6 +149,7 @@ class Kernels:
     gemm_min_channels: int | None
     pin_allocator: bool
     expand_segments: bool = False
+    compiled: bool = False
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -155,13 +158,21 @@ GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocat
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
-def kernels_for(device_type, gemm_min_channels, generic=False):
+#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
+#: those compiled.
+KERNEL_CHOICES = ("auto", "generic", "compiled")
+
+
+def kernels_for(device_type, gemm_min_channels, choice="auto"):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
-    race chose ``gemm_min_channels``; ``generic`` forces ``GENERIC`` on the CPU (CUDA's kernels
-    are generic already)."""
+    race chose ``gemm_min_channels``; ``choice`` (``KERNEL_CHOICES``) "generic" forces
+    ``GENERIC`` on the CPU (CUDA's kernels are generic already), "compiled" the device's generic
+    kernels compiled."""
+    if choice == "compiled":
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True)
     if device_type == "cuda":
         return CUDA
-    if generic or device_type != "cpu":
+    if choice == "generic" or device_type != "cpu":
         return GENERIC
     return Kernels(arena=True, onednn=CONVOLVE_INTO is not None and PACK is not None,
                    gemm_min_channels=gemm_min_channels, pin_allocator=sys.platform.startswith("linux"))
@@ -441,6 +452,8 @@ class MaxPool2d(torch.autograd.Function):
 
 
 def max_pool(arena, x, kernel, stride, padding, dilation):
+    if torch.compiler.is_compiling():  # dynamo does not trace ``out=`` tensors that are channels-last
+        return aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation)[0]
     return MaxPool2d.apply(x, kernel, stride, padding, dilation, arena)
 
 
@@ -583,7 +596,12 @@ class InPlace(torch.autograd.Function):
         return ctx.grad(g, y, *ctx.args), None, None, *(None for _ in ctx.args)
 
 
-in_place = InPlace.apply
+def in_place(x, op, grad, *args):
+    """``InPlace``; while dynamo traces the tile (it does not trace ``mark_dirty``), ``op`` itself,
+    back-propagated by autograd's own derivative."""
+    if torch.compiler.is_compiling():
+        return op(x, *args)
+    return InPlace.apply(x, op, grad, *args)
 
 
 def relu_grad_(g, y):
@@ -939,8 +957,10 @@ class ChannelMoments(torch.autograd.Function):
     def layout(x, dims):
         """``(x as (N, C, H, W), groups)`` where ``ChannelMoments`` computes ``x``'s moments over
         ``dims``: BatchNorm's (``x`` 4-D, ``dims`` (0, 2, 3), ``groups`` ``None``) or a grouped
-        view's (``x`` (N, groups, C / groups, H, W), ``dims`` (2, 3, 4)); else ``None``."""
-        if x.device.type != "cpu" or x.numel() == 0 or x.dtype not in (torch.float32, torch.float64):
+        view's (``x`` (N, groups, C / groups, H, W), ``dims`` (2, 3, 4)); else (and while dynamo
+        traces a compiled tile) ``None``."""
+        if (x.device.type != "cpu" or x.numel() == 0 or x.dtype not in (torch.float32, torch.float64)
+                or torch.compiler.is_compiling()):
             return None
         if x.dim() == 4 and tuple(dims) == (0, 2, 3) and x.stride(1) == 1:
             return x, None
@@ -1658,6 +1678,59 @@ def per_sample(part, count):
     return first.dim() > 0 and first.shape[0] == count
 
 
+# --- tilec/runtime/compiled.py -----------------------------------------------------------------------------
+
+"""Tile functions compiled by ``torch.compile`` (``Kernels.compiled``: ``TiledModel(model,
+kernels="compiled")``), falling back to running them as they are.
+
+Each shape class of a segment is a function of its own, compiled at its first call with static
+shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
+gradients, the backward's re-run with them, a batch of tiles). While dynamo traces it, a tile's
+kernels take forms it can trace (``torch.compiler.is_compiling``): activations in place and max
+pooling by aten's own ops, moments by ``var_mean``. Where compiling fails (an op dynamo cannot
+trace, no C++ compiler for inductor), the segment's tiles run uncompiled from then on, and a
+warning says so once per segment.
+"""
+
+
+
+
+class CompiledTiles:
+    """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), or as
+    they are once compiling one of them failed (``failed``); ``label`` names the segment."""
+
+    def __init__(self, label):
+        self.label, self.failed, self.compiled = label, False, {}
+
+    def function(self, fn):
+        """``fn`` compiled (the same wrapper at every call), or ``fn`` itself once compiling failed."""
+        if self.failed:
+            return fn
+        found = self.compiled.get(fn)
+        if found is None:
+            found = self.compiled[fn] = self.wrap(fn)
+        return found
+
+    def wrap(self, fn):
+        compiled = torch.compile(fn, dynamic=False)
+
+        def call(*args):
+            if self.failed:
+                return fn(*args)
+            try:
+                return compiled(*args)
+            except RuntimeError as error:
+                if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
+                    raise
+                self.failed = True
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                warnings.warn(f"tilec: torch.compile failed on {self.label} ({reason}); its tiles run uncompiled",
+                              RuntimeWarning, stacklevel=2)
+                return fn(*args)
+
+        return call
+
+
 # --- tilec/runtime/tiles.py --------------------------------------------------------------------------------
 
 """Tiled segments: what a generated module knows of one (``TiledSegment``), and how its tiles, input
@@ -1695,8 +1768,8 @@ def share(costs, ranks):
 class Run:
     """How one step runs its tiled segments: ``plan`` (its name, for progress lines), ``progress``
     (report each tile on standard error), ``group`` (a process group sharing the tiles, or
-    ``None``), ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
-    the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
+    ``None``), ``kernel_choice`` (which tile kernels: one of ``tilec.runtime.device.KERNEL_CHOICES``)
+    with the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
     flags; BatchNorm's ``(batch statistics?, momentum)``), the ``device`` and floating
     ``dtype`` the model computes in, and ``reuse``: where the passes count the tiles they ran and
     reused (``tilec.runtime.reuse.Reuse``), or ``None``."""
@@ -1704,7 +1777,7 @@ class Run:
     plan: str
     progress: bool
     group: object
-    generic: bool
+    kernel_choice: str
     gemm_min_channels: object
     train: dict = None
     device: object = None
@@ -1716,7 +1789,7 @@ class Run:
         return torch.empty(0, dtype=self.dtype, device=self.device)
 
     def kernels(self, device_type):
-        return kernels_for(device_type, self.gemm_min_channels, self.generic)
+        return kernels_for(device_type, self.gemm_min_channels, self.kernel_choice)
 
     def report(self, label, done, total, reused=0):
         """Progress of pass ``label``: ``done`` tiles of ``total``, of which ``reused`` were
@@ -1797,6 +1870,13 @@ class TiledSegment:
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
+        self._compiled = CompiledTiles(label)
+
+    def function(self, kernels, key, level=None):
+        """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
+        ``level``'s computing its partials; compiled where the device's ``kernels`` say so."""
+        fn = (self.functions if level is None else level.prefix)[key]
+        return self._compiled.function(fn) if kernels.compiled else fn
 
     def arena(self, run, autocast, kernels):
         """An arena for one forward pass of ``run`` (its device and dtype) with the device's
@@ -2272,7 +2352,7 @@ class Tiled(torch.autograd.Function):
             _, row, col, tile = batch[0]
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
-            fn = level.prefix[row[2], col[2]]
+            fn = segment.function(arena.kernels, (row[2], col[2]), level)
             found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col), want)
             return batch_partials(found, len(batch), level.merges)
 
@@ -2309,8 +2389,8 @@ class Tiled(torch.autograd.Function):
             nonlocal outs
             arena.reset()
             _, row, col, _ = batch[0]
-            parts, _ = segment.functions[row[2], col[2]](stack_in(arena, [item[3] for item in batch]), bs, p, arena,
-                                                        r, origins(row, col), want)
+            fn = segment.function(arena.kernels, (row[2], col[2]))
+            parts, _ = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col), want)
             if outs is None:
                 outs = outputs(segment, parts, zeros=group is not None)
             for k, (out, (_, spatial, _), part) in enumerate(zip(outs, segment.images, parts, strict=True)):
@@ -2328,8 +2408,8 @@ class Tiled(torch.autograd.Function):
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
-            parts, _ = segment.functions[row[2], col[2]](copy_in(arena, slices(segment, xs, row, col)), bs, p, arena,
-                                                        r, origins(row, col), want)
+            fn = segment.function(arena.kernels, (row[2], col[2]))
+            parts, _ = fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col), want)
             outs = outputs(segment, parts, zeros=True)
         if group is not None:
             sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
@@ -2514,8 +2594,9 @@ class Sweep:
         _, row, col = batch[0]
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-            outs, partials = self.segment.functions[row[2], col[2]](stack_in(self.arena, tiles), bs, p, self.arena, r,
-                                                                   origins(row, col), wanted(self.segment, shares))
+            fn = self.segment.function(self.arena.kernels, (row[2], col[2]))
+            outs, partials = fn(stack_in(self.arena, tiles), bs, p, self.arena, r, origins(row, col),
+                                wanted(self.segment, shares))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials
@@ -2970,9 +3051,6 @@ def check_plan_file(plan, path):
 
 
 
-#: ``TiledModel(..., kernels=...)``: the device's own kernels, or the generic ones everywhere.
-KERNEL_CHOICES = ("auto", "generic")
-
 
 @dataclass(frozen=True)
 class Step:
@@ -3016,8 +3094,9 @@ class TiledModule(torch.nn.Module):
     threshold would fault every block of 128 KiB or more in afresh (5x plain's page faults).
     On CUDA, put the caching allocator on expandable segments (unless ``PYTORCH_CUDA_ALLOC_CONF``
     is set), so that what it reserves stays near what tiles allocate.
-    ``kernels``: ``"auto"``, each device's own tile kernels, or ``"generic"``, aten's kernels on
-    fresh tensors everywhere, as CUDA runs (``tilec.runtime.device``).
+    ``kernels``: ``"auto"``, each device's own tile kernels; ``"generic"``, aten's kernels on
+    fresh tensors everywhere, as CUDA runs; ``"compiled"``, those with every tile function compiled
+    by ``torch.compile`` at its first call (``tilec.runtime.device``, ``tilec.runtime.compiled``).
 
     Its inputs are ``forward``'s tensor arguments, in order: tensors on the model's device, host
     tensors of a model on CUDA, or array-likes (a ``np.load(path, mmap_mode="r")`` array or a
@@ -3071,7 +3150,7 @@ class TiledModule(torch.nn.Module):
         named = [(name, x) for (name, _, _), x in zip(plan.inputs, inputs, strict=True)]
         check_devices(named, tensors, device)
         check_autocast(plan, device)
-        run = Run(plan.name, self.progress, self.process_group, self.kernels == "generic", plan.gemm_min_channels,
+        run = Run(plan.name, self.progress, self.process_group, self.kernels, plan.gemm_min_channels,
                   device=device, dtype=dtype)
         kernels = run.kernels(device.type)
         if self.return_freed_memory and kernels.pin_allocator and self.tiled:

@@ -8,4 +8,4 @@ imports are gathered at the top of the module. Names are unique across the files
 """
 
 SOURCES = ("memory.py", "device.py", "arena.py", "kernels.py", "bits.py", "sources.py", "reduce.py", "dropout.py",
-           "reuse.py", "batches.py", "tiles.py", "sweeps.py", "checks.py", "model.py")
+           "reuse.py", "batches.py", "compiled.py", "tiles.py", "sweeps.py", "checks.py", "model.py")

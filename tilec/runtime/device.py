@@ -5,13 +5,14 @@ convolution-into with weights packed once per forward pass, may compute a convol
 gradient as matrix products (raced against the library's on the device: ``gemm_min_channels``),
 and the process pins glibc's mmap threshold. Every other device (CUDA among them) runs the
 *generic* path: aten's kernels on fresh tensors, which its caching allocator reuses (CUDA's on
-expandable segments). The
-generic path can be forced on the CPU (``TiledModel(model, kernels="generic")``).
+expandable segments). The generic path can be forced on the CPU (``TiledModel(model,
+kernels="generic")``), and so can the *compiled* one: the generic kernels with every tile function
+compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``).
 The cost model asks the same table what a plan's tiles will run.
 """
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,7 +31,8 @@ class Kernels:
     oneDNN's convolution-into the arena, weights packed in forward. ``gemm_min_channels``: from
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
-    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``).
+    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiled``: tile
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``).
     """
 
     arena: bool
@@ -38,6 +40,7 @@ class Kernels:
     gemm_min_channels: int | None
     pin_allocator: bool
     expand_segments: bool = False
+    compiled: bool = False
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -46,13 +49,21 @@ GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocat
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
-def kernels_for(device_type, gemm_min_channels, generic=False):
+#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
+#: those compiled.
+KERNEL_CHOICES = ("auto", "generic", "compiled")
+
+
+def kernels_for(device_type, gemm_min_channels, choice="auto"):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
-    race chose ``gemm_min_channels``; ``generic`` forces ``GENERIC`` on the CPU (CUDA's kernels
-    are generic already)."""
+    race chose ``gemm_min_channels``; ``choice`` (``KERNEL_CHOICES``) "generic" forces
+    ``GENERIC`` on the CPU (CUDA's kernels are generic already), "compiled" the device's generic
+    kernels compiled."""
+    if choice == "compiled":
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True)
     if device_type == "cuda":
         return CUDA
-    if generic or device_type != "cpu":
+    if choice == "generic" or device_type != "cpu":
         return GENERIC
     return Kernels(arena=True, onednn=CONVOLVE_INTO is not None and PACK is not None,
                    gemm_min_channels=gemm_min_channels, pin_allocator=sys.platform.startswith("linux"))

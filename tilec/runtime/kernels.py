@@ -170,6 +170,8 @@ class MaxPool2d(torch.autograd.Function):
 
 
 def max_pool(arena, x, kernel, stride, padding, dilation):
+    if torch.compiler.is_compiling():  # dynamo does not trace ``out=`` tensors that are channels-last
+        return aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation)[0]
     return MaxPool2d.apply(x, kernel, stride, padding, dilation, arena)
 
 
@@ -312,7 +314,12 @@ class InPlace(torch.autograd.Function):
         return ctx.grad(g, y, *ctx.args), None, None, *(None for _ in ctx.args)
 
 
-in_place = InPlace.apply
+def in_place(x, op, grad, *args):
+    """``InPlace``; while dynamo traces the tile (it does not trace ``mark_dirty``), ``op`` itself,
+    back-propagated by autograd's own derivative."""
+    if torch.compiler.is_compiling():
+        return op(x, *args)
+    return InPlace.apply(x, op, grad, *args)
 
 
 def relu_grad_(g, y):

@@ -18,14 +18,12 @@ from tilec.runtime.checks import (
     choose_mode,
     model_tensors,
 )
+from tilec.runtime.device import KERNEL_CHOICES
 from tilec.runtime.memory import expand_cuda_segments, return_freed_memory
 from tilec.runtime.reuse import Reuse
 from tilec.runtime.sources import Reading, Source, whole
 from tilec.runtime.sweeps import Tiled
 from tilec.runtime.tiles import Run, TiledSegment
-
-#: ``TiledModel(..., kernels=...)``: the device's own kernels, or the generic ones everywhere.
-KERNEL_CHOICES = ("auto", "generic")
 
 
 @dataclass(frozen=True)
@@ -70,8 +68,9 @@ class TiledModule(torch.nn.Module):
     threshold would fault every block of 128 KiB or more in afresh (5x plain's page faults).
     On CUDA, put the caching allocator on expandable segments (unless ``PYTORCH_CUDA_ALLOC_CONF``
     is set), so that what it reserves stays near what tiles allocate.
-    ``kernels``: ``"auto"``, each device's own tile kernels, or ``"generic"``, aten's kernels on
-    fresh tensors everywhere, as CUDA runs (``tilec.runtime.device``).
+    ``kernels``: ``"auto"``, each device's own tile kernels; ``"generic"``, aten's kernels on
+    fresh tensors everywhere, as CUDA runs; ``"compiled"``, those with every tile function compiled
+    by ``torch.compile`` at its first call (``tilec.runtime.device``, ``tilec.runtime.compiled``).
 
     Its inputs are ``forward``'s tensor arguments, in order: tensors on the model's device, host
     tensors of a model on CUDA, or array-likes (a ``np.load(path, mmap_mode="r")`` array or a
@@ -125,7 +124,7 @@ class TiledModule(torch.nn.Module):
         named = [(name, x) for (name, _, _), x in zip(plan.inputs, inputs, strict=True)]
         check_devices(named, tensors, device)
         check_autocast(plan, device)
-        run = Run(plan.name, self.progress, self.process_group, self.kernels == "generic", plan.gemm_min_channels,
+        run = Run(plan.name, self.progress, self.process_group, self.kernels, plan.gemm_min_channels,
                   device=device, dtype=dtype)
         kernels = run.kernels(device.type)
         if self.return_freed_memory and kernels.pin_allocator and self.tiled:

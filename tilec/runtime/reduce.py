@@ -86,8 +86,10 @@ class ChannelMoments(torch.autograd.Function):
     def layout(x, dims):
         """``(x as (N, C, H, W), groups)`` where ``ChannelMoments`` computes ``x``'s moments over
         ``dims``: BatchNorm's (``x`` 4-D, ``dims`` (0, 2, 3), ``groups`` ``None``) or a grouped
-        view's (``x`` (N, groups, C / groups, H, W), ``dims`` (2, 3, 4)); else ``None``."""
-        if x.device.type != "cpu" or x.numel() == 0 or x.dtype not in (torch.float32, torch.float64):
+        view's (``x`` (N, groups, C / groups, H, W), ``dims`` (2, 3, 4)); else (and while dynamo
+        traces a compiled tile) ``None``."""
+        if (x.device.type != "cpu" or x.numel() == 0 or x.dtype not in (torch.float32, torch.float64)
+                or torch.compiler.is_compiling()):
             return None
         if x.dim() == 4 and tuple(dims) == (0, 2, 3) and x.stride(1) == 1:
             return x, None

@@ -277,7 +277,7 @@ class Tiled(torch.autograd.Function):
             _, row, col, tile = batch[0]
             if level.direct:
                 return segment.direct(segment.owned(xs, row, col), bs, p, r, origins(row, col))
-            fn = level.prefix[row[2], col[2]]
+            fn = segment.function(arena.kernels, (row[2], col[2]), level)
             found = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col), want)
             return batch_partials(found, len(batch), level.merges)
 
@@ -314,8 +314,8 @@ class Tiled(torch.autograd.Function):
             nonlocal outs
             arena.reset()
             _, row, col, _ = batch[0]
-            parts, _ = segment.functions[row[2], col[2]](stack_in(arena, [item[3] for item in batch]), bs, p, arena,
-                                                        r, origins(row, col), want)
+            fn = segment.function(arena.kernels, (row[2], col[2]))
+            parts, _ = fn(stack_in(arena, [item[3] for item in batch]), bs, p, arena, r, origins(row, col), want)
             if outs is None:
                 outs = outputs(segment, parts, zeros=group is not None)
             for k, (out, (_, spatial, _), part) in enumerate(zip(outs, segment.images, parts, strict=True)):
@@ -333,8 +333,8 @@ class Tiled(torch.autograd.Function):
         if outs is None:  # this rank has no tile here: one tile tells the output dtypes
             _, row, col = next(segment.tiles())
             arena.reset()
-            parts, _ = segment.functions[row[2], col[2]](copy_in(arena, slices(segment, xs, row, col)), bs, p, arena,
-                                                        r, origins(row, col), want)
+            fn = segment.function(arena.kernels, (row[2], col[2]))
+            parts, _ = fn(copy_in(arena, slices(segment, xs, row, col)), bs, p, arena, r, origins(row, col), want)
             outs = outputs(segment, parts, zeros=True)
         if group is not None:
             sum_over(group, outs)  # owned parts are disjoint: the sum puts every rank's tiles in place
@@ -519,8 +519,9 @@ class Sweep:
         _, row, col = batch[0]
         self.arena.reset()
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-            outs, partials = self.segment.functions[row[2], col[2]](stack_in(self.arena, tiles), bs, p, self.arena, r,
-                                                                   origins(row, col), wanted(self.segment, shares))
+            fn = self.segment.function(self.arena.kernels, (row[2], col[2]))
+            outs, partials = fn(stack_in(self.arena, tiles), bs, p, self.arena, r, origins(row, col),
+                                wanted(self.segment, shares))
             outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials

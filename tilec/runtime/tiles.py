@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 from tilec.runtime.arena import Arena
+from tilec.runtime.compiled import CompiledTiles
 from tilec.runtime.device import kernels_for
 from tilec.runtime.kernels import layout_of, narrow
 from tilec.runtime.sources import Source, region
@@ -41,8 +42,8 @@ def share(costs, ranks):
 class Run:
     """How one step runs its tiled segments: ``plan`` (its name, for progress lines), ``progress``
     (report each tile on standard error), ``group`` (a process group sharing the tiles, or
-    ``None``), ``generic`` (the generic kernels even on the CPU, ``tilec.runtime.device``) with
-    the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
+    ``None``), ``kernel_choice`` (which tile kernels: one of ``tilec.runtime.device.KERNEL_CHOICES``)
+    with the plan's ``gemm_min_channels``, ``train``: the modules' modes in this step (training
     flags; BatchNorm's ``(batch statistics?, momentum)``), the ``device`` and floating
     ``dtype`` the model computes in, and ``reuse``: where the passes count the tiles they ran and
     reused (``tilec.runtime.reuse.Reuse``), or ``None``."""
@@ -50,7 +51,7 @@ class Run:
     plan: str
     progress: bool
     group: object
-    generic: bool
+    kernel_choice: str
     gemm_min_channels: object
     train: dict = None
     device: object = None
@@ -62,7 +63,7 @@ class Run:
         return torch.empty(0, dtype=self.dtype, device=self.device)
 
     def kernels(self, device_type):
-        return kernels_for(device_type, self.gemm_min_channels, self.generic)
+        return kernels_for(device_type, self.gemm_min_channels, self.kernel_choice)
 
     def report(self, label, done, total, reused=0):
         """Progress of pass ``label``: ``done`` tiles of ``total``, of which ``reused`` were
@@ -143,6 +144,13 @@ class TiledSegment:
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
+        self._compiled = CompiledTiles(label)
+
+    def function(self, kernels, key, level=None):
+        """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
+        ``level``'s computing its partials; compiled where the device's ``kernels`` say so."""
+        fn = (self.functions if level is None else level.prefix)[key]
+        return self._compiled.function(fn) if kernels.compiled else fn
 
     def arena(self, run, autocast, kernels):
         """An arena for one forward pass of ``run`` (its device and dtype) with the device's
