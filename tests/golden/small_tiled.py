@@ -1696,16 +1696,14 @@ warning says so once per segment.
 
 
 class CompiledTiles:
-    """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), or as
+    """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
     they are once compiling one of them failed (``failed``); ``label`` names the segment."""
 
     def __init__(self, label):
         self.label, self.failed, self.compiled = label, False, {}
 
     def function(self, fn):
-        """``fn`` compiled (the same wrapper at every call), or ``fn`` itself once compiling failed."""
-        if self.failed:
-            return fn
+        """``fn`` compiled: one wrapper per function, which runs ``fn`` itself once compiling failed."""
         found = self.compiled.get(fn)
         if found is None:
             found = self.compiled[fn] = self.wrap(fn)
