@@ -30,7 +30,7 @@ from common import (
     value,
     write_results,
 )
-from step import VARIANTS, parse_bytes
+from step import KERNEL_CHOICES, VARIANTS, parse_bytes
 
 
 def budget_bytes(budget: str, measured: dict) -> int | None:
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--auto-malloc", help="auto's allocator settings, comma-separated (default: --malloc), "
                                               "e.g. tuned,default to show both")
     parser.add_argument("--kernels", default="auto",
-                        help="tilec's and auto's tile kernels, comma-separated of auto, generic, compiled "
+                        help=f"tilec's and auto's tile kernels, comma-separated of {', '.join(KERNEL_CHOICES)} "
                              "(TiledModel(kernels=...); default auto)")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
     parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
@@ -239,8 +239,8 @@ def main(argv=None) -> int:
     args.budget = args.budget.split(",")
     args.auto_malloc = (args.auto_malloc or args.malloc).split(",")
     args.kernels = args.kernels.split(",")
-    if set(args.kernels) - {"auto", "generic", "compiled"}:
-        parser.error(f"unknown kernels in --kernels {','.join(args.kernels)}; choose from auto, generic, compiled")
+    if set(args.kernels) - set(KERNEL_CHOICES):
+        parser.error(f"unknown kernels in --kernels {','.join(args.kernels)}; choose from {', '.join(KERNEL_CHOICES)}")
     reuse = load_records(args.reuse)  # read before the results file may be overwritten
     name = args.name or f"{args.model.stem}_cpu"
 

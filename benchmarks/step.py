@@ -100,6 +100,7 @@ from tilec.errors import BudgetError, GridError  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402
 from tilec.planner import SegmentChoice  # noqa: E402
+from tilec.runtime.device import KERNEL_CHOICES  # noqa: E402
 
 VARIANTS = ("plain", "checkpoint", "tilec", "auto", "lightstream")
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -471,7 +472,7 @@ def parse_args(argv=None):
     parser.add_argument("--allocator", choices=("pinned", "as-is", "heap"), default="pinned",
                         help="tilec/auto: the module pins glibc's mmap threshold (pinned, default), leaves "
                              "malloc as is, or keeps freed blocks below 32 MiB in the heap (heap)")
-    parser.add_argument("--kernels", choices=("auto", "generic", "compiled"), default="auto",
+    parser.add_argument("--kernels", choices=KERNEL_CHOICES, default="auto",
                         help="tilec and auto: TiledModel's tile kernels (default auto; compiled: torch.compile, "
                              "whose compiling the first step's time includes)")
     parser.add_argument("--repeats", type=int, default=1, help="steps to time; step_s is the best (default 1)")

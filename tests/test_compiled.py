@@ -29,13 +29,18 @@ def test_compiled_tiles_equal_untiled_in_float64():
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
-def test_a_tile_function_that_does_not_compile_runs_uncompiled_and_says_so_once(monkeypatch):
-    def failing(fn, **options):
+def _compile_raising(error):
+    """A stand-in for ``torch.compile`` whose compiled functions raise ``error`` when called."""
+    def compile(fn, **options):
         def compiled(*args):
-            raise torch._dynamo.exc.TorchDynamoException("no C++ compiler")
+            raise error
         return compiled
 
-    monkeypatch.setattr(torch, "compile", failing)
+    return compile
+
+
+def test_a_tile_function_that_does_not_compile_runs_uncompiled_and_says_so_once(monkeypatch):
+    monkeypatch.setattr(torch, "compile", _compile_raising(torch._dynamo.exc.TorchDynamoException("no C++ compiler")))
     model, shape = TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"]
     with pytest.warns(RuntimeWarning, match="torch.compile failed") as caught:
         check_exact(model, shape, grid=(2, 3), kernels="compiled")
@@ -47,11 +52,6 @@ def test_a_tile_function_that_does_not_compile_runs_uncompiled_and_says_so_once(
 
 
 def test_other_errors_in_a_compiled_tile_are_raised(monkeypatch):
-    def failing(fn, **options):
-        def compiled(*args):
-            raise RuntimeError("out of memory")
-        return compiled
-
-    monkeypatch.setattr(torch, "compile", failing)
+    monkeypatch.setattr(torch, "compile", _compile_raising(RuntimeError("out of memory")))
     with pytest.raises(RuntimeError, match="out of memory"):
         check_exact(TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"], grid=(2, 1), kernels="compiled")
