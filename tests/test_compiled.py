@@ -1,7 +1,9 @@
 """``TiledModel(model, kernels="compiled")``: every tile function compiled by ``torch.compile``
 (``tilec.runtime.compiled``) gives untiled PyTorch's outputs, gradients and buffers in float64;
 dynamo traces the tiles whole (no graph break); where compiling fails, each segment says so once
-and its tiles run uncompiled, as exactly."""
+and its tiles run uncompiled, as exactly. ``kernels="cudagraphs"``: what a replay writes over is
+never read again (a stand-in with CUDA graphs' memory on the CPU), and where inductor captures no
+CUDA graph (the CPU), each segment says so once."""
 
 from __future__ import annotations
 
@@ -10,9 +12,14 @@ import warnings
 
 import pytest
 import torch
+from test_reuse import SHAPE, Slide, _compare, _seeded, _slide
+from torch import nn
 from torch._dynamo.utils import counters
 
-from support.exactness import check_exact
+from tilec.pipeline import build
+from tilec.trace import trace
+
+from support.exactness import TOLERANCE, check_exact
 from support.zoo import TRAIN_SHAPES, TRAIN_ZOO
 
 
@@ -55,3 +62,100 @@ def test_other_errors_in_a_compiled_tile_are_raised(monkeypatch):
     monkeypatch.setattr(torch, "compile", _compile_raising(RuntimeError("out of memory")))
     with pytest.raises(RuntimeError, match="out of memory"):
         check_exact(TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"], grid=(2, 1), kernels="compiled")
+
+
+def _replaying(fn, mode=None, **options):
+    """A stand-in for ``torch.compile(fn, mode="reduce-overhead")`` with CUDA graphs' memory on the
+    CPU: what any call returned, and the gradients its backward handed on, live in memory that the
+    next call (of any function) writes over with garbage, as the next replay would; a gradient of
+    a model tensor or leaf is handed on as a fresh tensor in that memory, which autograd may keep
+    as the tensor's ``grad`` as it is."""
+    assert mode == "reduce-overhead", mode
+    memory = _REPLAYED
+
+    def static(key, t):
+        buffer = memory.get(key)
+        if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype or buffer.stride() != t.stride():
+            buffer = memory[key] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+        return buffer.copy_(t).view_as(buffer)
+
+    class Replayed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, key, t):
+            ctx.key = key
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return None, static(("grad", *ctx.key), g)
+
+    def routed(key, value):
+        if isinstance(value, torch.Tensor):
+            return Replayed.apply(key, value) if value.requires_grad else value
+        if isinstance(value, (tuple, list)):
+            return type(value)(routed((*key, k), v) for k, v in enumerate(value))
+        return value
+
+    def returned(key, value):
+        if isinstance(value, torch.Tensor):
+            return static(key, value)
+        if isinstance(value, (tuple, list)):
+            return type(value)(returned((*key, k), v) for k, v in enumerate(value))
+        return value
+
+    def compiled(xs, bs, p, arena, r, *rest):
+        for buffer in memory.values():  # the previous call's results are dead
+            buffer.fill_(float("nan") if buffer.is_floating_point() else -7)
+        r = {name: routed(("r", name), value) for name, value in r.items()}
+        found = fn(routed(("x",), xs), routed(("b",), bs), routed(("p",), p), arena, r, *rest)
+        return found if torch.is_grad_enabled() else returned(("out",), found)
+
+    return compiled
+
+
+_REPLAYED = {}
+
+
+@pytest.mark.parametrize(("name", "grid", "batch"), [("resnet_head", (2, 3), None), ("resnet_head", (3, 3), 2),
+                                                     ("segmentation_loss", (3, 2), None)])
+def test_cuda_graph_tiles_keep_nothing_a_replay_overwrites(monkeypatch, name, grid, batch):
+    """``kernels="cudagraphs"`` in float64 with a stand-in whose replays write over what earlier
+    calls returned: the runtime copies the partials it merges and keeps, and gives the leaves a
+    ``grad`` of their own to accumulate into, so the step stays exact (training-mode BatchNorm by
+    sweeps, a classifier head, tiles one by one and stacked two per call; a per-pixel loss)."""
+    monkeypatch.setattr(torch, "compile", _replaying)
+    _REPLAYED.clear()
+    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=grid, batch=batch, kernels="cudagraphs")
+    assert _REPLAYED
+
+
+def test_cuda_graph_tiles_reuse_background_tiles_exactly(monkeypatch):
+    """The same stand-in on a uint8 slide, mostly background, through two training-mode segments
+    (``test_reuse``): reused tiles' partials, leaf sweeps, and input gradients apart stay exact."""
+    monkeypatch.setattr(torch, "compile", _replaying)
+    _REPLAYED.clear()
+    model = _seeded(Slide(nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))), train=True)
+    count = len(trace(model, [(SHAPE, "uint8")]))
+    tiled = build(model, [(SHAPE, "uint8")], segments=[(0, count - 4, (6, 5)), (count - 4, count, (6, 5))],
+                  dtype="float64", kernels="cudagraphs")
+    errors = _compare(model, tiled, [_slide()])
+    assert max(errors.values()) <= TOLERANCE, errors
+    assert all(reused > 0 for _, reused in tiled.reuse.passes.values()), tiled.reuse.passes
+    assert _REPLAYED
+
+
+def test_cuda_graphs_skipped_are_said_once_per_segment():
+    """On the CPU inductor captures no CUDA graph: each segment says so once, and its tiles run
+    compiled, as exactly."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
+    with pytest.warns(RuntimeWarning, match="CUDA graphs skipped") as caught:
+        check_exact(model, (1, 3, 11, 9), segments=[(0, 2, (2, 1)), (2, 3, (1, 2))], kernels="cudagraphs")
+    said = [str(w.message) for w in caught if "CUDA graphs skipped" in str(w.message)]
+    assert len(said) == len(set(said)) == 2, said
+    for line in said:
+        assert re.fullmatch(r"tilec: CUDA graphs skipped on segment \d+ \(TORCH_LOGS=cudagraphs says why\); its "
+                            r"tiles run compiled without them", line), line

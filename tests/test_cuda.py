@@ -3,10 +3,12 @@ compiling (float64 within 1e-10, float32 within rounding), and a ``TiledModel`` 
 generic tile kernels (``tilec.runtime.device``: aten on fresh tensors, no arena buffer, no oneDNN,
 no matrix-product weight gradient, no allocator pin) with the caching allocator on expandable
 segments, which keeps what it reserves near what a tiled step allocates; compiled tile functions
-(``kernels="compiled"``) are exact there too. Skipped without a CUDA device."""
+(``kernels="compiled"``), also replayed as CUDA graphs (``"cudagraphs"``), are exact there too.
+Skipped without a CUDA device."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -53,6 +55,17 @@ def test_training_mode_sweeps_on_cuda_in_float64(name):
 def test_compiled_tiles_equal_untiled_on_cuda_in_float64():
     """``kernels="compiled"``: the tile functions compiled by ``torch.compile`` (Triton on CUDA)."""
     check_exact(TRAIN_ZOO["basic_unet"](), TRAIN_SHAPES["basic_unet"], grid=(2, 2), device="cuda", kernels="compiled")
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_cuda_graph_tiles_equal_untiled_on_cuda_in_float64(batch):
+    """``kernels="cudagraphs"``: every tile function captured as CUDA graphs (none skipped) and
+    replayed tile after tile; training-mode BatchNorm by sweeps, tiles one by one and stacked."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="tilec: CUDA graphs skipped")
+        warnings.filterwarnings("error", message="tilec: torch.compile failed")
+        check_exact(TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"], grid=(4, 3), batch=batch, device="cuda",
+                    kernels="cudagraphs")
 
 
 @pytest.mark.parametrize("name", MODELS)

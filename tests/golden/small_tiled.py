@@ -119,7 +119,8 @@ and the process pins glibc's mmap threshold. Every other device (CUDA among them
 *generic* path: aten's kernels on fresh tensors, which its caching allocator reuses (CUDA's on
 expandable segments). The generic path can be forced on the CPU (``TiledModel(model,
 kernels="generic")``), and so can the *compiled* one: the generic kernels with every tile function
-compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``).
+compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``), and on CUDA also
+captured as CUDA graphs (``"cudagraphs"``).
 The cost model asks the same table what a plan's tiles will run.
 """
 
@@ -141,7 +142,8 @@ class Kernels:
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
     CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiled``: tile
-    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``).
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``); ``graphs``: compiled
+    in its mode "reduce-overhead", which replays them as CUDA graphs.
     """
 
     arena: bool
@@ -150,6 +152,7 @@ class Kernels:
     pin_allocator: bool
     expand_segments: bool = False
     compiled: bool = False
+    graphs: bool = False
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -158,18 +161,19 @@ GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocat
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
-#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
-#: those compiled.
-KERNEL_CHOICES = ("auto", "generic", "compiled")
+#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, those
+#: compiled, or those compiled and replayed as CUDA graphs.
+KERNEL_CHOICES = ("auto", "generic", "compiled", "cudagraphs")
 
 
 def kernels_for(device_type, gemm_min_channels, choice="auto"):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
     race chose ``gemm_min_channels``; ``choice`` (``KERNEL_CHOICES``) "generic" forces
     ``GENERIC`` on the CPU (CUDA's kernels are generic already), "compiled" the device's generic
-    kernels compiled."""
-    if choice == "compiled":
-        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True)
+    kernels compiled, "cudagraphs" compiled as CUDA graphs (a device without them runs them
+    compiled, ``tilec.runtime.compiled`` says so)."""
+    if choice in ("compiled", "cudagraphs"):
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True, graphs=choice == "cudagraphs")
     if device_type == "cuda":
         return CUDA
     if choice == "generic" or device_type != "cpu":
@@ -1681,7 +1685,9 @@ def per_sample(part, count):
 # --- tilec/runtime/compiled.py -----------------------------------------------------------------------------
 
 """Tile functions compiled by ``torch.compile`` (``Kernels.compiled``: ``TiledModel(model,
-kernels="compiled")``), falling back to running them as they are.
+kernels="compiled")``), falling back to running them as they are; with ``kernels="cudagraphs"``
+(``Kernels.graphs``) compiled in its mode "reduce-overhead", which captures each as CUDA graphs
+and replays them.
 
 Each shape class of a segment is a function of its own, compiled at its first call with static
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
@@ -1690,6 +1696,14 @@ kernels take forms it can trace (``torch.compiler.is_compiling``): activations i
 pooling by aten's own ops, moments by ``var_mean``. Where compiling fails (an op dynamo cannot
 trace, no C++ compiler for inductor), the segment's tiles run uncompiled from then on, and a
 warning says so once per segment.
+
+CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
+(``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
+call returned (the runtime copies what it keeps, ``tilec.runtime.sweeps``); a tile's slices are
+copied into the graph's inputs, while the model tensors stay where they are
+(``torch._dynamo.mark_static_address``). Where inductor does not capture a graph (not CUDA, an op
+it cannot capture), that function runs compiled without it, and a warning says so once per
+segment (``TORCH_LOGS=cudagraphs`` says why).
 """
 
 
@@ -1697,26 +1711,33 @@ warning says so once per segment.
 
 class CompiledTiles:
     """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
-    they are once compiling one of them failed (``failed``); ``label`` names the segment."""
+    they are once compiling one of them failed (``failed``); ``skipped``: inductor did not capture
+    one as CUDA graphs; ``label`` names the segment."""
 
     def __init__(self, label):
-        self.label, self.failed, self.compiled = label, False, {}
+        self.label, self.failed, self.skipped, self.compiled = label, False, False, {}
 
-    def function(self, fn):
-        """``fn`` compiled: one wrapper per function, which runs ``fn`` itself once compiling failed."""
-        found = self.compiled.get(fn)
+    def function(self, fn, graphs=False):
+        """``fn`` compiled (as CUDA graphs where ``graphs``): one wrapper per function and mode, which
+        runs ``fn`` itself once compiling failed."""
+        found = self.compiled.get((fn, graphs))
         if found is None:
-            found = self.compiled[fn] = self.wrap(fn)
+            found = self.compiled[fn, graphs] = self.wrap(fn, graphs)
         return found
 
-    def wrap(self, fn):
-        compiled = torch.compile(fn, dynamic=False)
+    def wrap(self, fn, graphs):
+        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graphs else None)
 
-        def call(*args):
+        def call(xs, bs, p, *rest):
             if self.failed:
-                return fn(*args)
+                return fn(xs, bs, p, *rest)
+            if graphs:
+                for t in p:
+                    torch._dynamo.mark_static_address(t)
+                torch.compiler.cudagraph_mark_step_begin()
+                skips = cudagraph_skips()
             try:
-                return compiled(*args)
+                found = compiled(xs, bs, p, *rest)
             except RuntimeError as error:
                 if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
                     raise
@@ -1724,9 +1745,19 @@ class CompiledTiles:
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 warnings.warn(f"tilec: torch.compile failed on {self.label} ({reason}); its tiles run uncompiled",
                               RuntimeWarning, stacklevel=2)
-                return fn(*args)
+                return fn(xs, bs, p, *rest)
+            if graphs and not self.skipped and cudagraph_skips() > skips:
+                self.skipped = True
+                warnings.warn(f"tilec: CUDA graphs skipped on {self.label} (TORCH_LOGS=cudagraphs says why); its "
+                              "tiles run compiled without them", RuntimeWarning, stacklevel=2)
+            return found
 
         return call
+
+
+def cudagraph_skips():
+    """How many graphs inductor has not captured as CUDA graphs in this process."""
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
 
 
 # --- tilec/runtime/tiles.py --------------------------------------------------------------------------------
@@ -1872,9 +1903,10 @@ class TiledSegment:
 
     def function(self, kernels, key, level=None):
         """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
-        ``level``'s computing its partials; compiled where the device's ``kernels`` say so."""
+        ``level``'s computing its partials; compiled (as CUDA graphs) where the device's ``kernels``
+        say so."""
         fn = (self.functions if level is None else level.prefix)[key]
-        return self._compiled.function(fn) if kernels.compiled else fn
+        return self._compiled.function(fn, kernels.graphs) if kernels.compiled else fn
 
     def arena(self, run, autocast, kernels):
         """An arena for one forward pass of ``run`` (its device and dtype) with the device's
@@ -2133,6 +2165,9 @@ the prediction), and the cost model counts the latter. The step keeps one merged
 reduction, whatever the number of tiles: each tile's is merged into it as the tile runs. Ranks of a
 process group share the tiles: they exchange their merged partials (every rank merges them in rank
 order) and sum the leaves' gradients.
+
+What a tile call returns (its outputs, partials, gradients) is used before the next call, or kept as
+a copy: replayed as a CUDA graph (``tilec.runtime.compiled``), the next call's replay writes over it.
 """
 
 
@@ -2198,11 +2233,27 @@ def read_tile(segment, xs, keys, index, row, col):
     return tile, keys.find(segment, xs, index, row, col)
 
 
+def kept(part):
+    """A tile's partials ``part`` (per reduction, ``None`` or its tensors and numbers) copied, to
+    outlive the next tile call (module docstring)."""
+    return tuple(None if partial is None else tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in partial)
+                 for partial in part)
+
+
+def stable_grads(tensors):
+    """Give each of ``tensors`` that requires grad and has none a zero ``grad``, which the tiles'
+    backward passes add into: autograd would otherwise keep the first as it is, which a CUDA graph's
+    next replay writes over (module docstring)."""
+    for t in tensors:
+        if t.requires_grad and t.grad is None:
+            t.grad = torch.zeros_like(t)
+
+
 def merge_tile(found, part, kinds):
     """A tile's partials ``part`` (per reduction, merged by ``kinds``) merged into ``found``, those
-    of the tiles before it (``None``: none)."""
+    of the tiles before it (``None``: none; the first tile's are kept as a copy)."""
     if found is None:
-        return part
+        return kept(part)
     return tuple(merged(kind, (a, b)) for kind, a, b in zip(kinds, found, part, strict=True))
 
 
@@ -2360,8 +2411,7 @@ class Tiled(torch.autograd.Function):
             nonlocal found
             part = partial(batch)
             if key is not None:  # kept past the arena's reset
-                known[key] = tuple(tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in partial_k)
-                                   for partial_k in part)
+                known[key] = kept(part)
             found = merge_tile(found, part, level.merges)
 
         def reuse(key, row, col):
@@ -2431,6 +2481,8 @@ class Tiled(torch.autograd.Function):
         sums = [input_gradient(segment, k, x, group) if need else None
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
         arena = Arena(run.device, run.kernels(run.device.type))  # fresh tensors: module docstring
+        if arena.kernels.graphs:
+            stable_grads(leaves)
         sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena, ctx.keys)
         shares = {}  # per level, per reduction its merged partial and their gradients
         for level in reversed(segment.levels):
@@ -2662,7 +2714,8 @@ class Sweep:
             pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
-                totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
+                totals = [t if f is None else f.clone() if t is None else t + f
+                          for t, f in zip(totals, found, strict=True)]
         totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
         if self.run.group is not None:
             sum_over(self.run.group, totals)
@@ -2676,6 +2729,8 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
+        if self.arena.kernels.graphs:
+            stable_grads(collected)
         groups, members, apart, bands = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
         for batch, group in self.calls(f"{self.segment.label} backward", groups, members, bands):
             index = batch[0][0]
@@ -3094,7 +3149,8 @@ class TiledModule(torch.nn.Module):
     is set), so that what it reserves stays near what tiles allocate.
     ``kernels``: ``"auto"``, each device's own tile kernels; ``"generic"``, aten's kernels on
     fresh tensors everywhere, as CUDA runs; ``"compiled"``, those with every tile function compiled
-    by ``torch.compile`` at its first call (``tilec.runtime.device``, ``tilec.runtime.compiled``).
+    by ``torch.compile`` at its first call; ``"cudagraphs"``, compiled and replayed as CUDA graphs
+    (``tilec.runtime.device``, ``tilec.runtime.compiled``).
 
     Its inputs are ``forward``'s tensor arguments, in order: tensors on the model's device, host
     tensors of a model on CUDA, or array-likes (a ``np.load(path, mmap_mode="r")`` array or a

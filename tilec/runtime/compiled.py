@@ -1,5 +1,7 @@
 """Tile functions compiled by ``torch.compile`` (``Kernels.compiled``: ``TiledModel(model,
-kernels="compiled")``), falling back to running them as they are.
+kernels="compiled")``), falling back to running them as they are; with ``kernels="cudagraphs"``
+(``Kernels.graphs``) compiled in its mode "reduce-overhead", which captures each as CUDA graphs
+and replays them.
 
 Each shape class of a segment is a function of its own, compiled at its first call with static
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
@@ -8,6 +10,14 @@ kernels take forms it can trace (``torch.compiler.is_compiling``): activations i
 pooling by aten's own ops, moments by ``var_mean``. Where compiling fails (an op dynamo cannot
 trace, no C++ compiler for inductor), the segment's tiles run uncompiled from then on, and a
 warning says so once per segment.
+
+CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
+(``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
+call returned (the runtime copies what it keeps, ``tilec.runtime.sweeps``); a tile's slices are
+copied into the graph's inputs, while the model tensors stay where they are
+(``torch._dynamo.mark_static_address``). Where inductor does not capture a graph (not CUDA, an op
+it cannot capture), that function runs compiled without it, and a warning says so once per
+segment (``TORCH_LOGS=cudagraphs`` says why).
 """
 
 import warnings
@@ -17,26 +27,33 @@ import torch
 
 class CompiledTiles:
     """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
-    they are once compiling one of them failed (``failed``); ``label`` names the segment."""
+    they are once compiling one of them failed (``failed``); ``skipped``: inductor did not capture
+    one as CUDA graphs; ``label`` names the segment."""
 
     def __init__(self, label):
-        self.label, self.failed, self.compiled = label, False, {}
+        self.label, self.failed, self.skipped, self.compiled = label, False, False, {}
 
-    def function(self, fn):
-        """``fn`` compiled: one wrapper per function, which runs ``fn`` itself once compiling failed."""
-        found = self.compiled.get(fn)
+    def function(self, fn, graphs=False):
+        """``fn`` compiled (as CUDA graphs where ``graphs``): one wrapper per function and mode, which
+        runs ``fn`` itself once compiling failed."""
+        found = self.compiled.get((fn, graphs))
         if found is None:
-            found = self.compiled[fn] = self.wrap(fn)
+            found = self.compiled[fn, graphs] = self.wrap(fn, graphs)
         return found
 
-    def wrap(self, fn):
-        compiled = torch.compile(fn, dynamic=False)
+    def wrap(self, fn, graphs):
+        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graphs else None)
 
-        def call(*args):
+        def call(xs, bs, p, *rest):
             if self.failed:
-                return fn(*args)
+                return fn(xs, bs, p, *rest)
+            if graphs:
+                for t in p:
+                    torch._dynamo.mark_static_address(t)
+                torch.compiler.cudagraph_mark_step_begin()
+                skips = cudagraph_skips()
             try:
-                return compiled(*args)
+                found = compiled(xs, bs, p, *rest)
             except RuntimeError as error:
                 if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
                     raise
@@ -44,6 +61,16 @@ class CompiledTiles:
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 warnings.warn(f"tilec: torch.compile failed on {self.label} ({reason}); its tiles run uncompiled",
                               RuntimeWarning, stacklevel=2)
-                return fn(*args)
+                return fn(xs, bs, p, *rest)
+            if graphs and not self.skipped and cudagraph_skips() > skips:
+                self.skipped = True
+                warnings.warn(f"tilec: CUDA graphs skipped on {self.label} (TORCH_LOGS=cudagraphs says why); its "
+                              "tiles run compiled without them", RuntimeWarning, stacklevel=2)
+            return found
 
         return call
+
+
+def cudagraph_skips():
+    """How many graphs inductor has not captured as CUDA graphs in this process."""
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]

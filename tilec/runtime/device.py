@@ -7,7 +7,8 @@ and the process pins glibc's mmap threshold. Every other device (CUDA among them
 *generic* path: aten's kernels on fresh tensors, which its caching allocator reuses (CUDA's on
 expandable segments). The generic path can be forced on the CPU (``TiledModel(model,
 kernels="generic")``), and so can the *compiled* one: the generic kernels with every tile function
-compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``).
+compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``), and on CUDA also
+captured as CUDA graphs (``"cudagraphs"``).
 The cost model asks the same table what a plan's tiles will run.
 """
 
@@ -32,7 +33,8 @@ class Kernels:
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
     CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiled``: tile
-    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``).
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``); ``graphs``: compiled
+    in its mode "reduce-overhead", which replays them as CUDA graphs.
     """
 
     arena: bool
@@ -41,6 +43,7 @@ class Kernels:
     pin_allocator: bool
     expand_segments: bool = False
     compiled: bool = False
+    graphs: bool = False
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -49,18 +52,19 @@ GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocat
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
-#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
-#: those compiled.
-KERNEL_CHOICES = ("auto", "generic", "compiled")
+#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, those
+#: compiled, or those compiled and replayed as CUDA graphs.
+KERNEL_CHOICES = ("auto", "generic", "compiled", "cudagraphs")
 
 
 def kernels_for(device_type, gemm_min_channels, choice="auto"):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
     race chose ``gemm_min_channels``; ``choice`` (``KERNEL_CHOICES``) "generic" forces
     ``GENERIC`` on the CPU (CUDA's kernels are generic already), "compiled" the device's generic
-    kernels compiled."""
-    if choice == "compiled":
-        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True)
+    kernels compiled, "cudagraphs" compiled as CUDA graphs (a device without them runs them
+    compiled, ``tilec.runtime.compiled`` says so)."""
+    if choice in ("compiled", "cudagraphs"):
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True, graphs=choice == "cudagraphs")
     if device_type == "cuda":
         return CUDA
     if choice == "generic" or device_type != "cpu":

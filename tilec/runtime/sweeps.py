@@ -41,6 +41,9 @@ the prediction), and the cost model counts the latter. The step keeps one merged
 reduction, whatever the number of tiles: each tile's is merged into it as the tile runs. Ranks of a
 process group share the tiles: they exchange their merged partials (every rank merges them in rank
 order) and sum the leaves' gradients.
+
+What a tile call returns (its outputs, partials, gradients) is used before the next call, or kept as
+a copy: replayed as a CUDA graph (``tilec.runtime.compiled``), the next call's replay writes over it.
 """
 
 import torch
@@ -125,11 +128,27 @@ def read_tile(segment, xs, keys, index, row, col):
     return tile, keys.find(segment, xs, index, row, col)
 
 
+def kept(part):
+    """A tile's partials ``part`` (per reduction, ``None`` or its tensors and numbers) copied, to
+    outlive the next tile call (module docstring)."""
+    return tuple(None if partial is None else tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in partial)
+                 for partial in part)
+
+
+def stable_grads(tensors):
+    """Give each of ``tensors`` that requires grad and has none a zero ``grad``, which the tiles'
+    backward passes add into: autograd would otherwise keep the first as it is, which a CUDA graph's
+    next replay writes over (module docstring)."""
+    for t in tensors:
+        if t.requires_grad and t.grad is None:
+            t.grad = torch.zeros_like(t)
+
+
 def merge_tile(found, part, kinds):
     """A tile's partials ``part`` (per reduction, merged by ``kinds``) merged into ``found``, those
-    of the tiles before it (``None``: none)."""
+    of the tiles before it (``None``: none; the first tile's are kept as a copy)."""
     if found is None:
-        return part
+        return kept(part)
     return tuple(merged(kind, (a, b)) for kind, a, b in zip(kinds, found, part, strict=True))
 
 
@@ -287,8 +306,7 @@ class Tiled(torch.autograd.Function):
             nonlocal found
             part = partial(batch)
             if key is not None:  # kept past the arena's reset
-                known[key] = tuple(tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in partial_k)
-                                   for partial_k in part)
+                known[key] = kept(part)
             found = merge_tile(found, part, level.merges)
 
         def reuse(key, row, col):
@@ -358,6 +376,8 @@ class Tiled(torch.autograd.Function):
         sums = [input_gradient(segment, k, x, group) if need else None
                 for k, (x, need) in enumerate(zip(xs, needs[:count], strict=True))]
         arena = Arena(run.device, run.kernels(run.device.type))  # fresh tensors: module docstring
+        if arena.kernels.graphs:
+            stable_grads(leaves)
         sweep = Sweep(segment, run, ctx.autocast, xs, bs, p, leaves, image_grads, arena, ctx.keys)
         shares = {}  # per level, per reduction its merged partial and their gradients
         for level in reversed(segment.levels):
@@ -589,7 +609,8 @@ class Sweep:
             pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
-                totals = [t if f is None else f if t is None else t + f for t, f in zip(totals, found, strict=True)]
+                totals = [t if f is None else f.clone() if t is None else t + f
+                          for t, f in zip(totals, found, strict=True)]
         totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
         if self.run.group is not None:
             sum_over(self.run.group, totals)
@@ -603,6 +624,8 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in collect}
         with_leaves = {**r, **chosen}
         collected = [t for name in collect for t in flat(chosen[name]) if t.requires_grad]
+        if self.arena.kernels.graphs:
+            stable_grads(collected)
         groups, members, apart, bands = self.groups(shares, any(isinstance(s, Rolled) for s in sums), any(needs))
         for batch, group in self.calls(f"{self.segment.label} backward", groups, members, bands):
             index = batch[0][0]

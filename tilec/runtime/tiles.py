@@ -148,9 +148,10 @@ class TiledSegment:
 
     def function(self, kernels, key, level=None):
         """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
-        ``level``'s computing its partials; compiled where the device's ``kernels`` say so."""
+        ``level``'s computing its partials; compiled (as CUDA graphs) where the device's ``kernels``
+        say so."""
         fn = (self.functions if level is None else level.prefix)[key]
-        return self._compiled.function(fn) if kernels.compiled else fn
+        return self._compiled.function(fn, kernels.graphs) if kernels.compiled else fn
 
     def arena(self, run, autocast, kernels):
         """An arena for one forward pass of ``run`` (its device and dtype) with the device's
