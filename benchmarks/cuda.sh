@@ -58,7 +58,9 @@ if "$PYTHON" -c "import lightstream.core.constructor" 2>/dev/null; then
         --variants lightstream,auto --budget lightstream --timeout 600
 fi
 # The tile functions compiled by torch.compile (TiledModel(kernels="compiled")), once per shape
-# class in the first step, and also replayed as CUDA graphs (kernels="cudagraphs"), against the
-# same plan's uncompiled tiles.
-measure basic_unet_compiled_cuda --model examples/basic_unet.py --sizes 1024 --variants auto --budget 270MiB \
+# class and variant in the first step, and also replayed as CUDA graphs (kernels="cudagraphs"),
+# against the same plan's uncompiled tiles: ResNet-50's 10% plan at 2048², whose small tiles wait
+# on the host, with some 40 tile functions (BasicUNet's 10% plan at 1024² has 684: 36 shape
+# classes, each with a function per level of its 18 instance norms).
+measure resnet50_compiled_cuda --model examples/resnet50.py --sizes 2048 --variants plain,auto --budget 10% \
     --kernels auto,compiled,cudagraphs --timeout 600
