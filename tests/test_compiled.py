@@ -64,6 +64,10 @@ def test_other_errors_in_a_compiled_tile_are_raised(monkeypatch):
         check_exact(TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"], grid=(2, 1), kernels="compiled")
 
 
+#: The stand-in's memory, by what was written there: a call's output, a gradient of an input.
+_REPLAYED = {}
+
+
 def _replaying(fn, mode=None, **options):
     """A stand-in for ``torch.compile(fn, mode="reduce-overhead")`` with CUDA graphs' memory on the
     CPU: what any call returned, and the gradients its backward handed on, live in memory that the
@@ -71,12 +75,11 @@ def _replaying(fn, mode=None, **options):
     a model tensor or leaf is handed on as a fresh tensor in that memory, which autograd may keep
     as the tensor's ``grad`` as it is."""
     assert mode == "reduce-overhead", mode
-    memory = _REPLAYED
 
     def static(key, t):
-        buffer = memory.get(key)
+        buffer = _REPLAYED.get(key)
         if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype or buffer.stride() != t.stride():
-            buffer = memory[key] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+            buffer = _REPLAYED[key] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
         return buffer.copy_(t).view_as(buffer)
 
     class Replayed(torch.autograd.Function):
@@ -104,16 +107,13 @@ def _replaying(fn, mode=None, **options):
         return value
 
     def compiled(xs, bs, p, arena, r, *rest):
-        for buffer in memory.values():  # the previous call's results are dead
+        for buffer in _REPLAYED.values():  # the previous call's results are dead
             buffer.fill_(float("nan") if buffer.is_floating_point() else -7)
         r = {name: routed(("r", name), value) for name, value in r.items()}
         found = fn(routed(("x",), xs), routed(("b",), bs), routed(("p",), p), arena, r, *rest)
         return found if torch.is_grad_enabled() else returned(("out",), found)
 
     return compiled
-
-
-_REPLAYED = {}
 
 
 @pytest.mark.parametrize(("name", "grid", "batch"), [("resnet_head", (2, 3), None), ("resnet_head", (3, 3), 2),
