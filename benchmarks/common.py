@@ -57,7 +57,7 @@ class Point:
     segments: int | None = None  # checkpoint
     budget: int | None = None  # auto
     malloc: str = "default"  # "default" (the environment as is) or "tuned" (TUNED_MALLOC)
-    kernels: str = "auto"  # tilec and auto: TiledModel's tile kernels (auto, generic, compiled)
+    kernels: str = "auto"  # tilec and auto: TiledModel's tile kernels (tilec.runtime.device.KERNEL_CHOICES)
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     @property
