@@ -60,7 +60,7 @@ fi
 # The tile functions compiled by torch.compile (TiledModel(kernels="compiled")), once per shape
 # class and variant in the first step, and also replayed as CUDA graphs (kernels="cudagraphs"),
 # against the same plan's uncompiled tiles: ResNet-50's 10% plan at 2048², whose small tiles wait
-# on the host, with some 40 tile functions (BasicUNet's 10% plan at 1024² has 684: 36 shape
+# on the host, with some 40 tile functions (BasicUNet's 10% plan at 1024² has 171: 9 shape
 # classes, each with a function per level of its 18 instance norms).
 measure resnet50_compiled_cuda --model examples/resnet50.py --sizes 2048 --variants plain,auto --budget 10% \
     --kernels auto,compiled,cudagraphs --timeout 600

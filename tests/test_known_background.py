@@ -23,7 +23,7 @@ from tilec.planio import dumps, loads
 from tilec.planner import aligned_segments, classified
 from tilec.regions import Period
 from tilec.report import describe_plan
-from tilec.search import _Costs, _search, aligned_periods, choose, usable
+from tilec.search import _Costs, _search, aligned_periods, choose, tiles_a_side, usable
 from tilec.slides import slide
 from tilec.target import Speed, Target
 from tilec.trace import trace
@@ -109,7 +109,8 @@ def test_a_budget_search_knowing_the_background_batches_the_tissue_tiles_on_a_la
     assert max(c.batch for c in blind.segments) == 1
     tiled_known = [c for c in known.segments if c.mode == "tiled"]
     assert max(c.batch for c in tiled_known) > 1, known.segments
-    assert max(c.grid for c in tiled_known) > max(c.grid for c in blind.segments if c.mode == "tiled")
+    assert max(tiles_a_side(c.grid) for c in tiled_known) > max(tiles_a_side(c.grid) for c in blind.segments
+                                                                if c.mode == "tiled")
     assert known.seconds < blind.seconds
     tiled = tilec.compile(model, [masked], segments=[tuple(c) for c in known.segments], dtype="float64")
     want = model(torch.from_numpy(np.ascontiguousarray(masked[...])))

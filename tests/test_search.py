@@ -17,7 +17,8 @@ from tilec.cli import main
 from tilec.cone import axis_tiles
 from tilec.errors import BudgetError
 from tilec.ops import rule
-from tilec.planner import SegmentChoice, plan
+from tilec.planner import SegmentChoice, classified, plan
+from tilec.regions import Period
 from tilec.search import (
     MARGINS,
     MAX_CUTS,
@@ -298,3 +299,46 @@ def test_cli_refuses_an_infeasible_budget(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "smallest feasible budget is about" in lines[0], result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+
+
+def _padded(tile) -> bool:
+    """Whether a tile pads any of its reads at the border itself."""
+    return any(read.pad != (0, 0) for step in tile.steps for read in step.reads)
+
+
+def test_the_search_cuts_every_tensor_of_a_segment_alike():
+    """The search tiles a segment in tiles of one period of input pixels where it can (every
+    tensor its tiles partition is the input at a stride): a U-Net's tensors at full and half
+    resolution then line up, and the inner tiles that pad nothing are one shape class (one kernel
+    per call shape, tiles that can run stacked). Six parts of the output instead (11 rows long)
+    start at odd and even rows in turn, and read the half-resolution tensors in two ways."""
+    graph = trace(build("unet"), (1, 3, 62, 58))
+    stop = len(graph.order)
+    assert search.periods_for(graph, [(62, 58), (31, 29)], [(62, 58)], 6) == (Period(12, 62), Period(10, 58))
+    grids = _Costs(graph, TINY, "float32").grids(0, stop)
+    assert len(grids) > 10 and all(isinstance(g, Period) for grid in grids for g in grid)
+    for grid in grids:
+        for axis in (0, 1):
+            inner = [tile for tile in classified(graph, 0, stop, axis, grid[axis])[1:-1] if not _padded(tile)]
+            assert len({tile.shape_class for tile in inner}) <= 1, (grid, axis)
+    split = [tile for tile in classified(graph, 0, stop, 0, 6)[1:-1] if not _padded(tile)]
+    assert len({tile.shape_class for tile in split}) == 2 and len(split) == 4
+
+
+def test_a_segment_partitioning_a_size_no_stride_gives_is_split_into_parts():
+    """An unpadded convolution's output (14 of 16 pixels) is no stride's: a segment whose tiles
+    partition it is split into that many parts instead."""
+    graph = trace(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1)), (1, 3, 16, 16))
+    assert search.periods_for(graph, [(16, 16), (14, 14)], [(14, 14)], 2) is None
+    grids = _Costs(graph, TINY, "float32").grids(0, len(graph.order))
+    assert grids and all(isinstance(g, int) for grid in grids for g in grid)
+
+
+def test_period_budget_plans_train_exactly():
+    """A tight budget's plan for the U-Net at 62x58, in tiles of one period, trains exactly."""
+    shape = (1, 3, 62, 58)
+    doubled = trace(build("unet").double(), shape)
+    chosen = choose(doubled, TINY, smallest_budget(doubled, TINY, "float64"), "float64")
+    assert any(isinstance(g, Period) for s in chosen.segments for g in s.grid)
+    errors = max_errors(build("unet"), shape, segments=chosen.segments, recomputed=chosen.recomputed)
+    assert max(errors.values()) < TOLERANCE, errors

@@ -5,7 +5,10 @@ plan ending at a cut is summarised by (estimated seconds, bytes held for later s
 so far), the held bytes and the peak both counting the kernel state so far; only the Pareto
 front of those is kept per cut, since a later segment's feasibility depends on the held bytes
 and the peak, and the objective adds up seconds. A segment ``[first, stop)`` is stored
-(untiled), or tiled when all its nodes are tileable, with a square-ish grid. Finer grids add
+(untiled), or tiled when all its nodes are tileable, with a square-ish grid: tiles of one period
+of input pixels where every tensor it partitions is the input at a stride (``periods_for``; the
+tensors at every resolution then line up, all inner tiles one shape class), else that many parts
+of each tensor (``tilec.regions.split``). Finer grids add
 time for a lower peak, which later segments may need (each adds its kernel state to every
 peak), so for each of ``MARGINS`` the coarsest grid that fits with that share of the budget to
 spare is offered, and the finest.
@@ -224,6 +227,7 @@ class _Costs:
         self.batches = cache(self._batches)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
+        self.run_sizes = cache(self._run_sizes)
 
     def _option(self, first: int, stop: int, grid: tuple[int, int] | None, batch: int = 1) -> SegmentCost:
         """Stored for ``grid=None``, else tiled with ``grid``, ``batch`` tiles of one class per call."""
@@ -237,14 +241,16 @@ class _Costs:
         (``BATCHES``; none where its tiles cannot run stacked, ``tilec.sweeps.batchable``)."""
         return BATCHES if batchable(self.graph, first, stop) else ()
 
-    def _prefix(self, stop: int, axis: int) -> dict[int, AxisArrays]:
+    def _prefix(self, stop: int, axis: int) -> dict[int | Period, AxisArrays]:
         """Axis arrays for every grid a segment ending at ``stop`` may take."""
         grids = {grid[axis] for first in self.cuts if first < stop for grid in self.grids(first, stop)}
-        return prefix_arrays(self.graph, stop, axis, sorted(grids))
+        return prefix_arrays(self.graph, stop, axis, sorted(grids, key=lambda grid: (isinstance(grid, Period), grid)))
 
-    def _grids(self, first: int, stop: int) -> list[tuple[int, int]]:
-        """Distinct grids for a tiled segment, coarse to fine, clipped to its outputs' sizes (none
-        when the segment cannot be tiled)."""
+    def _grids(self, first: int, stop: int) -> list[tuple[int, int] | tuple[Period, Period]]:
+        """Distinct grids for a tiled segment, coarse to fine: per count of tiles a side in
+        ``GRIDS``, tiles of one period (``periods_for``) where they tile what the longest tileable run
+        ending at ``stop`` partitions, else that many parts, clipped to its outputs' sizes (none when
+        the segment cannot be tiled)."""
         sizes = owned_sizes(self.graph, first, stop) if self.graph.tileable(first, stop) else []
         if not sizes:
             return []
@@ -252,8 +258,18 @@ class _Costs:
         if self.aligned is not None:
             partitioned = owned_sizes(self.graph, run_start(self.graph, stop), stop)
             return [self.aligned] if misfit(self.aligned, partitioned) is None else []
-        grids = [(min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
+        images, partitioned = self.run_sizes(stop)
+        grids = [periods_for(self.graph, images, partitioned, g) or (min(g, height), min(g, width))
+                 for g in GRIDS if g <= max(height, width)]
         return list(dict.fromkeys(grids))
+
+    def _run_sizes(self, stop: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The sizes (rows, columns) of the image tensors of the longest tileable run ending at
+        ``stop`` (its inputs' and its nodes'), and of those its tiles partition (``owned_sizes``)."""
+        low = run_start(self.graph, stop)
+        names = [i.name for i in self.graph.inputs_of(low, stop)] + [n.name for n in self.graph.members(low, stop)]
+        images = [(self.graph.size(name, 0), self.graph.size(name, 1)) for name in names if self.graph.is_image(name)]
+        return images, owned_sizes(self.graph, low, stop)
 
     def fine_grids(self, first: int, stop: int) -> list[tuple[int, int]]:
         """The finest grid and coarser ones down to ``FINE_GRIDS_FROM`` tiles a side, halving:
@@ -261,9 +277,9 @@ class _Costs:
         tile shapes, each with its own kernels (``SegmentCost.kernels``)."""
         grids = self.grids(first, stop)
         chosen = [grids[-1]]
-        while max(chosen[-1]) // 2 >= FINE_GRIDS_FROM:
-            half = max(chosen[-1]) // 2
-            chosen.append(next(grid for grid in reversed(grids) if max(grid) <= half))
+        while tiles_a_side(chosen[-1]) // 2 >= FINE_GRIDS_FROM:
+            half = tiles_a_side(chosen[-1]) // 2
+            chosen.append(next(grid for grid in reversed(grids) if tiles_a_side(grid) <= half))
         return chosen
 
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
@@ -366,14 +382,30 @@ def aligned_periods(graph: Graph, backgrounds: Mapping[str, Background] | None) 
     if sizes != {full}:
         return []
     images = [(graph.size(name, 0), graph.size(name, 1)) for name in graph.order if graph.is_image(name)]
+    return list(dict.fromkeys(periods_for(graph, images, (), tiles) for tiles in ALIGNED))
+
+
+def periods_for(graph: Graph, images: Sequence[tuple[int, int]], partitioned: Sequence[tuple[int, int]],
+                tiles: int) -> tuple[Period, Period] | None:
+    """About ``tiles`` tiles a side of the model's first image input, each a multiple of the least
+    stride at which each of ``images`` (rows, columns) at least ``tiles`` pixels long is that input
+    (``strides_of``; sizes no stride gives are left out): a tensor at stride ``s`` is then cut into
+    tiles of ``period / s`` pixels, and its inner tiles line up with every other's, alike (one shape
+    class). ``None`` where the model has no image input or the periods do not tile ``partitioned``
+    (``misfit``)."""
+    full = graph.image_size()
+    if full is None:
+        return None
     periods = []
-    for tiles in ALIGNED:
-        period = []
-        for axis in range(2):
-            strides = [strides_of(size[axis], full[axis], full[axis]) for size in images if size[axis] >= tiles]
-            period.append(Period.of(full[axis], math.lcm(*(s[0] for s in strides if s)), tiles))
-        periods.append(tuple(period))
-    return list(dict.fromkeys(periods))
+    for axis in range(2):
+        strides = [strides_of(size[axis], full[axis], full[axis]) for size in images if size[axis] >= tiles]
+        periods.append(Period.of(full[axis], math.lcm(*(s[0] for s in strides if s)), tiles))
+    return tuple(periods) if misfit(periods, partitioned) is None else None
+
+
+def tiles_a_side(grid: tuple[int, int] | tuple[Period, Period]) -> int:
+    """The most tiles ``grid`` has on either axis."""
+    return max(parts_of(g) for g in grid)
 
 
 def _budget_for(peak: int) -> int:
@@ -418,8 +450,8 @@ def _search(costs: _Costs, budget: int, bound: float = inf) -> Partial | None:
             if chosen and costs.estimator.backgrounds and costs.aligned is None:
                 # a known background favours finer tiles, more of them computed once: every grid up
                 # to ``FINER`` times the coarsest that fits, tiles a side
-                coarsest = max(chosen[0])
-                chosen += [grid for grid in grids if coarsest < max(grid) <= FINER * coarsest]
+                coarsest = tiles_a_side(chosen[0])
+                chosen += [grid for grid in grids if coarsest < tiles_a_side(grid) <= FINER * coarsest]
             for grid in dict.fromkeys(chosen):
                 cost = costs.option(first, stop, grid)
                 yield from grown(grid, "tiled", cost)
