@@ -17,6 +17,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from tilec.pipeline import build
+from tilec.runtime.dropout import counter_dropout
 from tilec.trace import trace
 
 from support.exactness import TOLERANCE, check_exact
@@ -159,3 +160,47 @@ def test_cuda_graphs_skipped_are_said_once_per_segment():
     for line in said:
         assert re.fullmatch(r"tilec: CUDA graphs skipped on segment \d+ \(TORCH_LOGS=cudagraphs says why\); its "
                             r"tiles run compiled without them", line), line
+
+
+def _positional_steps(grid, seeds):
+    """Steps of a model whose tiles read their origins with ``kernels="compiled"`` (dynamo alone)
+    on ``grid``, each compared with plain PyTorch under the same masks; the unique graphs dynamo
+    made by the end of each step."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.3), nn.Conv2d(4, 4, 3, padding=1),
+                          nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(4, 2)).double().train()
+    x = torch.randn(1, 3, 24, 24, dtype=torch.float64)
+    tiled = build(model, tuple(x.shape), grid, dtype="float64", kernels="compiled")
+    graphs = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        out = tiled(x)
+        out.sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        torch.manual_seed(seed)
+        with counter_dropout(model):
+            want = model(x)
+        want.sum().backward()
+        assert (out - want).abs().max().item() < TOLERANCE
+        for got, p in zip(grads, model.parameters(), strict=True):
+            assert (got - p.grad).abs().max().item() < TOLERANCE
+        model.zero_grad()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    return graphs
+
+
+def test_tiles_reading_their_origins_trace_whole_once_for_every_step_and_position(monkeypatch):
+    """Element-wise dropout (the step's seed, the tile's origin) and global max pooling with
+    indices (the first maximum's position): dynamo (alone, ``backend="eager"``) traces each tile
+    function whole, once for every seed and origin: a 4x4 grid (2 tiles of each edge class, 4 of
+    the inner one) makes as many graphs as a 3x3 grid of the same 9 classes, however many steps.
+    Three steps with three seeds equal plain PyTorch's under the same masks."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_(fn, backend="eager", dynamic=False))
+    single = _positional_steps((3, 3), [0])
+    graphs = _positional_steps((4, 4), [0, 1, 2])
+    assert single[0] > 0 and graphs == single * 3, (single, graphs)

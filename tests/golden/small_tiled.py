@@ -242,8 +242,11 @@ class Arena:
 
     def claim(self, shape, dtype, device):
         """Room for a tensor of ``shape`` and ``dtype`` at ``top``, 64-byte aligned, counted in
-        ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (no buffer on
-        ``device``, or past its capacity)."""
+        ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (kernels that
+        use no arena, which count nothing: compiled tiles read no arena state to be compiled again
+        for; no buffer on ``device``, or past its capacity)."""
+        if not self.kernels.arena:
+            return None
         start = -(-self.top // 64) * 64
         self.top = start + math.prod(shape) * dtype.itemsize
         self.need = max(self.need, self.top)
@@ -1346,17 +1349,20 @@ def step_stream(train, key, training):
 
 
 def positions(shape, starts, full, device):
-    """The row-major indices in a tensor of shape ``full`` of the block of ``shape`` at ``starts``."""
+    """The row-major indices in a tensor of shape ``full`` of the block of ``shape`` at ``starts``
+    (ints, or 0-d int64 tensors)."""
     index, stride = torch.zeros((), dtype=torch.int64, device=device), 1
     for d in reversed(range(len(full))):
-        axis = torch.arange(starts[d], starts[d] + shape[d], dtype=torch.int64, device=device) * stride
+        axis = (torch.arange(shape[d], dtype=torch.int64, device=device) + starts[d]) * stride
         index = index + axis.view([-1] + [1] * (len(full) - 1 - d))
         stride *= full[d]
     return index
 
 
 def keep_mask(stream, shape, starts, full, p, device):
-    """Which elements of the block of ``shape`` at ``starts`` of a ``full`` tensor dropout keeps."""
+    """Which elements of the block of ``shape`` at ``starts`` of a ``full`` tensor dropout keeps
+    (``stream``: an int or a 0-d int64 tensor, read by tensor ops only, so that ``torch.compile``
+    traces it whole and does not compile it again for each step's seed)."""
     index = positions(shape, starts, full, device)
     h = _finish(_mix_word(_mix_word(stream, index & _MASK32), index >> 32), 8)
     return h >= min(int(p * 4294967296.0), 4294967296)
@@ -1367,7 +1373,7 @@ def element_dropout(x, stream, p, starts, full, inplace=False):
     (``None``: the identity). Kept elements are scaled by ``1 / (1 - p)``; ``p = 1`` gives zeros."""
     if stream is None:
         return x
-    keep = keep_mask(int(stream), x.shape, starts, full, p, x.device)
+    keep = keep_mask(stream, x.shape, starts, full, p, x.device)
     scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
     return x.mul_(keep).mul_(scale) if inplace else x.mul(keep).mul_(scale)
 
@@ -1693,9 +1699,10 @@ Each shape class of a segment is a function of its own, compiled at its first ca
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
 gradients, the backward's re-run with them, a batch of tiles). While dynamo traces it, a tile's
 kernels take forms it can trace (``torch.compiler.is_compiling``): activations in place and max
-pooling by aten's own ops, moments by ``var_mean``. Where compiling fails (an op dynamo cannot
-trace, no C++ compiler for inductor), the segment's tiles run uncompiled from then on, and a
-warning says so once per segment.
+pooling by aten's own ops, moments by ``var_mean``; a tile that reads its origins (``positional``)
+gets them as 0-d tensors, so that no function is compiled again for each tile position. Where
+compiling fails (an op dynamo cannot trace, no C++ compiler for inductor), the segment's tiles run
+uncompiled from then on, and a warning says so once per segment.
 
 CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
 (``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
@@ -1712,10 +1719,12 @@ segment (``TORCH_LOGS=cudagraphs`` says why).
 class CompiledTiles:
     """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
     they are once compiling one of them failed (``failed``); ``skipped``: inductor did not capture
-    one as CUDA graphs; ``label`` names the segment."""
+    one as CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
+    (element-wise dropout, first maxima), which they are then given as 0-d tensors
+    (``as_tensors``), values dynamo does not compile a function again for."""
 
-    def __init__(self, label):
-        self.label, self.failed, self.skipped, self.compiled = label, False, False, {}
+    def __init__(self, label, positional=False):
+        self.label, self.positional, self.failed, self.skipped, self.compiled = label, positional, False, False, {}
 
     def function(self, fn, graphs=False):
         """``fn`` compiled (as CUDA graphs where ``graphs``): one wrapper per function and mode, which
@@ -1728,16 +1737,18 @@ class CompiledTiles:
     def wrap(self, fn, graphs):
         compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graphs else None)
 
-        def call(xs, bs, p, *rest):
+        def call(xs, bs, p, arena, r, o, *rest):
             if self.failed:
-                return fn(xs, bs, p, *rest)
+                return fn(xs, bs, p, arena, r, o, *rest)
+            if self.positional:
+                o = as_tensors(o)
             if graphs:
                 for t in p:
                     torch._dynamo.mark_static_address(t)
                 torch.compiler.cudagraph_mark_step_begin()
                 skips = cudagraph_skips()
             try:
-                found = compiled(xs, bs, p, *rest)
+                found = compiled(xs, bs, p, arena, r, o, *rest)
             except RuntimeError as error:
                 if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
                     raise
@@ -1745,7 +1756,7 @@ class CompiledTiles:
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 warnings.warn(f"tilec: torch.compile failed on {self.label} ({reason}); its tiles run uncompiled",
                               RuntimeWarning, stacklevel=2)
-                return fn(xs, bs, p, *rest)
+                return fn(xs, bs, p, arena, r, o, *rest)
             if graphs and not self.skipped and cudagraph_skips() > skips:
                 self.skipped = True
                 warnings.warn(f"tilec: CUDA graphs skipped on {self.label} (TORCH_LOGS=cudagraphs says why); its "
@@ -1758,6 +1769,11 @@ class CompiledTiles:
 def cudagraph_skips():
     """How many graphs inductor has not captured as CUDA graphs in this process."""
     return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+def as_tensors(origins):
+    """Per reduction, its partial's origin (first row, first column) as 0-d int64 CPU tensors."""
+    return [tuple(torch.tensor(start, dtype=torch.int64) for start in origin) for origin in origins]
 
 
 # --- tilec/runtime/tiles.py --------------------------------------------------------------------------------
@@ -1899,7 +1915,7 @@ class TiledSegment:
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
-        self._compiled = CompiledTiles(label)
+        self._compiled = CompiledTiles(label, positional=not reuse)
 
     def function(self, kernels, key, level=None):
         """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or

@@ -45,8 +45,11 @@ class Arena:
 
     def claim(self, shape, dtype, device):
         """Room for a tensor of ``shape`` and ``dtype`` at ``top``, 64-byte aligned, counted in
-        ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (no buffer on
-        ``device``, or past its capacity)."""
+        ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (kernels that
+        use no arena, which count nothing: compiled tiles read no arena state to be compiled again
+        for; no buffer on ``device``, or past its capacity)."""
+        if not self.kernels.arena:
+            return None
         start = -(-self.top // 64) * 64
         self.top = start + math.prod(shape) * dtype.itemsize
         self.need = max(self.need, self.top)

@@ -7,9 +7,10 @@ Each shape class of a segment is a function of its own, compiled at its first ca
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
 gradients, the backward's re-run with them, a batch of tiles). While dynamo traces it, a tile's
 kernels take forms it can trace (``torch.compiler.is_compiling``): activations in place and max
-pooling by aten's own ops, moments by ``var_mean``. Where compiling fails (an op dynamo cannot
-trace, no C++ compiler for inductor), the segment's tiles run uncompiled from then on, and a
-warning says so once per segment.
+pooling by aten's own ops, moments by ``var_mean``; a tile that reads its origins (``positional``)
+gets them as 0-d tensors, so that no function is compiled again for each tile position. Where
+compiling fails (an op dynamo cannot trace, no C++ compiler for inductor), the segment's tiles run
+uncompiled from then on, and a warning says so once per segment.
 
 CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
 (``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
@@ -28,10 +29,12 @@ import torch
 class CompiledTiles:
     """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
     they are once compiling one of them failed (``failed``); ``skipped``: inductor did not capture
-    one as CUDA graphs; ``label`` names the segment."""
+    one as CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
+    (element-wise dropout, first maxima), which they are then given as 0-d tensors
+    (``as_tensors``), values dynamo does not compile a function again for."""
 
-    def __init__(self, label):
-        self.label, self.failed, self.skipped, self.compiled = label, False, False, {}
+    def __init__(self, label, positional=False):
+        self.label, self.positional, self.failed, self.skipped, self.compiled = label, positional, False, False, {}
 
     def function(self, fn, graphs=False):
         """``fn`` compiled (as CUDA graphs where ``graphs``): one wrapper per function and mode, which
@@ -44,16 +47,18 @@ class CompiledTiles:
     def wrap(self, fn, graphs):
         compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graphs else None)
 
-        def call(xs, bs, p, *rest):
+        def call(xs, bs, p, arena, r, o, *rest):
             if self.failed:
-                return fn(xs, bs, p, *rest)
+                return fn(xs, bs, p, arena, r, o, *rest)
+            if self.positional:
+                o = as_tensors(o)
             if graphs:
                 for t in p:
                     torch._dynamo.mark_static_address(t)
                 torch.compiler.cudagraph_mark_step_begin()
                 skips = cudagraph_skips()
             try:
-                found = compiled(xs, bs, p, *rest)
+                found = compiled(xs, bs, p, arena, r, o, *rest)
             except RuntimeError as error:
                 if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
                     raise
@@ -61,7 +66,7 @@ class CompiledTiles:
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 warnings.warn(f"tilec: torch.compile failed on {self.label} ({reason}); its tiles run uncompiled",
                               RuntimeWarning, stacklevel=2)
-                return fn(xs, bs, p, *rest)
+                return fn(xs, bs, p, arena, r, o, *rest)
             if graphs and not self.skipped and cudagraph_skips() > skips:
                 self.skipped = True
                 warnings.warn(f"tilec: CUDA graphs skipped on {self.label} (TORCH_LOGS=cudagraphs says why); its "
@@ -74,3 +79,8 @@ class CompiledTiles:
 def cudagraph_skips():
     """How many graphs inductor has not captured as CUDA graphs in this process."""
     return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+def as_tensors(origins):
+    """Per reduction, its partial's origin (first row, first column) as 0-d int64 CPU tensors."""
+    return [tuple(torch.tensor(start, dtype=torch.int64) for start in origin) for origin in origins]

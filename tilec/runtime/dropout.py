@@ -77,17 +77,20 @@ def step_stream(train, key, training):
 
 
 def positions(shape, starts, full, device):
-    """The row-major indices in a tensor of shape ``full`` of the block of ``shape`` at ``starts``."""
+    """The row-major indices in a tensor of shape ``full`` of the block of ``shape`` at ``starts``
+    (ints, or 0-d int64 tensors)."""
     index, stride = torch.zeros((), dtype=torch.int64, device=device), 1
     for d in reversed(range(len(full))):
-        axis = torch.arange(starts[d], starts[d] + shape[d], dtype=torch.int64, device=device) * stride
+        axis = (torch.arange(shape[d], dtype=torch.int64, device=device) + starts[d]) * stride
         index = index + axis.view([-1] + [1] * (len(full) - 1 - d))
         stride *= full[d]
     return index
 
 
 def keep_mask(stream, shape, starts, full, p, device):
-    """Which elements of the block of ``shape`` at ``starts`` of a ``full`` tensor dropout keeps."""
+    """Which elements of the block of ``shape`` at ``starts`` of a ``full`` tensor dropout keeps
+    (``stream``: an int or a 0-d int64 tensor, read by tensor ops only, so that ``torch.compile``
+    traces it whole and does not compile it again for each step's seed)."""
     index = positions(shape, starts, full, device)
     h = _finish(_mix_word(_mix_word(stream, index & _MASK32), index >> 32), 8)
     return h >= min(int(p * 4294967296.0), 4294967296)
@@ -98,7 +101,7 @@ def element_dropout(x, stream, p, starts, full, inplace=False):
     (``None``: the identity). Kept elements are scaled by ``1 / (1 - p)``; ``p = 1`` gives zeros."""
     if stream is None:
         return x
-    keep = keep_mask(int(stream), x.shape, starts, full, p, x.device)
+    keep = keep_mask(stream, x.shape, starts, full, p, x.device)
     scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
     return x.mul_(keep).mul_(scale) if inplace else x.mul(keep).mul_(scale)
 

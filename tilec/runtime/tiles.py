@@ -144,7 +144,7 @@ class TiledSegment:
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
-        self._compiled = CompiledTiles(label)
+        self._compiled = CompiledTiles(label, positional=not reuse)
 
     def function(self, kernels, key, level=None):
         """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
