@@ -31,6 +31,7 @@ from tilec.search import (
     usable,
     variants,
 )
+from tilec.target import REFERENCE
 from tilec.trace import trace
 
 from support.exactness import TOLERANCE, max_errors
@@ -99,9 +100,8 @@ def _brute_force(costs: _Costs, budget: int) -> float:
     """Least estimated seconds over every segmentation at the cut candidates, each segment stored
     or tiled with, per margin, the coarsest grid that fits with that share of the budget to spare,
     or the finest, each also with every batch that is faster and fits (the search's options), its
-    peaks as
-    the planner predicts them (``Estimator.step_peaks``); a partial plan already slower than the
-    best complete one, or over the budget, is abandoned."""
+    peaks as the planner predicts them (``Estimator.step_peaks``); a partial plan already slower
+    than the best complete one, or over the budget, is abandoned."""
     best, last = float("inf"), costs.cuts[-1]
 
     def fits(chosen: list, limit: float = budget) -> bool:
@@ -252,6 +252,19 @@ def test_a_generous_budget_stores_everything(graph):
 def test_tight_budgets_tile(graph):
     chosen = _planned(graph, smallest_budget(graph, TINY))
     assert any(s.mode == "tiled" and s.grid != (1, 1) for s in chosen.segments)
+
+
+@pytest.mark.parametrize("size", [(64, 77), (120, 97), (181, 160)])
+def test_the_smallest_budget_named_has_a_plan(size):
+    """A downsampling, training-mode BatchNorm and upsampling: at some sizes the smallest plan
+    tiles a segment with a fine grid that is neither the finest nor the coarsest to fit a margin
+    (the finest holds more kernel state), which the search offers where it finds no plan without."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Upsample(scale_factor=2), nn.Conv2d(8, 2, 3, padding=1)).double()
+    graph = trace(model, (1, 3, *size))
+    smallest = smallest_budget(graph, REFERENCE, "float64")
+    assert choose(graph, REFERENCE, smallest, "float64").segments
 
 
 def test_a_budget_below_the_smallest_names_the_smallest(graph):

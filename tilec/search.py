@@ -11,7 +11,8 @@ tensors at every resolution then line up, all inner tiles one shape class), else
 of each tensor (``tilec.regions.split``). Finer grids add
 time for a lower peak, which later segments may need (each adds its kernel state to every
 peak), so for each of ``MARGINS`` the coarsest grid that fits with that share of the budget to
-spare is offered, and the finest.
+spare is offered, and the finest; where that finds no plan, a search offering the fine grids
+``smallest_budget`` builds on (``_Costs.fine_grids``), so that the smallest budget it names has one.
 
 Rolled gradients: a tiled segment whose input a tiled segment produced may hold a band of that
 input's gradient instead of all of it (``Estimator.made_tiled``), so a segment's peak depends on
@@ -271,15 +272,19 @@ class _Costs:
         images = [(self.graph.size(name, 0), self.graph.size(name, 1)) for name in names if self.graph.is_image(name)]
         return images, owned_sizes(self.graph, low, stop)
 
-    def fine_grids(self, first: int, stop: int) -> list[tuple[int, int]]:
-        """The finest grid and coarser ones down to ``FINE_GRIDS_FROM`` tiles a side, halving:
+    def fine_grids(self, first: int, stop: int) -> list[tuple[int, int] | tuple[Period, Period]]:
+        """The finest grid and coarser ones down to ``FINE_GRIDS_FROM`` tiles a side (where the
+        grids reach that far), halving:
         finer tiles shrink the working set, but a grid whose halo spans several tiles has more
         tile shapes, each with its own kernels (``SegmentCost.kernels``)."""
         grids = self.grids(first, stop)
         chosen = [grids[-1]]
         while tiles_a_side(chosen[-1]) // 2 >= FINE_GRIDS_FROM:
             half = tiles_a_side(chosen[-1]) // 2
-            chosen.append(next(grid for grid in reversed(grids) if tiles_a_side(grid) <= half))
+            coarser = next((grid for grid in reversed(grids) if tiles_a_side(grid) <= half), None)
+            if coarser is None:
+                break
+            chosen.append(coarser)
         return chosen
 
     def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
@@ -353,8 +358,8 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
     ``backgrounds``, plans of one period: ``ALIGNED``), with every predicted step peak <=
     ``usable(budget)`` bytes (its time counting the tiles computed once where the inputs'
     ``backgrounds`` are known)."""
-    found, costs = [], []
-    for recomputed, variant in variants(graph, target, dtype):
+    found, costs, searched = [], [], variants(graph, target, dtype)
+    for recomputed, variant in searched:
         costs.append(_Costs(variant, target, dtype, backgrounds))
         best = _search(costs[-1], usable(budget), min((choice.seconds for choice in found), default=inf))
         if best is not None:
@@ -365,7 +370,14 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
         if best is not None:
             found.append(Choice(graph, (), best.choices, best.seconds))
     if not found:
-        smallest = _budget_for(min(_smallest(cost) for cost in costs))
+        # near the smallest budget: the plans ``smallest_budget`` builds on, every fine grid offered
+        peaks = [_smallest(cost) for cost in costs]
+        for (recomputed, variant), cost, peak in zip(searched, costs, peaks, strict=True):
+            best = _search(cost, usable(budget), fine=True) if peak <= usable(budget) else None
+            if best is not None:
+                found.append(Choice(variant, recomputed, best.choices, best.seconds))
+    if not found:
+        smallest = _budget_for(min(peaks))
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
                           f"feasible budget is about {format_bytes(smallest)}")
     return min(found, key=lambda choice: (choice.seconds, len(choice.recomputed)))
@@ -413,10 +425,12 @@ def _budget_for(peak: int) -> int:
     return -(-peak * 100 // USABLE_PERCENT)
 
 
-def _search(costs: _Costs, budget: int, bound: float = inf) -> Partial | None:
+def _search(costs: _Costs, budget: int, bound: float = inf, fine: bool = False) -> Partial | None:
     """The plan of least estimated seconds with a predicted peak <= ``budget`` (already the
     usable part) and seconds <= ``bound`` (a plan found before: a partial plan slower than it
-    cannot end faster, segments adding seconds); ``None`` when no plan fits."""
+    cannot end faster, segments adding seconds); ``None`` when no plan fits. With ``fine``, a
+    tiled segment is offered every grid of ``_Costs.fine_grids`` that fits, not only the finest:
+    the options ``_smallest`` builds on, so that the smallest budget it finds has a plan."""
     def extend(entry: Partial, first: int, stop: int, made: frozenset[str]):
         seconds, held, peak, choices = entry
 
@@ -434,7 +448,7 @@ def _search(costs: _Costs, budget: int, bound: float = inf) -> Partial | None:
             # finer grids add time for a lower peak so far, which later segments' kernel state
             # may need: per margin, the coarsest grid that fits with that much to spare (one pass
             # from coarse to fine: a grid that fits with a margin fits with the smaller ones), and
-            # the finest (what ``_smallest`` builds on)
+            # the finest (with ``fine``, each fine grid: a finer one may hold more kernel state)
             def peak_with(grid: tuple[int, int]) -> int:
                 return _peak(costs, held, peak, costs.option(first, stop, grid), made)
 
@@ -445,8 +459,8 @@ def _search(costs: _Costs, budget: int, bound: float = inf) -> Partial | None:
                     chosen.append(grid)
                 if len(chosen) == len(limits):
                     break
-            if peak_with(grids[-1]) <= budget:
-                chosen.append(grids[-1])
+            chosen += [grid for grid in (costs.fine_grids(first, stop) if fine else grids[-1:])
+                       if peak_with(grid) <= budget]
             if chosen and costs.estimator.backgrounds and costs.aligned is None:
                 # a known background favours finer tiles, more of them computed once: every grid up
                 # to ``FINER`` times the coarsest that fits, tiles a side
