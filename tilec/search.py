@@ -8,11 +8,11 @@ and the peak, and the objective adds up seconds. A segment ``[first, stop)`` is 
 (untiled), or tiled when all its nodes are tileable, with a square-ish grid: tiles of one period
 of input pixels where every tensor it partitions is the input at a stride (``periods_for``; the
 tensors at every resolution then line up, all inner tiles one shape class), else that many parts
-of each tensor (``tilec.regions.split``). Finer grids add
-time for a lower peak, which later segments may need (each adds its kernel state to every
-peak), so for each of ``MARGINS`` the coarsest grid that fits with that share of the budget to
-spare is offered, and the finest; where that finds no plan, a search offering the fine grids
-``smallest_budget`` builds on (``_Costs.fine_grids``), so that the smallest budget it names has one.
+of each tensor (``tilec.regions.split``). Finer grids add time for a lower peak, which later
+segments may need (each adds its kernel state to every peak), so for each of ``MARGINS`` the
+coarsest grid that fits with that share of the budget to spare is offered, and the finest; where
+that finds no plan, a search offering the fine grids ``smallest_budget`` builds on
+(``_Costs.fine_grids``) follows, so that the smallest budget it names has one.
 
 Rolled gradients: a tiled segment whose input a tiled segment produced may hold a band of that
 input's gradient instead of all of it (``Estimator.made_tiled``), so a segment's peak depends on
@@ -274,9 +274,8 @@ class _Costs:
 
     def fine_grids(self, first: int, stop: int) -> list[tuple[int, int] | tuple[Period, Period]]:
         """The finest grid and coarser ones down to ``FINE_GRIDS_FROM`` tiles a side (where the
-        grids reach that far), halving:
-        finer tiles shrink the working set, but a grid whose halo spans several tiles has more
-        tile shapes, each with its own kernels (``SegmentCost.kernels``)."""
+        grids reach that far), halving: finer tiles shrink the working set, but a grid whose halo
+        spans several tiles has more tile shapes, each with its own kernels (``SegmentCost.kernels``)."""
         grids = self.grids(first, stop)
         chosen = [grids[-1]]
         while tiles_a_side(chosen[-1]) // 2 >= FINE_GRIDS_FROM:
