@@ -64,3 +64,8 @@ fi
 # classes, each with a function per level of its 18 instance norms).
 measure resnet50_compiled_cuda --model examples/resnet50.py --sizes 2048 --variants plain,auto --budget 10% \
     --kernels auto,compiled,cudagraphs --timeout 600
+# The ≤10× target of ResNet-18 in training mode at 2048² with its 10% plan's tiles replayed as CUDA
+# graphs: 165 tile functions (9 tiled segments of up to 9 shape classes, a function per level of
+# their batch norms), each compiled in its variants in the first step.
+measure resnet18_graphs_cuda --model examples/resnet18.py --sizes 2048 --variants plain,auto --budget 10% \
+    --kernels auto,cudagraphs --timeout 600
