@@ -15,6 +15,7 @@ from torch import nn
 from tilec import search
 from tilec.cli import main
 from tilec.cone import axis_tiles
+from tilec.config import parse_bytes
 from tilec.errors import BudgetError
 from tilec.ops import rule
 from tilec.planner import SegmentChoice, classified, plan
@@ -268,10 +269,13 @@ def test_the_smallest_budget_named_has_a_plan(size):
 
 
 def test_a_budget_below_the_smallest_names_the_smallest(graph):
+    """The budget named, rounded up to a tenth of its unit, is accepted as written."""
     smallest = smallest_budget(graph, TINY)
     choose(graph, TINY, smallest)
-    with pytest.raises(BudgetError, match=re.escape(f"smallest feasible budget is about {format_bytes(smallest)}")):
+    named = format_bytes(smallest, up=True)
+    with pytest.raises(BudgetError, match=re.escape(f"smallest feasible budget is about {named}")):
         choose(graph, TINY, smallest - 1)
+    assert parse_bytes(named.replace(" ", "")) >= smallest
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -117,10 +117,12 @@ def usable(budget: int) -> int:
     return budget * USABLE_PERCENT // 100
 
 
-def format_bytes(count: int) -> str:
+def format_bytes(count: int, up: bool = False) -> str:
+    """``count`` bytes to a tenth of its unit, rounded up with ``up`` (a budget that, given back as
+    written, is no smaller)."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if count >= size:
-            return f"{count / size:.1f} {unit}"
+            return f"{(math.ceil(count * 10 / size) / 10 if up else count / size):.1f} {unit}"
     return f"{count} B"
 
 
@@ -378,7 +380,7 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
     if not found:
         smallest = _budget_for(min(peaks))
         raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
-                          f"feasible budget is about {format_bytes(smallest)}")
+                          f"feasible budget is about {format_bytes(smallest, up=True)}")
     return min(found, key=lambda choice: (choice.seconds, len(choice.recomputed)))
 
 
