@@ -230,7 +230,7 @@ class _Costs:
         self.batches = cache(self._batches)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
-        self.run_sizes = cache(self._run_sizes)
+        self.periods = cache(self._periods)
 
     def _option(self, first: int, stop: int, grid: tuple[int, int] | None, batch: int = 1) -> SegmentCost:
         """Stored for ``grid=None``, else tiled with ``grid``, ``batch`` tiles of one class per call."""
@@ -261,18 +261,19 @@ class _Costs:
         if self.aligned is not None:
             partitioned = owned_sizes(self.graph, run_start(self.graph, stop), stop)
             return [self.aligned] if misfit(self.aligned, partitioned) is None else []
-        images, partitioned = self.run_sizes(stop)
-        grids = [periods_for(self.graph, images, partitioned, g) or (min(g, height), min(g, width))
-                 for g in GRIDS if g <= max(height, width)]
+        periods = self.periods(stop)
+        grids = [periods[g] or (min(g, height), min(g, width)) for g in GRIDS if g <= max(height, width)]
         return list(dict.fromkeys(grids))
 
-    def _run_sizes(self, stop: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The sizes (rows, columns) of the image tensors of the longest tileable run ending at
-        ``stop`` (its inputs' and its nodes'), and of those its tiles partition (``owned_sizes``)."""
+    def _periods(self, stop: int) -> dict[int, tuple[Period, Period] | None]:
+        """Per count of tiles a side in ``GRIDS``, ``periods_for`` the longest tileable run ending at
+        ``stop``: its image tensors (its inputs' and its nodes') and what its tiles partition
+        (``owned_sizes``)."""
         low = run_start(self.graph, stop)
         names = [i.name for i in self.graph.inputs_of(low, stop)] + [n.name for n in self.graph.members(low, stop)]
         images = [(self.graph.size(name, 0), self.graph.size(name, 1)) for name in names if self.graph.is_image(name)]
-        return images, owned_sizes(self.graph, low, stop)
+        partitioned = owned_sizes(self.graph, low, stop)
+        return {g: periods_for(self.graph, images, partitioned, g) for g in GRIDS}
 
     def fine_grids(self, first: int, stop: int) -> list[tuple[int, int] | tuple[Period, Period]]:
         """The finest grid and coarser ones down to ``FINE_GRIDS_FROM`` tiles a side (where the
@@ -377,10 +378,9 @@ def choose(graph: Graph, target: Target, budget: int, dtype: str = "float32",
             best = _search(cost, usable(budget), fine=True) if peak <= usable(budget) else None
             if best is not None:
                 found.append(Choice(variant, recomputed, best.choices, best.seconds))
-    if not found:
-        smallest = _budget_for(min(peaks))
-        raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
-                          f"feasible budget is about {format_bytes(smallest, up=True)}")
+        if not found:
+            raise BudgetError(f"no plan fits the memory budget of {format_bytes(budget)}; the smallest "
+                              f"feasible budget is about {format_bytes(_budget_for(min(peaks)), up=True)}")
     return min(found, key=lambda choice: (choice.seconds, len(choice.recomputed)))
 
 
