@@ -33,8 +33,9 @@ rates, ``tilec.clock``);
 ``--allocator`` picks how their process's malloc returns memory: ``pinned`` (the default: the
 generated module pins glibc's mmap threshold), ``as-is`` (``return_freed_memory=False``) or
 ``heap`` (as-is, and glibc keeps freed blocks below 32 MiB in its heap, untrimmed);
-``--kernels`` the tile kernels (``TiledModel(kernels=...)``: ``auto``, ``generic``, ``compiled`` or
-``cudagraphs``, whose ``torch.compile`` runs in the first step: ``first_step_s``).
+``--kernels`` the tile kernels (``TiledModel(kernels=...)``: ``auto``, ``generic``, ``compiled``,
+``cudagraphs`` or ``reduce-overhead``, whose ``torch.compile`` runs in the first step:
+``first_step_s``).
 
 Peak memory ("peak_bytes") is the growth of the process's memory during the first step over
 its state just before it (model, input and tilec module already built, warm-up done):

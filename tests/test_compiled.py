@@ -1,9 +1,10 @@
 """``TiledModel(model, kernels="compiled")``: every tile function compiled by ``torch.compile``
 (``tilec.runtime.compiled``) gives untiled PyTorch's outputs, gradients and buffers in float64;
 dynamo traces the tiles whole (no graph break); where compiling fails, each segment says so once
-and its tiles run uncompiled, as exactly. ``kernels="cudagraphs"``: what a replay writes over is
-never read again (a stand-in with CUDA graphs' memory on the CPU), and where inductor captures no
-CUDA graph (the CPU), each segment says so once."""
+and its tiles run uncompiled, as exactly. ``kernels="cudagraphs"`` and ``"reduce-overhead"``:
+what a replay writes over is never read again (a stand-in with CUDA graphs' memory on the CPU),
+where no CUDA graph is captured (the CPU) each segment says so once, and the tile functions
+as torch's CUDA graph backend gets them mutate no input and hold no op it cannot capture."""
 
 from __future__ import annotations
 
@@ -69,13 +70,17 @@ def test_other_errors_in_a_compiled_tile_are_raised(monkeypatch):
 _REPLAYED = {}
 
 
-def _replaying(fn, mode=None, **options):
-    """A stand-in for ``torch.compile(fn, mode="reduce-overhead")`` with CUDA graphs' memory on the
+#: ``torch.compile``'s options that capture CUDA graphs, per ``kernels`` choice.
+GRAPHS = {"cudagraphs": {"backend": "cudagraphs"}, "reduce-overhead": {"mode": "reduce-overhead"}}
+
+
+def _replaying(fn, dynamic=None, **options):
+    """A stand-in for ``torch.compile(fn, ...)`` with ``GRAPHS``' options, with CUDA graphs' memory on the
     CPU: what any call returned, and the gradients its backward handed on, live in memory that the
     next call (of any function) writes over with garbage, as the next replay would; a gradient of
     a model tensor or leaf is handed on as a fresh tensor in that memory, which autograd may keep
     as the tensor's ``grad`` as it is."""
-    assert mode == "reduce-overhead", mode
+    assert options in GRAPHS.values(), options
 
     def static(key, t):
         buffer = _REPLAYED.get(key)
@@ -117,16 +122,17 @@ def _replaying(fn, mode=None, **options):
     return compiled
 
 
-@pytest.mark.parametrize(("name", "grid", "batch"), [("resnet_head", (2, 3), None), ("resnet_head", (3, 3), 2),
-                                                     ("segmentation_loss", (3, 2), None)])
-def test_cuda_graph_tiles_keep_nothing_a_replay_overwrites(monkeypatch, name, grid, batch):
-    """``kernels="cudagraphs"`` in float64 with a stand-in whose replays write over what earlier
+@pytest.mark.parametrize(("name", "grid", "batch", "kernels"), [
+    ("resnet_head", (2, 3), None, "cudagraphs"), ("resnet_head", (3, 3), 2, "reduce-overhead"),
+    ("segmentation_loss", (3, 2), None, "cudagraphs")])
+def test_cuda_graph_tiles_keep_nothing_a_replay_overwrites(monkeypatch, name, grid, batch, kernels):
+    """CUDA graphs' kernels in float64 with a stand-in whose replays write over what earlier
     calls returned: the runtime copies the partials it merges and keeps, and gives the leaves a
     ``grad`` of their own to accumulate into, so the step stays exact (training-mode BatchNorm by
     sweeps, a classifier head, tiles one by one and stacked two per call; a per-pixel loss)."""
     monkeypatch.setattr(torch, "compile", _replaying)
     _REPLAYED.clear()
-    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=grid, batch=batch, kernels="cudagraphs")
+    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=grid, batch=batch, kernels=kernels)
     assert _REPLAYED
 
 
@@ -147,14 +153,15 @@ def test_cuda_graph_tiles_reuse_background_tiles_exactly(monkeypatch):
     assert _REPLAYED
 
 
-def test_cuda_graphs_skipped_are_said_once_per_segment():
-    """On the CPU inductor captures no CUDA graph: each segment says so once, and its tiles run
-    compiled, as exactly."""
+@pytest.mark.parametrize("kernels", ["cudagraphs", "reduce-overhead"])
+def test_cuda_graphs_skipped_are_said_once_per_segment(kernels):
+    """On the CPU no CUDA graph is captured: each segment says so once, and its tiles run compiled,
+    as exactly."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
     with pytest.warns(RuntimeWarning, match="CUDA graphs skipped") as caught:
-        check_exact(model, (1, 3, 11, 9), segments=[(0, 2, (2, 1)), (2, 3, (1, 2))], kernels="cudagraphs")
+        check_exact(model, (1, 3, 11, 9), segments=[(0, 2, (2, 1)), (2, 3, (1, 2))], kernels=kernels)
     said = [str(w.message) for w in caught if "CUDA graphs skipped" in str(w.message)]
     assert len(said) == len(set(said)) == 2, said
     for line in said:
@@ -204,3 +211,64 @@ def test_tiles_reading_their_origins_trace_whole_once_for_every_step_and_positio
     single = _positional_steps((3, 3), [0])
     graphs = _positional_steps((4, 4), [0, 1, 2])
     assert single[0] > 0 and graphs == single * 3, (single, graphs)
+
+
+def _capturable(found):
+    """A backend for ``torch.compile`` that records, for each graph autograd makes of a tile
+    function (forward, backward, and without gradients), the inputs it mutates (inference graphs
+    keep their mutations, as inductor's do) and its first op CUDA graphs cannot capture (one with
+    an output of data-dependent shape), as inductor and torch's backend "cudagraphs" check them
+    before capturing (the device aside), and runs the graphs as they are."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.cudagraphs import find_input_mutations
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._inductor.utils import count_tangents, get_first_incompatible_cudagraph_node, num_fw_fixed_arguments
+
+    def backend(graph, inputs):
+        def check(fixed, aot_graph, aot_inputs):
+            mutated = find_input_mutations(aot_graph.graph) - set(range(fixed))
+            found.append((sorted(mutated), get_first_incompatible_cudagraph_node(aot_graph)))
+            return boxed_nop(aot_graph, aot_inputs)
+
+        def forward(aot_graph, aot_inputs, is_inference=False):
+            return check(num_fw_fixed_arguments(len(inputs), len(aot_inputs)), aot_graph, aot_inputs)
+
+        return aot_autograd(fw_compiler=forward, inference_compiler=forward, keep_inference_input_mutations=True,
+                            bw_compiler=lambda g, i: check(count_tangents(g), g, i))(graph, inputs)
+
+    compile = torch.compile
+    return lambda fn, **options: compile(fn, dynamic=False, backend=backend)
+
+
+@pytest.mark.parametrize(("name", "grid", "batch"), [("resnet_head", (3, 2), None), ("resnet_head", (3, 3), 2),
+                                                     ("segmentation_loss", (3, 2), None),
+                                                     ("efficientnet_drop", (2, 2), None)])
+def test_tile_functions_can_be_captured_as_cuda_graphs(monkeypatch, name, grid, batch):
+    """What keeps a graph from being captured on CUDA, but for its device, shows on the CPU: every
+    forward and backward graph of every tile function (training-mode BatchNorm by sweeps, stacked
+    tiles, a per-pixel loss, squeeze-and-excitation with stochastic depth and Dropout2d) mutates
+    no input and holds no op CUDA graphs cannot capture, and the step stays exact."""
+    torch._dynamo.reset()
+    counters.clear()
+    found = []
+    monkeypatch.setattr(torch, "compile", _capturable(found))
+    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=grid, batch=batch, kernels="cudagraphs")
+    assert len(found) >= 4 and all(checked == ([], None) for checked in found), found
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_a_segment_of_many_levels_compiles_every_variant(monkeypatch):
+    """MONAI's BasicUNet as one tiled segment: its instance norms make 10 levels of sweeps, and
+    each level's backward sweep calls a tile function with other tensors wanting gradients, a
+    variant of its own (12 for each class, where dynamo's limit is 8). The segment raises the limit
+    to what its plan needs, so that dynamo (alone, ``backend="eager"``) compiles every call and
+    runs none uncompiled; exact in float64."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_(fn, backend="eager", dynamic=False))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    torch._dynamo.reset()
+    counters.clear()
+    model, shape = TRAIN_ZOO["basic_unet"](), TRAIN_SHAPES["basic_unet"]
+    check_exact(model, shape, segments=[(0, len(trace(model, shape)), (2, 2))], kernels="compiled")
+    assert counters["frames"]["total"] == counters["frames"]["ok"] > 0, dict(counters)
+    assert not counters["unimplemented"] and not counters["graph_break"], dict(counters)

@@ -3,7 +3,8 @@ compiling (float64 within 1e-10, float32 within rounding), and a ``TiledModel`` 
 generic tile kernels (``tilec.runtime.device``: aten on fresh tensors, no arena buffer, no oneDNN,
 no matrix-product weight gradient, no allocator pin) with the caching allocator on expandable
 segments, which keeps what it reserves near what a tiled step allocates; compiled tile functions
-(``kernels="compiled"``), also replayed as CUDA graphs (``"cudagraphs"``), are exact there too.
+(``kernels="compiled"``), and tiles replayed as CUDA graphs (``"cudagraphs"``, ``"reduce-overhead"``),
+are exact there too.
 Skipped without a CUDA device."""
 
 from __future__ import annotations
@@ -57,15 +58,17 @@ def test_compiled_tiles_equal_untiled_on_cuda_in_float64():
     check_exact(TRAIN_ZOO["basic_unet"](), TRAIN_SHAPES["basic_unet"], grid=(2, 2), device="cuda", kernels="compiled")
 
 
+@pytest.mark.parametrize("kernels", ["cudagraphs", "reduce-overhead"])
 @pytest.mark.parametrize("batch", [None, 2])
-def test_cuda_graph_tiles_equal_untiled_on_cuda_in_float64(batch):
-    """``kernels="cudagraphs"``: every tile function captured as CUDA graphs (none skipped) and
-    replayed tile after tile; training-mode BatchNorm by sweeps, tiles one by one and stacked."""
+def test_cuda_graph_tiles_equal_untiled_on_cuda_in_float64(batch, kernels):
+    """``kernels="cudagraphs"`` (aten's kernels) and ``"reduce-overhead"`` (inductor's): every tile
+    function captured as CUDA graphs (none skipped) and replayed tile after tile; training-mode
+    BatchNorm by sweeps, tiles one by one and stacked."""
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="tilec: CUDA graphs skipped")
         warnings.filterwarnings("error", message="tilec: torch.compile failed")
         check_exact(TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"], grid=(4, 3), batch=batch, device="cuda",
-                    kernels="cudagraphs")
+                    kernels=kernels)
 
 
 @pytest.mark.parametrize("name", MODELS)

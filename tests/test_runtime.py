@@ -78,13 +78,14 @@ def _inside(tensor: torch.Tensor, arena: Arena) -> bool:
 def test_kernels_for_each_device():
     assert kernels_for("cuda", 32) is CUDA and kernels_for("cuda", 32, "generic") is CUDA
     assert kernels_for("mps", None) is GENERIC and kernels_for("cpu", 32, "generic") is GENERIC
-    assert kernels_for("cpu", 32, "compiled") == replace(GENERIC, compiled=True)
-    assert kernels_for("cuda", 32, "compiled") == replace(CUDA, compiled=True)
-    assert kernels_for("cuda", 32, "cudagraphs") == replace(CUDA, compiled=True, graphs=True)
-    assert kernels_for("cpu", 32, "cudagraphs") == replace(GENERIC, compiled=True, graphs=True)
+    for base, device in ((GENERIC, "cpu"), (CUDA, "cuda")):
+        assert kernels_for(device, 32, "compiled") == replace(base, compiler="inductor")
+        assert kernels_for(device, 32, "cudagraphs") == replace(base, compiler="cudagraphs")
+        assert kernels_for(device, 32, "reduce-overhead") == replace(base, compiler="reduce-overhead")
     assert not any(kernels_for(device, 32, choice).compiled or kernels_for(device, 32, choice).graphs
                    for device in ("cpu", "cuda") for choice in ("auto", "generic"))
-    assert not any(kernels_for(device, 32, "compiled").graphs for device in ("cpu", "cuda"))
+    assert [kernels_for("cuda", 32, choice).graphs for choice in ("compiled", "cudagraphs", "reduce-overhead")] == [
+        False, True, True]
     assert GENERIC == Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False)
     assert CUDA == Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False,
                            expand_segments=True)

@@ -111,7 +111,7 @@ def test_generic_kernels_run_aten_on_fresh_tensors():
 
 def test_an_unknown_kernels_choice_is_refused():
     tiled_class = type(build(nn.Sequential(nn.Conv2d(1, 1, 3)), (1, 1, 8, 8), grid=(2, 2)))
-    choices = r"\('auto', 'generic', 'compiled', 'cudagraphs'\)"
+    choices = r"\('auto', 'generic', 'compiled', 'cudagraphs', 'reduce-overhead'\)"
     with pytest.raises(ValueError, match=rf"kernels must be one of {choices}, got 'cuda'"):
         tiled_class(nn.Sequential(nn.Conv2d(1, 1, 3)), kernels="cuda")
 

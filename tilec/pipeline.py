@@ -181,8 +181,8 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
     ``autocast``: "DEVICE:DTYPE" of the ``torch.autocast`` the step runs under (``tilec.trace``).
     ``kernels``: ``"generic"`` runs the generic tile kernels even on the CPU, ``"compiled"`` those with
-    the tile functions compiled by ``torch.compile``, ``"cudagraphs"`` also replayed as CUDA graphs
-    (``tilec.runtime.device``).
+    the tile functions compiled by ``torch.compile``, ``"cudagraphs"`` captured as CUDA graphs,
+    ``"reduce-overhead"`` both (``tilec.runtime.device``).
     """
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)

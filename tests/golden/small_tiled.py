@@ -120,7 +120,8 @@ and the process pins glibc's mmap threshold. Every other device (CUDA among them
 expandable segments). The generic path can be forced on the CPU (``TiledModel(model,
 kernels="generic")``), and so can the *compiled* one: the generic kernels with every tile function
 compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``), and on CUDA also
-captured as CUDA graphs (``"cudagraphs"``).
+replayed as CUDA graphs: aten's kernels captured (``"cudagraphs"``), or inductor's
+(``"reduce-overhead"``).
 The cost model asks the same table what a plan's tiles will run.
 """
 
@@ -141,9 +142,11 @@ class Kernels:
     oneDNN's convolution-into the arena, weights packed in forward. ``gemm_min_channels``: from
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
-    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiled``: tile
-    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``); ``graphs``: compiled
-    in its mode "reduce-overhead", which replays them as CUDA graphs.
+    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiler``: tile
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``), ``"inductor"`` by its
+    default backend, ``"reduce-overhead"`` by inductor in that mode (its kernels replayed as CUDA
+    graphs), ``"cudagraphs"`` by its backend of that name (aten's kernels, no code generated,
+    replayed as CUDA graphs); ``None``: run as they are.
     """
 
     arena: bool
@@ -151,8 +154,18 @@ class Kernels:
     gemm_min_channels: int | None
     pin_allocator: bool
     expand_segments: bool = False
-    compiled: bool = False
-    graphs: bool = False
+    compiler: str | None = None
+
+    @property
+    def compiled(self):
+        """Whether tile functions run compiled by ``torch.compile``."""
+        return self.compiler is not None
+
+    @property
+    def graphs(self):
+        """Whether compiled tile functions replay as CUDA graphs, which write over what the previous
+        replay returned (``tilec.runtime.sweeps`` copies what it keeps)."""
+        return self.compiler in ("reduce-overhead", "cudagraphs")
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -161,19 +174,21 @@ GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocat
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
-#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, those
-#: compiled, or those compiled and replayed as CUDA graphs.
-KERNEL_CHOICES = ("auto", "generic", "compiled", "cudagraphs")
+#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
+#: those compiled: by inductor, as CUDA graphs of aten's kernels, or inductor's replayed as CUDA
+#: graphs. Each compiled choice names its ``Kernels.compiler``.
+COMPILERS = {"compiled": "inductor", "cudagraphs": "cudagraphs", "reduce-overhead": "reduce-overhead"}
+KERNEL_CHOICES = ("auto", "generic", *COMPILERS)
 
 
 def kernels_for(device_type, gemm_min_channels, choice="auto"):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
     race chose ``gemm_min_channels``; ``choice`` (``KERNEL_CHOICES``) "generic" forces
-    ``GENERIC`` on the CPU (CUDA's kernels are generic already), "compiled" the device's generic
-    kernels compiled, "cudagraphs" compiled as CUDA graphs (a device without them runs them
-    compiled, ``tilec.runtime.compiled`` says so)."""
-    if choice in ("compiled", "cudagraphs"):
-        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True, graphs=choice == "cudagraphs")
+    ``GENERIC`` on the CPU (CUDA's kernels are generic already), the ``COMPILERS`` the device's
+    generic kernels compiled ("cudagraphs" and "reduce-overhead" replayed as CUDA graphs; a device
+    without them runs them compiled, ``tilec.runtime.compiled`` says so)."""
+    if choice in COMPILERS:
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiler=COMPILERS[choice])
     if device_type == "cuda":
         return CUDA
     if choice == "generic" or device_type != "cpu":
@@ -1690,14 +1705,19 @@ def per_sample(part, count):
 
 # --- tilec/runtime/compiled.py -----------------------------------------------------------------------------
 
-"""Tile functions compiled by ``torch.compile`` (``Kernels.compiled``: ``TiledModel(model,
-kernels="compiled")``), falling back to running them as they are; with ``kernels="cudagraphs"``
-(``Kernels.graphs``) compiled in its mode "reduce-overhead", which captures each as CUDA graphs
-and replays them.
+"""Tile functions compiled by ``torch.compile`` (``Kernels.compiler``), falling back to running
+them as they are: ``TiledModel(model, kernels="compiled")`` by inductor; ``kernels="cudagraphs"``
+by torch's backend of that name, which captures aten's kernels as CUDA graphs and replays them
+(no code generated: it compiles in the time of dynamo's and autograd's tracing);
+``kernels="reduce-overhead"`` by inductor in that mode, which captures its own kernels so.
 
 Each shape class of a segment is a function of its own, compiled at its first call with static
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
-gradients, the backward's re-run with them, a batch of tiles). While dynamo traces it, a tile's
+gradients, the backward's re-run with them, each level's backward sweep, whose results want
+gradients, each size of a stack of tiles). Those are bounded by the plan: at most (levels + 4)
+times the segment's ``batch``, and a segment raises dynamo's ``recompile_limit`` (8) to that bound,
+beyond which dynamo would run a function uncompiled (BasicUNet's one segment of 18 instance norms
+needs 22). While dynamo traces it, a tile's
 kernels take forms it can trace (``torch.compiler.is_compiling``): activations in place and max
 pooling by aten's own ops, moments by ``var_mean``; a tile that reads its origins (``positional``)
 gets them as 0-d tensors, so that no function is compiled again for each tile position. Where
@@ -1707,44 +1727,54 @@ uncompiled from then on, and a warning says so once per segment.
 CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
 (``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
 call returned (the runtime copies what it keeps, ``tilec.runtime.sweeps``); a tile's slices are
-copied into the graph's inputs, while the model tensors stay where they are
-(``torch._dynamo.mark_static_address``). Where inductor does not capture a graph (not CUDA, an op
-it cannot capture), that function runs compiled without it, and a warning says so once per
-segment (``TORCH_LOGS=cudagraphs`` says why).
+copied into the graph's inputs. Inductor leaves the model tensors where they are
+(``torch._dynamo.mark_static_address``); the "cudagraphs" backend copies them too. Where no graph
+is captured (not CUDA, an op that cannot be captured), that function runs compiled without it,
+and a warning says so once per segment (``TORCH_LOGS=cudagraphs`` says why).
 """
 
 
 
+#: ``torch.compile``'s options for each ``Kernels.compiler``.
+OPTIONS = {"inductor": {}, "reduce-overhead": {"mode": "reduce-overhead"}, "cudagraphs": {"backend": "cudagraphs"}}
+
 
 class CompiledTiles:
     """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
-    they are once compiling one of them failed (``failed``); ``skipped``: inductor did not capture
-    one as CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
+    they are once compiling one of them failed (``failed``); ``skipped``: one was not captured as
+    CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
     (element-wise dropout, first maxima), which they are then given as 0-d tensors
-    (``as_tensors``), values dynamo does not compile a function again for."""
+    (``as_tensors``), values dynamo does not compile a function again for; ``variants``: how many
+    graphs one function may need (module docstring)."""
 
-    def __init__(self, label, positional=False):
-        self.label, self.positional, self.failed, self.skipped, self.compiled = label, positional, False, False, {}
+    def __init__(self, label, positional=False, variants=8):
+        self.label, self.positional, self.variants = label, positional, variants
+        self.failed, self.skipped, self.compiled = False, False, {}
 
-    def function(self, fn, graphs=False):
-        """``fn`` compiled (as CUDA graphs where ``graphs``): one wrapper per function and mode, which
-        runs ``fn`` itself once compiling failed."""
-        found = self.compiled.get((fn, graphs))
+    def function(self, fn, kernels):
+        """``fn`` compiled by the device's ``kernels.compiler``: one wrapper per function and
+        compiler, which runs ``fn`` itself once compiling failed."""
+        found = self.compiled.get((fn, kernels.compiler))
         if found is None:
-            found = self.compiled[fn, graphs] = self.wrap(fn, graphs)
+            found = self.compiled[fn, kernels.compiler] = self.wrap(fn, kernels)
         return found
 
-    def wrap(self, fn, graphs):
-        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graphs else None)
+    def wrap(self, fn, kernels):
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, self.variants)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, self.variants)
+        compiled = torch.compile(fn, dynamic=False, **OPTIONS[kernels.compiler])
+        graphs, static = kernels.graphs, kernels.compiler == "reduce-overhead"
 
         def call(xs, bs, p, arena, r, o, *rest):
             if self.failed:
                 return fn(xs, bs, p, arena, r, o, *rest)
             if self.positional:
                 o = as_tensors(o)
-            if graphs:
+            if static:
                 for t in p:
                     torch._dynamo.mark_static_address(t)
+            if graphs:
                 torch.compiler.cudagraph_mark_step_begin()
                 skips = cudagraph_skips()
             try:
@@ -1915,14 +1945,13 @@ class TiledSegment:
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
-        self._compiled = CompiledTiles(label, positional=not reuse)
+        self._compiled = CompiledTiles(label, positional=not reuse, variants=(len(levels) + 4) * batch)
 
     def function(self, kernels, key, level=None):
         """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
-        ``level``'s computing its partials; compiled (as CUDA graphs) where the device's ``kernels``
-        say so."""
+        ``level``'s computing its partials; compiled where the device's ``kernels`` say so."""
         fn = (self.functions if level is None else level.prefix)[key]
-        return self._compiled.function(fn, kernels.graphs) if kernels.compiled else fn
+        return self._compiled.function(fn, kernels) if kernels.compiled else fn
 
     def arena(self, run, autocast, kernels):
         """An arena for one forward pass of ``run`` (its device and dtype) with the device's
@@ -3165,8 +3194,9 @@ class TiledModule(torch.nn.Module):
     is set), so that what it reserves stays near what tiles allocate.
     ``kernels``: ``"auto"``, each device's own tile kernels; ``"generic"``, aten's kernels on
     fresh tensors everywhere, as CUDA runs; ``"compiled"``, those with every tile function compiled
-    by ``torch.compile`` at its first call; ``"cudagraphs"``, compiled and replayed as CUDA graphs
-    (``tilec.runtime.device``, ``tilec.runtime.compiled``).
+    by ``torch.compile`` (inductor) at its first call; ``"cudagraphs"``, aten's kernels captured and
+    replayed as CUDA graphs (torch.compile's backend "cudagraphs"); ``"reduce-overhead"``,
+    inductor's kernels replayed so (``tilec.runtime.device``, ``tilec.runtime.compiled``).
 
     Its inputs are ``forward``'s tensor arguments, in order: tensors on the model's device, host
     tensors of a model on CUDA, or array-likes (a ``np.load(path, mmap_mode="r")`` array or a

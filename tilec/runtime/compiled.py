@@ -1,11 +1,16 @@
-"""Tile functions compiled by ``torch.compile`` (``Kernels.compiled``: ``TiledModel(model,
-kernels="compiled")``), falling back to running them as they are; with ``kernels="cudagraphs"``
-(``Kernels.graphs``) compiled in its mode "reduce-overhead", which captures each as CUDA graphs
-and replays them.
+"""Tile functions compiled by ``torch.compile`` (``Kernels.compiler``), falling back to running
+them as they are: ``TiledModel(model, kernels="compiled")`` by inductor; ``kernels="cudagraphs"``
+by torch's backend of that name, which captures aten's kernels as CUDA graphs and replays them
+(no code generated: it compiles in the time of dynamo's and autograd's tracing);
+``kernels="reduce-overhead"`` by inductor in that mode, which captures its own kernels so.
 
 Each shape class of a segment is a function of its own, compiled at its first call with static
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
-gradients, the backward's re-run with them, a batch of tiles). While dynamo traces it, a tile's
+gradients, the backward's re-run with them, each level's backward sweep, whose results want
+gradients, each size of a stack of tiles). Those are bounded by the plan: at most (levels + 4)
+times the segment's ``batch``, and a segment raises dynamo's ``recompile_limit`` (8) to that bound,
+beyond which dynamo would run a function uncompiled (BasicUNet's one segment of 18 instance norms
+needs 22). While dynamo traces it, a tile's
 kernels take forms it can trace (``torch.compiler.is_compiling``): activations in place and max
 pooling by aten's own ops, moments by ``var_mean``; a tile that reads its origins (``positional``)
 gets them as 0-d tensors, so that no function is compiled again for each tile position. Where
@@ -15,46 +20,56 @@ uncompiled from then on, and a warning says so once per segment.
 CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
 (``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
 call returned (the runtime copies what it keeps, ``tilec.runtime.sweeps``); a tile's slices are
-copied into the graph's inputs, while the model tensors stay where they are
-(``torch._dynamo.mark_static_address``). Where inductor does not capture a graph (not CUDA, an op
-it cannot capture), that function runs compiled without it, and a warning says so once per
-segment (``TORCH_LOGS=cudagraphs`` says why).
+copied into the graph's inputs. Inductor leaves the model tensors where they are
+(``torch._dynamo.mark_static_address``); the "cudagraphs" backend copies them too. Where no graph
+is captured (not CUDA, an op that cannot be captured), that function runs compiled without it,
+and a warning says so once per segment (``TORCH_LOGS=cudagraphs`` says why).
 """
 
 import warnings
 
 import torch
 
+#: ``torch.compile``'s options for each ``Kernels.compiler``.
+OPTIONS = {"inductor": {}, "reduce-overhead": {"mode": "reduce-overhead"}, "cudagraphs": {"backend": "cudagraphs"}}
+
 
 class CompiledTiles:
     """One tiled segment's tile functions as ``torch.compile`` makes them (``function``), run as
-    they are once compiling one of them failed (``failed``); ``skipped``: inductor did not capture
-    one as CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
+    they are once compiling one of them failed (``failed``); ``skipped``: one was not captured as
+    CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
     (element-wise dropout, first maxima), which they are then given as 0-d tensors
-    (``as_tensors``), values dynamo does not compile a function again for."""
+    (``as_tensors``), values dynamo does not compile a function again for; ``variants``: how many
+    graphs one function may need (module docstring)."""
 
-    def __init__(self, label, positional=False):
-        self.label, self.positional, self.failed, self.skipped, self.compiled = label, positional, False, False, {}
+    def __init__(self, label, positional=False, variants=8):
+        self.label, self.positional, self.variants = label, positional, variants
+        self.failed, self.skipped, self.compiled = False, False, {}
 
-    def function(self, fn, graphs=False):
-        """``fn`` compiled (as CUDA graphs where ``graphs``): one wrapper per function and mode, which
-        runs ``fn`` itself once compiling failed."""
-        found = self.compiled.get((fn, graphs))
+    def function(self, fn, kernels):
+        """``fn`` compiled by the device's ``kernels.compiler``: one wrapper per function and
+        compiler, which runs ``fn`` itself once compiling failed."""
+        found = self.compiled.get((fn, kernels.compiler))
         if found is None:
-            found = self.compiled[fn, graphs] = self.wrap(fn, graphs)
+            found = self.compiled[fn, kernels.compiler] = self.wrap(fn, kernels)
         return found
 
-    def wrap(self, fn, graphs):
-        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graphs else None)
+    def wrap(self, fn, kernels):
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, self.variants)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, self.variants)
+        compiled = torch.compile(fn, dynamic=False, **OPTIONS[kernels.compiler])
+        graphs, static = kernels.graphs, kernels.compiler == "reduce-overhead"
 
         def call(xs, bs, p, arena, r, o, *rest):
             if self.failed:
                 return fn(xs, bs, p, arena, r, o, *rest)
             if self.positional:
                 o = as_tensors(o)
-            if graphs:
+            if static:
                 for t in p:
                     torch._dynamo.mark_static_address(t)
+            if graphs:
                 torch.compiler.cudagraph_mark_step_begin()
                 skips = cudagraph_skips()
             try:

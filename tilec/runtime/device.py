@@ -8,7 +8,8 @@ and the process pins glibc's mmap threshold. Every other device (CUDA among them
 expandable segments). The generic path can be forced on the CPU (``TiledModel(model,
 kernels="generic")``), and so can the *compiled* one: the generic kernels with every tile function
 compiled by ``torch.compile``, once per shape class (``tilec.runtime.compiled``), and on CUDA also
-captured as CUDA graphs (``"cudagraphs"``).
+replayed as CUDA graphs: aten's kernels captured (``"cudagraphs"``), or inductor's
+(``"reduce-overhead"``).
 The cost model asks the same table what a plan's tiles will run.
 """
 
@@ -32,9 +33,11 @@ class Kernels:
     oneDNN's convolution-into the arena, weights packed in forward. ``gemm_min_channels``: from
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
-    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiled``: tile
-    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``); ``graphs``: compiled
-    in its mode "reduce-overhead", which replays them as CUDA graphs.
+    CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiler``: tile
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``), ``"inductor"`` by its
+    default backend, ``"reduce-overhead"`` by inductor in that mode (its kernels replayed as CUDA
+    graphs), ``"cudagraphs"`` by its backend of that name (aten's kernels, no code generated,
+    replayed as CUDA graphs); ``None``: run as they are.
     """
 
     arena: bool
@@ -42,8 +45,18 @@ class Kernels:
     gemm_min_channels: int | None
     pin_allocator: bool
     expand_segments: bool = False
-    compiled: bool = False
-    graphs: bool = False
+    compiler: str | None = None
+
+    @property
+    def compiled(self):
+        """Whether tile functions run compiled by ``torch.compile``."""
+        return self.compiler is not None
+
+    @property
+    def graphs(self):
+        """Whether compiled tile functions replay as CUDA graphs, which write over what the previous
+        replay returned (``tilec.runtime.sweeps`` copies what it keeps)."""
+        return self.compiler in ("reduce-overhead", "cudagraphs")
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -52,19 +65,21 @@ GENERIC = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocat
 CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=False, expand_segments=True)
 
 
-#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, those
-#: compiled, or those compiled and replayed as CUDA graphs.
-KERNEL_CHOICES = ("auto", "generic", "compiled", "cudagraphs")
+#: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
+#: those compiled: by inductor, as CUDA graphs of aten's kernels, or inductor's replayed as CUDA
+#: graphs. Each compiled choice names its ``Kernels.compiler``.
+COMPILERS = {"compiled": "inductor", "cudagraphs": "cudagraphs", "reduce-overhead": "reduce-overhead"}
+KERNEL_CHOICES = ("auto", "generic", *COMPILERS)
 
 
 def kernels_for(device_type, gemm_min_channels, choice="auto"):
     """The kernels of tiles on ``device_type`` ("cpu", "cuda"...) for a plan whose weight gradient
     race chose ``gemm_min_channels``; ``choice`` (``KERNEL_CHOICES``) "generic" forces
-    ``GENERIC`` on the CPU (CUDA's kernels are generic already), "compiled" the device's generic
-    kernels compiled, "cudagraphs" compiled as CUDA graphs (a device without them runs them
-    compiled, ``tilec.runtime.compiled`` says so)."""
-    if choice in ("compiled", "cudagraphs"):
-        return replace(CUDA if device_type == "cuda" else GENERIC, compiled=True, graphs=choice == "cudagraphs")
+    ``GENERIC`` on the CPU (CUDA's kernels are generic already), the ``COMPILERS`` the device's
+    generic kernels compiled ("cudagraphs" and "reduce-overhead" replayed as CUDA graphs; a device
+    without them runs them compiled, ``tilec.runtime.compiled`` says so)."""
+    if choice in COMPILERS:
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiler=COMPILERS[choice])
     if device_type == "cuda":
         return CUDA
     if choice == "generic" or device_type != "cpu":

@@ -70,8 +70,9 @@ class TiledModule(torch.nn.Module):
     is set), so that what it reserves stays near what tiles allocate.
     ``kernels``: ``"auto"``, each device's own tile kernels; ``"generic"``, aten's kernels on
     fresh tensors everywhere, as CUDA runs; ``"compiled"``, those with every tile function compiled
-    by ``torch.compile`` at its first call; ``"cudagraphs"``, compiled and replayed as CUDA graphs
-    (``tilec.runtime.device``, ``tilec.runtime.compiled``).
+    by ``torch.compile`` (inductor) at its first call; ``"cudagraphs"``, aten's kernels captured and
+    replayed as CUDA graphs (torch.compile's backend "cudagraphs"); ``"reduce-overhead"``,
+    inductor's kernels replayed so (``tilec.runtime.device``, ``tilec.runtime.compiled``).
 
     Its inputs are ``forward``'s tensor arguments, in order: tensors on the model's device, host
     tensors of a model on CUDA, or array-likes (a ``np.load(path, mmap_mode="r")`` array or a

@@ -144,14 +144,13 @@ class TiledSegment:
         self.rolled, self.levels, self.direct, self.reduced = rolled, levels, direct, reduced
         self._shares = {len(shares): [set(indices) for indices in shares]} if shares else {}
         self._capacity = {}
-        self._compiled = CompiledTiles(label, positional=not reuse)
+        self._compiled = CompiledTiles(label, positional=not reuse, variants=(len(levels) + 4) * batch)
 
     def function(self, kernels, key, level=None):
         """The tile function of shape class ``key`` (``(row class, column class)``): the segment's, or
-        ``level``'s computing its partials; compiled (as CUDA graphs) where the device's ``kernels``
-        say so."""
+        ``level``'s computing its partials; compiled where the device's ``kernels`` say so."""
         fn = (self.functions if level is None else level.prefix)[key]
-        return self._compiled.function(fn, kernels.graphs) if kernels.compiled else fn
+        return self._compiled.function(fn, kernels) if kernels.compiled else fn
 
     def arena(self, run, autocast, kernels):
         """An arena for one forward pass of ``run`` (its device and dtype) with the device's
