@@ -7,15 +7,17 @@ by torch's backend of that name, which captures aten's kernels as CUDA graphs an
 Each shape class of a segment is a function of its own, compiled at its first call with static
 shapes; dynamo compiles it again for each other set of guards it meets (a forward pass without
 gradients, the backward's re-run with them, each level's backward sweep, whose results want
-gradients, each size of a stack of tiles). Those are bounded by the plan: at most (levels + 4)
-times the segment's ``batch``, and a segment raises dynamo's ``recompile_limit`` (8) to that bound,
-beyond which dynamo would run a function uncompiled (BasicUNet's one segment of 18 instance norms
-needs 22). While dynamo traces it, a tile's
-kernels take forms it can trace (``torch.compiler.is_compiling``): activations in place and max
-pooling by aten's own ops, moments by ``var_mean``; a tile that reads its origins (``positional``)
-gets them as 0-d tensors, so that no function is compiled again for each tile position. Where
-compiling fails (an op dynamo cannot trace, no C++ compiler for inductor), the segment's tiles run
-uncompiled from then on, and a warning says so once per segment.
+gradients, each size of a stack of tiles). The plan bounds those variants by (levels + 4) times
+the segment's ``batch``, and a segment raises dynamo's ``recompile_limit`` (8 by default, past
+which dynamo runs a function uncompiled) to that bound: BasicUNet's one segment of 18 instance
+norms needs 22.
+
+While dynamo traces a tile, its kernels take forms it can trace (``torch.compiler.is_compiling``):
+activations in place and max pooling by aten's own ops, moments by ``var_mean``; a tile that reads
+its origins (``positional``) gets them as 0-d tensors, so that no function is compiled again for
+each tile position. Where compiling fails (an op dynamo cannot trace, no C++ compiler for
+inductor), the segment's tiles run uncompiled from then on, and a warning says so once per
+segment.
 
 CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
 (``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
