@@ -1,9 +1,11 @@
-"""Smoke test of benchmarks/step.py: every variant runs on a tiny model and prints a sane JSON line."""
+"""Smoke tests of the benchmark scripts: every variant of benchmarks/step.py runs on a tiny model and
+prints a sane JSON line; the drivers around it and benchmarks/graphs.py run."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +139,22 @@ def test_lightstream_over_one_tile_computes_plain_outputs_and_gradients():
     assert streamed["output_shape"] == plain["output_shape"] == [1, 1000]
     assert streamed["output_checksum"] == pytest.approx(plain["output_checksum"], rel=1e-5)
     assert streamed["grad_checksum"] == pytest.approx(plain["grad_checksum"], rel=1e-5)
+
+
+def test_graphs_counts_the_calls_outside_the_tile_graphs(tmp_path):
+    """benchmarks/graphs.py on the tiny model in 2x2 tiles: each tile's forward runs in the forward
+    pass and again, back-propagated, in the backward; their ops run traced, and the runtime's
+    slicing and copies around them are counted outside."""
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY_MODEL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "graphs.py"), "--model", str(model), "--size",
+                           "64", "--grid", "2x2"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    found = re.fullmatch(r"([\d,]+) tile calls \(([\d,]+) of them back-propagated\): ([\d,]+) aten calls inside "
+                         r"their graphs, ([\d,]+) outside \([\d.]+ per graph run\)", first)
+    assert found, first
+    tiles, backwards, inside, outside = (int(group.replace(",", "")) for group in found.groups())
+    assert (tiles, backwards) == (8, 4) and inside > 0 and outside > 0, first
+    assert "| `aten::convolution` |" not in done.stdout and "| `copy_in` |" in done.stdout, done.stdout

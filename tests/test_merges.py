@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilec.runtime.reduce import merged, partial_argmax, partial_max, partial_moments, partial_sum, shares_of
+from tilec.runtime.reduce import Gradients, merged, partial_argmax, partial_max, partial_moments, partial_sum, shares_of
 
 KINDS = ("sum", "moments", "max", "argmax")
 
@@ -33,11 +33,16 @@ def bands_of(image, cuts):
             for a, b in zip(edges, edges[1:], strict=False)], edges[:-1]
 
 
-def band_grad(kind, kept, part, weights, band):
+def gradients(kept, weights):
+    """The merged partial ``kept``'s gradients ``weights`` (those of ``weighted(kept, weights)``), as
+    the runtime hands them to every tile's share (what depends on a tile's count alone made once)."""
+    return Gradients(w if isinstance(t, torch.Tensor) and t.is_floating_point() else None
+                     for t, w in zip(kept, weights, strict=True))
+
+
+def band_grad(kind, kept, part, grads, band):
     """The gradient of ``band`` from its partial ``part``'s share of the merged partial ``kept``'s
-    gradients ``weights`` (the gradient of ``weighted(kept, weights)``)."""
-    grads = [w if isinstance(t, torch.Tensor) and t.is_floating_point() else None
-             for t, w in zip(kept, weights, strict=True)]
+    gradients ``grads``."""
     pairs = shares_of(kind, kept, part, grads)
     if not pairs:
         return torch.zeros_like(band)
@@ -101,8 +106,9 @@ def test_a_bands_share_of_the_merged_gradient_is_its_gradient_through_all(case):
                for t in whole]
     want = torch.autograd.grad(weighted(whole, weights), bands)
     kept = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in whole)
+    grads = gradients(kept, weights)  # bands of one height share what their count makes
     for band, row, grad in zip(bands, starts, want, strict=True):
-        got = band_grad(kind, kept, partial(kind, band, row, width), weights, band)
+        got = band_grad(kind, kept, partial(kind, band, row, width), grads, band)
         torch.testing.assert_close(got, grad, rtol=1e-10, atol=1e-12)
 
 

@@ -166,15 +166,22 @@ def share_moments(merged, part, grads):
     """A part's share of the gradients ``grads`` of merged ``(n, mean, M2)``: with the others'
     ``(nb, mean_b, M2_b)`` held constant, ``d mean / d mean_a = na / n``, ``d M2 / d M2_a = 1`` and
     ``d M2 / d mean_a = -2 (mean_b - mean_a) na nb / n = 2 (mean_a - mean) na`` (as ``mean_b -
-    mean_a = (mean - mean_a) n / nb``); counts are constants."""
+    mean_a = (mean - mean_a) n / nb``); counts are constants. What depends on ``na`` alone, the
+    mean's gradient times ``na / n`` and M2's times ``2 na``, is made once per count where
+    ``grads`` is ``Gradients`` (two ops a part instead of four)."""
     count, mean, _ = merged
     own_count, own_mean, _ = part
     _, grad_mean, grad_m2 = grads
-    grad = None if grad_mean is None else grad_mean * (own_count / count)
-    if grad_m2 is not None:
-        spread = (own_mean - mean).mul_(own_count)
-        grad = spread.mul_(grad_m2).mul_(2) if grad is None else grad.addcmul_(spread, grad_m2, value=2)
-    return None, grad, grad_m2
+
+    def terms():
+        return (None if grad_mean is None else grad_mean * (own_count / count),
+                None if grad_m2 is None else grad_m2 * (2 * own_count))
+
+    scaled, slope = grads.once(own_count, terms) if isinstance(grads, Gradients) else terms()
+    if slope is None:
+        return None, scaled, grad_m2
+    spread = own_mean - mean
+    return None, spread.mul_(slope) if scaled is None else torch.addcmul(scaled, spread, slope), grad_m2
 
 
 def partial_max(x, dims):
@@ -259,6 +266,18 @@ def partial_argmax(x, origin, width):
     top, local = torch.nn.functional.adaptive_max_pool2d(x, 1, return_indices=True)
     row, col = local // x.shape[-1] + origin[0], local % x.shape[-1] + origin[1]
     return top, row * width + col
+
+
+class Gradients(tuple):
+    """A merged partial's gradients, per tensor (``None`` where none), with what a share computes
+    from them and a part's count alone, made once for every part of that count (``once``)."""
+
+    def once(self, count, make):
+        """``make()``, kept for ``count``."""
+        made = self.__dict__.setdefault("made", {})
+        if count not in made:
+            made[count] = make()
+        return made[count]
 
 
 class Merge(NamedTuple):

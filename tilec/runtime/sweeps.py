@@ -53,7 +53,7 @@ from tilec.runtime.arena import Arena
 from tilec.runtime.batches import Pending, batch_partials, stack_in, unstacked
 from tilec.runtime.bits import differing, fingerprints
 from tilec.runtime.kernels import copy_in, narrow
-from tilec.runtime.reduce import merged, needs_grad, shares_of
+from tilec.runtime.reduce import Gradients, merged, needs_grad, shares_of
 from tilec.runtime.reuse import Keys
 from tilec.runtime.sources import Source, region
 from tilec.runtime.tiles import (
@@ -438,7 +438,7 @@ class Tiled(torch.autograd.Function):
                 grad = got[id(t)]
                 if grad is not None:
                     t.grad = grad if t.grad is None else t.grad + grad
-        return [(part, tuple(got.get(id(t)) for t in source))
+        return [(part, Gradients(got.get(id(t)) for t in source))
                 for part, source in zip(level_parts, sources, strict=True)]
 
 
