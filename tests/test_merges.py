@@ -120,7 +120,7 @@ def test_ties_across_bands_share_the_gradient_evenly():
     for kind, want in (("max", torch.full_like(image, 1 / 18)), ("argmax", torch.zeros_like(image))):
         parts = [partial(kind, b, r, 3) for b, r in zip(bands, starts, strict=True)]
         kept = tuple(t.detach() for t in merged(kind, parts))
-        ones = [torch.ones_like(kept[0]), None]
+        ones = Gradients([torch.ones_like(kept[0]), None])
         got = torch.cat([band_grad(kind, kept, partial(kind, b, r, 3), ones, b)
                          for b, r in zip(bands, starts, strict=True)], dim=2)
         if kind == "argmax":

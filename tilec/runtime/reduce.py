@@ -167,8 +167,8 @@ def share_moments(merged, part, grads):
     ``(nb, mean_b, M2_b)`` held constant, ``d mean / d mean_a = na / n``, ``d M2 / d M2_a = 1`` and
     ``d M2 / d mean_a = -2 (mean_b - mean_a) na nb / n = 2 (mean_a - mean) na`` (as ``mean_b -
     mean_a = (mean - mean_a) n / nb``); counts are constants. What depends on ``na`` alone, the
-    mean's gradient times ``na / n`` and M2's times ``2 na``, is made once per count where
-    ``grads`` is ``Gradients`` (two ops a part instead of four)."""
+    mean's gradient times ``na / n`` and M2's times ``2 na``, is made once per count of the parts
+    sharing ``grads`` (``Gradients``): two ops a part instead of four."""
     count, mean, _ = merged
     own_count, own_mean, _ = part
     _, grad_mean, grad_m2 = grads
@@ -177,7 +177,7 @@ def share_moments(merged, part, grads):
         return (None if grad_mean is None else grad_mean * (own_count / count),
                 None if grad_m2 is None else grad_m2 * (2 * own_count))
 
-    scaled, slope = grads.once(own_count, terms) if isinstance(grads, Gradients) else terms()
+    scaled, slope = grads.once(own_count, terms)
     if slope is None:
         return None, scaled, grad_m2
     spread = own_mean - mean
@@ -283,8 +283,8 @@ class Gradients(tuple):
 class Merge(NamedTuple):
     """How partials of one kind merge, and a part's share of a merged one's gradients:
     ``share(merged, part, grads)`` gives the gradient of each of ``part``'s tensors (``None``
-    where none), ``merged`` and ``grads`` the merged partial and its gradients (``None`` where
-    none)."""
+    where none), ``merged`` and ``grads`` the merged partial and its gradients (``Gradients``,
+    ``None`` where none), which every part's share is given."""
 
     merge: object
     share: object
