@@ -88,8 +88,9 @@ def render(args, out: Path) -> Path:
     return out / "counted_tiled.py"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def plan_parser(description):
+    """A parser of the model, its input and its plan (``--segments`` or ``--grid``), and ``--top``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--attr", default="model")
     parser.add_argument("--size", type=int, required=True)
@@ -97,32 +98,57 @@ def main(argv=None) -> None:
     plan = parser.add_mutually_exclusive_group(required=True)
     plan.add_argument("--segments", help="as tilec compile --segments")
     plan.add_argument("--grid", help="as tilec compile --grid, e.g. 4x4")
-    parser.add_argument("--as-cuda", action="store_true", help="count the calls of CUDA's path (docstring)")
     parser.add_argument("--top", type=int, default=12, help="rows of each table")
+    return parser
+
+
+def rendered(args, out: Path):
+    """``(module, path)``: the generated module of ``args``' model and plan, rendered under ``out``
+    (``render``) and loaded."""
+    path = render(args, out)
+    spec = importlib.util.spec_from_file_location("counted_tiled", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def warmed(args, module, kernels):
+    """``(tiled model, input)`` of ``module`` with ``kernels``, after one untimed step (forward,
+    backward of ``sum``), its gradients reset."""
+    model = load_model(args.model.resolve(), args.attr)[0]
+    tiled = module.TiledModel(model, kernels=kernels)
+    x = torch.randn(1, args.channels, args.size, args.size, generator=torch.Generator().manual_seed(0))
+    tiled(x).sum().backward()
+    for p in model.parameters():
+        p.grad = None
+    return tiled, x
+
+
+def print_tables(tables, top):
+    """Markdown tables of the ``top`` most common rows of each ``(title, Counter)``."""
+    for title, counts in tables:
+        print(f"| {title} | calls |\n|---|--:|")
+        for name, calls in counts.most_common(top):
+            print(f"| `{name}` | {calls:,} |")
+        print()
+
+
+def main(argv=None) -> None:
+    parser = plan_parser(__doc__.splitlines()[0])
+    parser.add_argument("--as-cuda", action="store_true", help="count the calls of CUDA's path (docstring)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as out:
-        path = render(args, Path(out))
-        spec = importlib.util.spec_from_file_location("counted_tiled", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module, path = rendered(args, Path(out))
         if args.as_cuda:
             module.ChannelMoments.layout = staticmethod(lambda x, dims: None)
-        model = load_model(args.model.resolve(), args.attr)[0]
-        tiled = module.TiledModel(model, kernels="generic" if args.as_cuda else "auto")
-        x = torch.randn(1, args.channels, args.size, args.size, generator=torch.Generator().manual_seed(0))
-        tiled(x).sum().backward()
-        for p in model.parameters():
-            p.grad = None
+        tiled, x = warmed(args, module, "generic" if args.as_cuda else "auto")
         counter = Count(str(path))
         with counter:
             tiled(x).sum().backward()
     print(f"{sum(counter.ops.values()):,} aten calls in a step ({'CUDA' if args.as_cuda else 'CPU'}'s path)\n")
     print(f"{sum(counter.syncs.values()):,} reads off the device\n")
-    for title, counts in (("op", counter.ops), ("function", counter.where), ("read off the device", counter.syncs)):
-        print(f"| {title} | calls |\n|---|--:|")
-        for name, calls in counts.most_common(args.top):
-            print(f"| `{name}` | {calls:,} |")
-        print()
+    print_tables((("op", counter.ops), ("function", counter.where), ("read off the device", counter.syncs)),
+                 args.top)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,8 @@ innermost runtime function around them (``narrow`` counts for its caller).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
-import importlib.util
 import logging
 import sys
 import tempfile
@@ -40,9 +38,7 @@ for path in (ROOT, ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from calls import render  # noqa: E402
-
-from tilec.modelfile import load_model  # noqa: E402
+from calls import plan_parser, print_tables, rendered, warmed  # noqa: E402
 
 #: The range of a tile call, and the prefix of the runtime's ranges.
 TILE, RANGE = "tilec: tile", "tilec: "
@@ -103,42 +99,21 @@ def split(events):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--attr", default="model")
-    parser.add_argument("--size", type=int, required=True)
-    parser.add_argument("--channels", type=int, default=3)
-    plan = parser.add_mutually_exclusive_group(required=True)
-    plan.add_argument("--segments", help="as tilec compile --segments")
-    plan.add_argument("--grid", help="as tilec compile --grid, e.g. 4x4")
-    parser.add_argument("--top", type=int, default=12, help="rows of each table")
-    args = parser.parse_args(argv)
+    args = plan_parser(__doc__.splitlines()[0]).parse_args(argv)
     warnings.filterwarnings("ignore", message="tilec: CUDA graphs skipped")  # the CPU captures none
     logging.getLogger("torch._inductor.cudagraph_utils").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as out:
-        path = render(args, Path(out))
-        spec = importlib.util.spec_from_file_location("counted_tiled", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module, _ = rendered(args, Path(out))
         module.ChannelMoments.layout = staticmethod(lambda x, dims: None)  # var_mean, as on CUDA
         instrument(module)
-        model = load_model(args.model.resolve(), args.attr)[0]
-        tiled = module.TiledModel(model, kernels="cudagraphs")
-        x = torch.randn(1, args.channels, args.size, args.size, generator=torch.Generator().manual_seed(0))
-        tiled(x).sum().backward()
-        for p in model.parameters():
-            p.grad = None
+        tiled, x = warmed(args, module, "cudagraphs")
         with profile(activities=[ProfilerActivity.CPU]) as profiled:
             tiled(x).sum().backward()
     tiles, backwards, inside, by_op, by_function = split(profiled.events())
     outside = sum(by_op.values())
     print(f"{tiles:,} tile calls ({backwards:,} of them back-propagated): {inside:,} aten calls inside their "
           f"graphs, {outside:,} outside ({outside / max(tiles + backwards, 1):.1f} per graph run)\n")
-    for title, counts in (("op", by_op), ("function", by_function)):
-        print(f"| {title} | calls |\n|---|--:|")
-        for name, calls in counts.most_common(args.top):
-            print(f"| `{name}` | {calls:,} |")
-        print()
+    print_tables((("op", by_op), ("function", by_function)), args.top)
 
 
 if __name__ == "__main__":
