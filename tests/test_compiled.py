@@ -18,11 +18,12 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from tilec.pipeline import build
-from tilec.runtime.dropout import counter_dropout
+from tilec.runtime.compiled import Origins
+from tilec.runtime.dropout import counter_dropout, op_key, step_stream
 from tilec.trace import trace
 
 from support.exactness import TOLERANCE, check_exact
-from support.zoo import TRAIN_SHAPES, TRAIN_ZOO
+from support.zoo import TRAIN_SHAPES, TRAIN_ZOO, dropout_segmenter
 
 
 def test_compiled_tiles_equal_untiled_in_float64():
@@ -255,6 +256,31 @@ def test_tile_functions_can_be_captured_as_cuda_graphs(monkeypatch, name, grid, 
     check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=grid, batch=batch, kernels="cudagraphs")
     assert len(found) >= 4 and all(checked == ([], None) for checked in found), found
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_tiles_reading_their_origins_can_be_captured_as_cuda_graphs(monkeypatch):
+    """DeepLabV3's and FCN's heads with element-wise Dropout in training mode: each tile reads its
+    origins and the dropout's stream, which are tensors on the tiles' device (CUDA graphs capture no
+    graph holding a CPU tensor); every graph passes the capture check, and the step is exact."""
+    torch._dynamo.reset()
+    counters.clear()
+    found = []
+    monkeypatch.setattr(torch, "compile", _capturable(found))
+    check_exact(dropout_segmenter(), (2, 3, 17, 15), grid=(2, 2), kernels="cudagraphs", counter=True)
+    assert len(found) >= 4 and all(checked == ([], None) for checked in found), found
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_origins_and_streams_are_made_on_the_tiles_device():
+    """What a positional tile reads besides its slices is on the slices' device, one tensor per
+    value and place among its origins."""
+    origins = Origins()
+    made = origins.of([(3, 3), (3, 0)], torch.device("meta"))
+    assert [t.device.type for pair in made for t in pair] == ["meta"] * 4
+    assert len({id(t) for pair in made for t in pair}) == 4  # no two places share one
+    assert made[0][0] is origins.of([(3, 7)], torch.device("meta"))[0][0]
+    assert [t.item() for t in origins.of([(3, 5)], torch.device("cpu"))[0]] == [3, 5]
+    assert step_stream({}, op_key("head", 0), True, torch.device("meta")).device.type == "meta"
 
 
 def test_a_segment_of_many_levels_compiles_every_variant(monkeypatch):

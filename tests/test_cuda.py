@@ -26,7 +26,7 @@ from tilec.trace import trace
 
 from support.exactness import check_close, check_exact
 from support.generated import Recorded, counting
-from support.zoo import SHAPES, TRAIN_SHAPES, TRAIN_ZOO, ZOO
+from support.zoo import SHAPES, TRAIN_SHAPES, TRAIN_ZOO, ZOO, dropout_segmenter
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -69,6 +69,16 @@ def test_cuda_graph_tiles_equal_untiled_on_cuda_in_float64(batch, kernels):
         warnings.filterwarnings("error", message="tilec: torch.compile failed")
         check_exact(TRAIN_ZOO["resnet_head"](), TRAIN_SHAPES["resnet_head"], grid=(4, 3), batch=batch, device="cuda",
                     kernels=kernels)
+
+
+@pytest.mark.parametrize("kernels", ["cudagraphs", "reduce-overhead"])
+def test_tiles_reading_their_origins_are_captured_as_cuda_graphs(kernels):
+    """Element-wise Dropout in training mode (DeepLabV3's and FCN's heads): the tiles read their
+    origins and the dropout's stream, on the GPU, and every function is captured (none skipped)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="tilec: CUDA graphs skipped")
+        warnings.filterwarnings("error", message="tilec: torch.compile failed")
+        check_exact(dropout_segmenter(), (2, 3, 17, 15), grid=(2, 2), device="cuda", kernels=kernels, counter=True)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -119,7 +119,7 @@ def test_p_zero_and_one_are_pytorchs(p):
 
 def _keep(p: float, seed: int, shape=(2, 4, 96, 80), key: int = 1) -> torch.Tensor:
     torch.manual_seed(seed)
-    stream = step_stream({}, op_key("head", key), True)
+    stream = step_stream({}, op_key("head", key), True, "cpu")
     return keep_mask(int(stream), shape, (0,) * len(shape), shape, p, "cpu")
 
 
@@ -160,7 +160,7 @@ def test_neighbouring_elements_steps_and_ops_are_independent():
 def test_a_block_draws_its_own_elements():
     """A block at an origin draws what the full tensor draws there (what a tile relies on)."""
     shape, full = (2, 3, 7, 5), (2, 3, 40, 33)
-    stream = int(step_stream({}, 12345, True))
+    stream = int(step_stream({}, 12345, True, "cpu"))
     whole = keep_mask(stream, full, (0, 0, 0, 0), full, 0.5, "cpu")
     block = keep_mask(stream, shape, (0, 0, 30, 21), full, 0.5, "cpu")
     assert torch.equal(block, whole[:, :, 30:37, 21:26])

@@ -146,7 +146,7 @@ class Dropout(Pixel):
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         if node.op == "dropout":
-            return f"step_stream(train, {dropout_key(node, view.shapes)}, {view.train(node.path)})"
+            return f"step_stream(train, {dropout_key(node, view.shapes)}, {view.train(node.path)}, like.device)"
         flag = view.train(node.path) if node.path else "True"
         return f"channel_dropout(like, {tuple(node.shape[:2]) + (1, 1)!r}, {const(node, 1)!r}, {flag})"
 
@@ -161,7 +161,8 @@ class Dropout(Pixel):
     def untiled(self, node: NodeSpec, args: list[str], shapes: Shapes) -> str | None:
         if not is_element_dropout(node, shapes):
             return None
-        return (f"element_dropout({args[0]}, step_stream(train, {dropout_key(node, shapes)}, {args[2]}), "
+        stream = f"step_stream(train, {dropout_key(node, shapes)}, {args[2]}, {args[0]}.device)"
+        return (f"element_dropout({args[0]}, {stream}, "
                 f"{args[1]}, (0, 0, 0, 0), {tuple(node.shape)!r})")
 
 

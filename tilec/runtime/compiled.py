@@ -14,10 +14,12 @@ norms needs 22.
 
 While dynamo traces a tile, its kernels take forms it can trace (``torch.compiler.is_compiling``):
 activations in place and max pooling by aten's own ops, moments by ``var_mean``; a tile that reads
-its origins (``positional``) gets them as 0-d tensors, so that no function is compiled again for
-each tile position. Where compiling fails (an op dynamo cannot trace, no C++ compiler for
-inductor), the segment's tiles run uncompiled from then on, and a warning says so once per
-segment.
+its origins (``positional``) gets them as 0-d tensors on the tiles' device, made once per value,
+so that no function is compiled again for each tile position and a CUDA graph of it holds no CPU
+tensor (torch's backend "cudagraphs" captures no graph that does; element-wise dropout's stream
+is on that device too, ``tilec.runtime.dropout.step_stream``). Where compiling fails (an op
+dynamo cannot trace, no C++ compiler for inductor), the segment's tiles run uncompiled from then
+on, and a warning says so once per segment.
 
 CUDA graphs: each tile call starts a new step of torch's CUDA graph trees
 (``torch.compiler.cudagraph_mark_step_begin``), so that a replay may write over what the previous
@@ -41,12 +43,12 @@ class CompiledTiles:
     they are once compiling one of them failed (``failed``); ``skipped``: one was not captured as
     CUDA graphs; ``label`` names the segment; ``positional``: its tiles read their origins
     (element-wise dropout, first maxima), which they are then given as 0-d tensors
-    (``as_tensors``), values dynamo does not compile a function again for; ``variants``: how many
+    (``Origins``), values dynamo does not compile a function again for; ``variants``: how many
     graphs one function may need (module docstring)."""
 
     def __init__(self, label, positional=False, variants=8):
         self.label, self.positional, self.variants = label, positional, variants
-        self.failed, self.skipped, self.compiled = False, False, {}
+        self.failed, self.skipped, self.compiled, self.origins = False, False, {}, Origins()
 
     def function(self, fn, kernels):
         """``fn`` compiled by the device's ``kernels.compiler``: one wrapper per function and
@@ -67,7 +69,7 @@ class CompiledTiles:
             if self.failed:
                 return fn(xs, bs, p, arena, r, o, *rest)
             if self.positional:
-                o = as_tensors(o)
+                o = self.origins.of(o, xs[0].device)
             if static:
                 for t in p:
                     torch._dynamo.mark_static_address(t)
@@ -98,6 +100,18 @@ def cudagraph_skips():
     return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
 
 
-def as_tensors(origins):
-    """Per reduction, its partial's origin (first row, first column) as 0-d int64 CPU tensors."""
-    return [tuple(torch.tensor(start, dtype=torch.int64) for start in origin) for origin in origins]
+class Origins(dict):
+    """0-d int64 tensors of the partials' origins, made at first use, one per value, device and
+    place among a tile's origins: two places never share a tensor, which dynamo would take for
+    aliased inputs and compile a function again for."""
+
+    def of(self, origins, device):
+        """Per reduction, its partial's origin (first row, first column) as such tensors on ``device``."""
+        return [tuple(self.tensor((k, axis, start), device) for axis, start in enumerate(origin))
+                for k, origin in enumerate(origins)]
+
+    def tensor(self, place, device):
+        found = self.get((place, device))
+        if found is None:
+            found = self[place, device] = torch.tensor(place[-1], dtype=torch.int64, device=device)
+        return found

@@ -63,17 +63,18 @@ def op_key(path, count):
     return zlib.crc32(f"{path}#{count}".encode())
 
 
-def step_stream(train, key, training):
-    """The stream of op ``key`` in this step, a 0-d int64 CPU tensor (a tiled segment keeps it among
-    its leaves), or ``None`` where the op is not training (``train``: the step's dict, where the seed
-    is drawn on first use)."""
+def step_stream(train, key, training, device):
+    """The stream of op ``key`` in this step, a 0-d int64 tensor on ``device`` (a tiled segment keeps
+    it among its leaves; on the tiles' device, a CUDA graph of a tile holds no CPU tensor), or
+    ``None`` where the op is not training (``train``: the step's dict, where the seed is drawn on
+    first use)."""
     if not training:
         return None
     if STEP_SEED not in train:
         train[STEP_SEED] = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64, device="cpu"))
     seed = train[STEP_SEED]
     h = _mix_word(_mix_word(_mix_word(0, seed & _MASK32), seed >> 32), key)
-    return torch.tensor(_finish(h, 12), dtype=torch.int64)
+    return torch.tensor(_finish(h, 12), dtype=torch.int64, device=device)
 
 
 def positions(shape, starts, full, device):
@@ -130,7 +131,7 @@ def counter_dropout(model):
         path = state["stack"][-1]
         count = state["counts"].get(path, 0)
         state["counts"][path] = count + 1
-        stream = step_stream(state["train"], op_key(path, count), training)
+        stream = step_stream(state["train"], op_key(path, count), training, input.device)
         return element_dropout(input, stream, p, (0,) * 4, tuple(input.shape), inplace)
 
     handles = [model.register_forward_pre_hook(start)]
