@@ -351,7 +351,13 @@ def lerp(x, low_rows, high_rows, frac_rows, low_cols, high_cols, frac_cols):
 
 
 def narrow(t, spatial, rows, cols):
-    return t.narrow(spatial[0], rows[0], rows[1] - rows[0]).narrow(spatial[1], cols[0], cols[1] - cols[0])
+    """The block ``rows`` x ``cols`` (half-open) of ``t`` over its image dims ``spatial``, as one view
+    (one call, where narrowing each dim is two). For the runtime's tensors outside autograd only: a
+    gradient through ``as_strided`` would be as large as ``t``."""
+    size, stride = list(t.shape), t.stride()
+    size[spatial[0]], size[spatial[1]] = rows[1] - rows[0], cols[1] - cols[0]
+    offset = t.storage_offset() + rows[0] * stride[spatial[0]] + cols[0] * stride[spatial[1]]
+    return t.as_strided(size, stride, offset)
 
 
 def layout_of(x):
@@ -1052,7 +1058,7 @@ def merge_moments(a, b):
     total = count + other_count
     delta = other_mean - mean
     weight = other_count / total
-    return total, torch.add(mean, delta, alpha=weight), torch.add(m2 + other_m2, delta.square(), alpha=count * weight)
+    return total, torch.add(mean, delta, alpha=weight), torch.addcmul(m2 + other_m2, delta, delta, value=count * weight)
 
 
 def share_moments(merged, part, grads):
@@ -2041,12 +2047,12 @@ class TiledSegment:
 
     def owned(self, xs, row, col, needs=None):
         """Per reduction of the direct level, the owned slices of its reduced inputs in one tile
-        (detached and requiring grad where ``needs`` says so for their input)."""
+        (requiring grad where ``needs`` says so for their input: of detached ``xs``)."""
         found = []
         for k, inputs in self.reduced:
             rows, cols = row[3][k], col[3][k]
             found.append(tuple(region(xs[i], self.sliced[i], rows, cols) if needs is None
-                               else region(xs[i], self.sliced[i], rows, cols).detach().requires_grad_(needs[i])
+                               else region(xs[i], self.sliced[i], rows, cols).requires_grad_(needs[i])
                                for i in inputs))
         return found
 
@@ -2551,7 +2557,7 @@ class Tiled(torch.autograd.Function):
         group, r, parts = run.group, ctx.r, ctx.parts
         needs = ctx.needs_input_grad[2:]
         count = len(segment.sliced)
-        xs = tensors[:count]
+        xs = [x if isinstance(x, Source) else x.detach() for x in tensors[:count]]  # sliced: Sweep's docstring
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:], strict=True)]
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         image_grads = [g for spec, g in zip(segment.outputs, grads, strict=True) if spec[0] == "image"]
@@ -2634,7 +2640,9 @@ def _detached(value):
 
 class Sweep:
     """The backward's sweeps over the tiles of one segment (``Tiled.backward``); ``keys``: the
-    tiles' keys the forward found (``tilec.runtime.reuse``)."""
+    tiles' keys the forward found (``tilec.runtime.reuse``). The sliced inputs ``xs`` come detached
+    (or as ``Source``s): a tile's slices are views of them or fresh reads, which may require grad of
+    their own."""
 
     def __init__(self, segment, run, autocast, xs, bs, p, leaves, image_grads, arena, keys):
         self.segment, self.run, self.autocast = segment, run, autocast
@@ -2718,7 +2726,7 @@ class Sweep:
         (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
         bs, p = self.frozen if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
-        tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
+        tiles = [[region(x, spatial, rows, cols).requires_grad_(need)
                   for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
                                                           strict=True)]
                  for _, row, col in batch]

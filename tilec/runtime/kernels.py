@@ -47,7 +47,13 @@ def lerp(x, low_rows, high_rows, frac_rows, low_cols, high_cols, frac_cols):
 
 
 def narrow(t, spatial, rows, cols):
-    return t.narrow(spatial[0], rows[0], rows[1] - rows[0]).narrow(spatial[1], cols[0], cols[1] - cols[0])
+    """The block ``rows`` x ``cols`` (half-open) of ``t`` over its image dims ``spatial``, as one view
+    (one call, where narrowing each dim is two). For the runtime's tensors outside autograd only: a
+    gradient through ``as_strided`` would be as large as ``t``."""
+    size, stride = list(t.shape), t.stride()
+    size[spatial[0]], size[spatial[1]] = rows[1] - rows[0], cols[1] - cols[0]
+    offset = t.storage_offset() + rows[0] * stride[spatial[0]] + cols[0] * stride[spatial[1]]
+    return t.as_strided(size, stride, offset)
 
 
 def layout_of(x):

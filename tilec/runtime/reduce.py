@@ -159,7 +159,7 @@ def merge_moments(a, b):
     total = count + other_count
     delta = other_mean - mean
     weight = other_count / total
-    return total, torch.add(mean, delta, alpha=weight), torch.add(m2 + other_m2, delta.square(), alpha=count * weight)
+    return total, torch.add(mean, delta, alpha=weight), torch.addcmul(m2 + other_m2, delta, delta, value=count * weight)
 
 
 def share_moments(merged, part, grads):

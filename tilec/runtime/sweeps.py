@@ -365,7 +365,7 @@ class Tiled(torch.autograd.Function):
         group, r, parts = run.group, ctx.r, ctx.parts
         needs = ctx.needs_input_grad[2:]
         count = len(segment.sliced)
-        xs = tensors[:count]
+        xs = [x if isinstance(x, Source) else x.detach() for x in tensors[:count]]  # sliced: Sweep's docstring
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors[count:], needs[count:], strict=True)]
         bs, p = leaves[:segment.broadcast], leaves[segment.broadcast:]
         image_grads = [g for spec, g in zip(segment.outputs, grads, strict=True) if spec[0] == "image"]
@@ -448,7 +448,9 @@ def _detached(value):
 
 class Sweep:
     """The backward's sweeps over the tiles of one segment (``Tiled.backward``); ``keys``: the
-    tiles' keys the forward found (``tilec.runtime.reuse``)."""
+    tiles' keys the forward found (``tilec.runtime.reuse``). The sliced inputs ``xs`` come detached
+    (or as ``Source``s): a tile's slices are views of them or fresh reads, which may require grad of
+    their own."""
 
     def __init__(self, segment, run, autocast, xs, bs, p, leaves, image_grads, arena, keys):
         self.segment, self.run, self.autocast = segment, run, autocast
@@ -532,7 +534,7 @@ class Sweep:
         (a tile convolution adds its weight gradient into the weight's ``grad`` as it goes)."""
         bs, p = self.frozen if frozen else (self.bs, self.p)
         device_type, enabled, dtype = self.autocast
-        tiles = [[region(x, spatial, rows, cols).detach().requires_grad_(need)
+        tiles = [[region(x, spatial, rows, cols).requires_grad_(need)
                   for x, spatial, rows, cols, need in zip(self.xs, self.segment.sliced, row[0], col[0], needs,
                                                           strict=True)]
                  for _, row, col in batch]

@@ -204,12 +204,12 @@ class TiledSegment:
 
     def owned(self, xs, row, col, needs=None):
         """Per reduction of the direct level, the owned slices of its reduced inputs in one tile
-        (detached and requiring grad where ``needs`` says so for their input)."""
+        (requiring grad where ``needs`` says so for their input: of detached ``xs``)."""
         found = []
         for k, inputs in self.reduced:
             rows, cols = row[3][k], col[3][k]
             found.append(tuple(region(xs[i], self.sliced[i], rows, cols) if needs is None
-                               else region(xs[i], self.sliced[i], rows, cols).detach().requires_grad_(needs[i])
+                               else region(xs[i], self.sliced[i], rows, cols).requires_grad_(needs[i])
                                for i in inputs))
         return found
 
