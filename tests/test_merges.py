@@ -40,14 +40,13 @@ def gradients(kept, weights):
                      for t, w in zip(kept, weights, strict=True))
 
 
-def band_grad(kind, kept, part, grads, band):
-    """The gradient of ``band`` from its partial ``part``'s share of the merged partial ``kept``'s
-    gradients ``grads``."""
-    pairs = shares_of(kind, kept, part, grads)
-    if not pairs:
-        return torch.zeros_like(band)
-    got, = torch.autograd.grad([a for a, _ in pairs], band, [b for _, b in pairs], allow_unused=True)
-    return torch.zeros_like(band) if got is None else got
+def band_grads(kind, kept, parts, grads, bands):
+    """The gradient of each of ``bands`` from its partial's (``parts``) share of the merged partial
+    ``kept``'s gradients ``grads``, all shared in one go."""
+    pairs = shares_of([(kind, kept, part, grads) for part in parts])
+    got = torch.autograd.grad([a for a, _ in pairs], bands, [b for _, b in pairs], allow_unused=True) if pairs else [
+        None] * len(bands)
+    return [torch.zeros_like(band) if g is None else g for band, g in zip(bands, got, strict=True)]
 
 
 def weighted(values, weights):
@@ -107,8 +106,8 @@ def test_a_bands_share_of_the_merged_gradient_is_its_gradient_through_all(case):
     want = torch.autograd.grad(weighted(whole, weights), bands)
     kept = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in whole)
     grads = gradients(kept, weights)  # bands of one height share what their count makes
-    for band, row, grad in zip(bands, starts, want, strict=True):
-        got = band_grad(kind, kept, partial(kind, band, row, width), grads, band)
+    parts = [partial(kind, band, row, width) for band, row in zip(bands, starts, strict=True)]
+    for got, grad in zip(band_grads(kind, kept, parts, grads, bands), want, strict=True):
         torch.testing.assert_close(got, grad, rtol=1e-10, atol=1e-12)
 
 
@@ -121,8 +120,8 @@ def test_ties_across_bands_share_the_gradient_evenly():
         parts = [partial(kind, b, r, 3) for b, r in zip(bands, starts, strict=True)]
         kept = tuple(t.detach() for t in merged(kind, parts))
         ones = Gradients([torch.ones_like(kept[0]), None])
-        got = torch.cat([band_grad(kind, kept, partial(kind, b, r, 3), ones, b)
-                         for b, r in zip(bands, starts, strict=True)], dim=2)
+        parts = [partial(kind, b, r, 3) for b, r in zip(bands, starts, strict=True)]
+        got = torch.cat(band_grads(kind, kept, parts, ones, bands), dim=2)
         if kind == "argmax":
             want[0, 0, 0, 0] = 1
         torch.testing.assert_close(got, want, rtol=0, atol=1e-15)

@@ -42,8 +42,9 @@ def merge_sum(a, b):
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-def share_sum(merged, part, grads):
-    return grads
+def share_sum(items):
+    """Each part's share of a merged sum's gradients: those gradients."""
+    return [grads for _, _, grads in items]
 
 
 def partial_moments(x, dims):
@@ -162,26 +163,46 @@ def merge_moments(a, b):
     return total, torch.add(mean, delta, alpha=weight), torch.addcmul(m2 + other_m2, delta, delta, value=count * weight)
 
 
-def share_moments(merged, part, grads):
-    """A part's share of the gradients ``grads`` of merged ``(n, mean, M2)``: with the others'
-    ``(nb, mean_b, M2_b)`` held constant, ``d mean / d mean_a = na / n``, ``d M2 / d M2_a = 1`` and
-    ``d M2 / d mean_a = -2 (mean_b - mean_a) na nb / n = 2 (mean_a - mean) na`` (as ``mean_b -
-    mean_a = (mean - mean_a) n / nb``); counts are constants. What depends on ``na`` alone, the
-    mean's gradient times ``na / n`` and M2's times ``2 na``, is made once per count of the parts
-    sharing ``grads`` (``Gradients``): two ops a part instead of four."""
-    count, mean, _ = merged
-    own_count, own_mean, _ = part
-    _, grad_mean, grad_m2 = grads
+def share_moments(items):
+    """Each part's share of the gradients ``grads`` of merged ``(n, mean, M2)`` (``items``: per part,
+    ``(merged, part, grads)``): with the others' ``(nb, mean_b, M2_b)`` held constant,
+    ``d mean / d mean_a = na / n``, ``d M2 / d M2_a = 1`` and ``d M2 / d mean_a = -2 (mean_b - mean_a)
+    na nb / n = 2 (mean_a - mean) na`` (as ``mean_b - mean_a = (mean - mean_a) n / nb``); counts are
+    constants. What depends on ``na`` alone, the mean's gradient times ``na / n`` and M2's times
+    ``2 na``, is made once per count of the parts sharing ``grads`` (``Gradients``); what depends on
+    the part's mean, ``(mean_a - mean) * slope + scaled``, is three calls for all the parts (a
+    ``torch._foreach_`` op each)."""
+    found, spread = [], []
+    for (count, mean, _), (own_count, own_mean, _), grads in items:
+        _, grad_mean, grad_m2 = grads
+        scaled, slope = grads.once(own_count, functools.partial(count_terms, own_count / count, 2 * own_count,
+                                                                 grad_mean, grad_m2))
+        found.append([None, scaled, grad_m2])
+        if slope is not None:
+            spread.append((len(found) - 1, own_mean, mean, scaled, slope))
+    if spread:
+        at, own, mean, scaled, slope = zip(*spread, strict=True)
+        shares = torch._foreach_mul(torch._foreach_sub(own, mean), slope)
+        with_scaled = [k for k, s in enumerate(scaled) if s is not None]
+        if with_scaled:
+            torch._foreach_add_([shares[k] for k in with_scaled], [scaled[k] for k in with_scaled])
+        for n, share in zip(at, shares, strict=True):
+            found[n][1] = share
+    return [tuple(grads) for grads in found]
 
-    def terms():
-        return (None if grad_mean is None else grad_mean * (own_count / count),
-                None if grad_m2 is None else grad_m2 * (2 * own_count))
 
-    scaled, slope = grads.once(own_count, terms)
-    if slope is None:
-        return None, scaled, grad_m2
-    spread = own_mean - mean
-    return None, spread.mul_(slope) if scaled is None else torch.addcmul(scaled, spread, slope), grad_m2
+def count_terms(weight, twice, grad_mean, grad_m2):
+    """What a part's share of merged moments' gradients takes from its count alone: the mean's
+    gradient times ``weight`` (``na / n``) and M2's times ``twice`` (``2 na``), ``None`` for none."""
+    return (None if grad_mean is None else grad_mean * weight, None if grad_m2 is None else grad_m2 * twice)
+
+
+def each(share):
+    """A share of one part's, ``share(merged, part, grads)``, made a share of each of ``items``."""
+    @functools.wraps(share)
+    def shares(items):
+        return [share(*item) for item in items]
+    return shares
 
 
 def partial_max(x, dims):
@@ -214,6 +235,7 @@ def merge_max(a, b):
     return MaxMerge.apply(a[1].detach(), b[1].detach(), a[0], b[0])
 
 
+@each
 def share_max(merged, part, grads):
     """A part's share of the merged maximum's gradient: in proportion to the elements it holds at
     the merged maximum (none where its maximum is lower), as ``MaxMerge`` shares it."""
@@ -250,6 +272,7 @@ def merge_argmax(a, b):
     return ArgMaxMerge.apply(a[1], b[1], a[0], b[0])
 
 
+@each
 def share_argmax(merged, part, grads):
     """A part's share of the merged first maximum's gradient: all of it where the part holds that
     maximum (its flat index), none elsewhere."""
@@ -281,10 +304,10 @@ class Gradients(tuple):
 
 
 class Merge(NamedTuple):
-    """How partials of one kind merge, and a part's share of a merged one's gradients:
-    ``share(merged, part, grads)`` gives the gradient of each of ``part``'s tensors (``None``
-    where none), ``merged`` and ``grads`` the merged partial and its gradients (``Gradients``,
-    ``None`` where none), which every part's share is given."""
+    """How partials of one kind merge, and parts' shares of merged ones' gradients:
+    ``share(items)`` gives, per ``(merged, part, grads)`` of ``items``, the gradient of each of
+    ``part``'s tensors (``None`` where none), ``merged`` and ``grads`` the merged partial and its
+    gradients (``Gradients``, ``None`` where none), which every part's share is given."""
 
     merge: object
     share: object
@@ -299,15 +322,20 @@ def merged(kind, parts):
     return functools.reduce(MERGES[kind].merge, parts)
 
 
-def shares_of(kind, merged_part, part, grads):
-    """(tensor, gradient) pairs that back-propagate ``part``'s share of the gradients ``grads`` of
-    the merged partial ``merged_part`` (its gradient through the merge of every part, the others
-    held constant) into ``part``'s tensors that require grad; none where nothing is wanted."""
-    if all(g is None for g in grads) or not any(needs_grad(t) for t in part):
-        return []
+def shares_of(items):
+    """(tensor, gradient) pairs that back-propagate each part's share of the gradients of a merged
+    partial (its gradient through the merge of every part, the others held constant) into the
+    part's tensors that require grad, in the order of ``items``: per part, ``(kind, merged_part,
+    part, grads)``; none where nothing is wanted. The parts of one kind are shared in one go."""
+    live = [(kind, *item) for kind, *item in items
+            if any(g is not None for g in item[2]) and any(needs_grad(t) for t in item[1])]
+    found = {}
     with torch.no_grad():
-        found = MERGES[kind].share(merged_part, part, grads)
-    return [(t, g) for t, g in zip(part, found, strict=True) if g is not None and needs_grad(t)]
+        for kind in dict.fromkeys(kind for kind, *_ in live):
+            mine = [n for n, (other, *_) in enumerate(live) if other == kind]
+            found.update(zip(mine, MERGES[kind].share([live[n][1:] for n in mine]), strict=True))
+    return [(t, g) for n, (_, _, part, _) in enumerate(live)
+            for t, g in zip(part, found[n], strict=True) if g is not None and needs_grad(t)]
 
 
 def needs_grad(t):

@@ -558,11 +558,10 @@ class Sweep:
             if part.requires_grad and g is not None:
                 pieces = [narrow(g, spatial, row[1][k], col[1][k]) for _, row, col in tiles]
                 pairs.append((part, summed(pieces) if group else pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
-        for level in self.segment.levels:
-            for k, (merged_part, grads) in enumerate(shares.get(level.index, ())):
-                found = shares_of(level.merges[k], merged_part, partials[level.first + k], grads)
-                pairs += [(a, b * len(group)) for a, b in found] if group else found
-        return pairs
+        found = shares_of([(level.merges[k], merged_part, partials[level.first + k], grads)
+                           for level in self.segment.levels
+                           for k, (merged_part, grads) in enumerate(shares.get(level.index, ()))])
+        return pairs + ([(a, b * len(group)) for a, b in found] if group else found)
 
     def calls(self, label, groups, members, bands=()):
         """The tiles this process runs in one backward sweep, in order, as ``(batch, group)``:
@@ -604,16 +603,16 @@ class Sweep:
         chosen = {name: grad_leaf(r[name]) for name in names}
         with_leaves = {**r, **chosen}
         wanted = [t for name in names for t in flat(chosen[name]) if t.requires_grad]
-        totals = [None] * len(wanted)
+        totals = [torch.zeros_like(t) for t in wanted]  # each call's gradients added in one op
         groups, members, _, _ = self.groups(shares, False, False)
         for batch, group in self.calls(f"{self.segment.label} backward sweep", groups, members):
             _, outs, partials = self.recompute(batch, with_leaves, [False] * len(self.xs), shares, frozen=True)
             pairs = self.pairs(batch, outs, partials, shares, group)
             if pairs and wanted:
                 found = torch.autograd.grad([a for a, _ in pairs], wanted, [b for _, b in pairs], allow_unused=True)
-                totals = [t if f is None else f.clone() if t is None else t + f
-                          for t, f in zip(totals, found, strict=True)]
-        totals = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, totals, strict=True)]
+                present = [k for k, f in enumerate(found) if f is not None]
+                if present:
+                    torch._foreach_add_([totals[k] for k in present], [found[k] for k in present])
         if self.run.group is not None:
             sum_over(self.run.group, totals)
         return by_name(names, chosen, totals)
@@ -722,8 +721,8 @@ class Sweep:
             owned = segment.owned(self.xs, row, col, needs)
             with torch.enable_grad():
                 partials = segment.direct(owned, self.bs, self.p, r, origins(row, col))
-                pairs = [pair for kind, partial, (merged_part, grads) in zip(level.merges, partials, share, strict=True)
-                         for pair in shares_of(kind, merged_part, partial, grads)]
+                pairs = shares_of([(kind, merged_part, partial, grads) for kind, partial, (merged_part, grads)
+                                   in zip(level.merges, partials, share, strict=True)])
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
             if pairs and leaves:
                 torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=leaves)
