@@ -43,6 +43,13 @@ class Arena:
             return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
         return self.carve(start, shape, dtype, memory_format)
 
+    def copy(self, x, memory_format=torch.contiguous_format):
+        """``x`` copied into what ``take`` would give for it: one call (``clone``) where fresh."""
+        start = self.claim(tuple(x.shape), x.dtype, x.device)
+        if start is None:
+            return x.clone(memory_format=memory_format)
+        return self.carve(start, tuple(x.shape), x.dtype, memory_format).copy_(x)
+
     def claim(self, shape, dtype, device):
         """Room for a tensor of ``shape`` and ``dtype`` at ``top``, 64-byte aligned, counted in
         ``need``: its start in the buffer, or ``None`` where the tensor is to be fresh (kernels that
@@ -87,4 +94,4 @@ class Arena:
         channels-last input, oneDNN copies a contiguous weight twice per call, outside the arena."""
         if w.is_contiguous(memory_format=torch.channels_last):
             return w
-        return self.take(tuple(w.shape), w.dtype, w.device, torch.channels_last).copy_(w)
+        return self.copy(w, torch.channels_last)

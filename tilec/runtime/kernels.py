@@ -97,7 +97,7 @@ class CopyIn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, arena):
-        return arena.take(tuple(x.shape), x.dtype, x.device, torch.channels_last).copy_(x)
+        return arena.copy(x, torch.channels_last)
 
     @staticmethod
     def backward(ctx, g):
