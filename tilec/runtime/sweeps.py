@@ -442,6 +442,28 @@ class Tiled(torch.autograd.Function):
                 for part, source in zip(level_parts, sources, strict=True)]
 
 
+def backward_into(pairs, held, others=()):
+    """Back-propagate the (tensor, gradient) ``pairs``: the gradients of the tensors ``others`` are
+    returned (``None`` where none), those of the tensors ``held`` that require grad (leaves keeping
+    theirs in ``grad``) are added to their ``grad`` in one op (taken as it is where it has none: not
+    with CUDA graphs, ``stable_grads``), as autograd's ``backward`` would add them one by one."""
+    held = [t for t in held if t.requires_grad]
+    if not pairs or not (held or others):
+        return [None] * len(others)
+    found = torch.autograd.grad([a for a, _ in pairs], [*others, *held], [b for _, b in pairs], allow_unused=True)
+    added = []
+    for t, g in zip(held, found[len(others):], strict=True):
+        if g is None:
+            continue
+        if t.grad is None:
+            t.grad = g
+        else:
+            added.append((t.grad, g))
+    if added:
+        torch._foreach_add_([t for t, _ in added], [g for _, g in added])
+    return found[:len(others)]
+
+
 def _detached(value):
     return value.detach() if isinstance(value, torch.Tensor) else tuple(t.detach() for t in value)
 
@@ -637,11 +659,13 @@ class Sweep:
                 continue
             tiles, outs, partials = self.recompute(batch, with_leaves, needs, shares)
             pairs = self.pairs(batch, outs, partials, shares, group)
-            wanted = [t for t in (*(t for tile in tiles for t in tile), *self.leaves, *collected) if t.requires_grad]
-            if pairs and wanted:
-                torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
+            slices_of = [t for tile in tiles for t in tile if t.requires_grad]
+            found = dict(zip(map(id, slices_of), backward_into(pairs, [*self.leaves, *collected], slices_of),
+                             strict=True))
             for (_, row, col), tile in zip(batch, tiles, strict=True):
-                grad = [None if t.grad is None else t.grad if group is None else t.grad / len(group) for t in tile]
+                grad = [found.get(id(t)) for t in tile]
+                if group:
+                    grad = [None if g is None else g / len(group) for g in grad]
                 for _, member_row, member_col in group or ((None, row, col),):
                     add_input_grads(sums, member_row, member_col, grad)
         grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in collected]
@@ -656,10 +680,7 @@ class Sweep:
         (``tilec.runtime.reuse``); their input gradients come band by band (``Sweep.band``)."""
         first = group[:1]
         _, outs, partials = self.recompute(first, with_leaves, [False] * len(self.xs), shares)
-        pairs = self.pairs(first, outs, partials, shares, group)
-        wanted = [t for t in (*self.leaves, *collected) if t.requires_grad]
-        if pairs and wanted:
-            torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=wanted)
+        backward_into(self.pairs(first, outs, partials, shares, group), [*self.leaves, *collected])
 
     def band(self, band, same, r, needs, shares, sums):
         """The input gradients of the tiles ``band`` of one key: recomputed once (the first's slices,
