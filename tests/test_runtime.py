@@ -53,7 +53,7 @@ from tilec.runtime.kernels import (
     weight_grad,
 )
 from tilec.runtime.memory import expand_cuda_segments
-from tilec.runtime.sweeps import Tiled
+from tilec.runtime.sweeps import Tiled, backward_into
 from tilec.runtime.tiles import Rolled, Run, TiledSegment, Whole, input_gradient, share
 from tilec.target import GEMM_MIN_CHANNELS
 
@@ -656,3 +656,19 @@ def test_runtime_files_define_each_top_level_name_once():
                 continue
             for defined in names:
                 assert seen.setdefault(defined, name) == name, f"{defined} is defined in {seen[defined]} and {name}"
+
+
+def test_backward_into_adds_into_grad_without_aliasing_what_autograd_hands_on():
+    """An addition's backward hands its incoming gradient itself to both inputs: the held leaves
+    get copies of it, so that later tiles' gradients add into each alone and the incoming
+    gradient stays as it was; the other tensors' gradients come back."""
+    w1, w2, x = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    incoming = [torch.full((3,), 1.0 + k, dtype=torch.float64) for k in range(2)]
+    for grad in incoming:
+        tile = x.detach().requires_grad_()
+        got, = backward_into([(w1 + w2, grad), (tile * 2.0, grad)], [w1, w2], [tile])
+        torch.testing.assert_close(got, 2.0 * grad, rtol=0, atol=0)
+    assert torch.equal(incoming[0], torch.ones(3, dtype=torch.float64))
+    for w in (w1, w2):
+        torch.testing.assert_close(w.grad, torch.full((3,), 3.0, dtype=torch.float64), rtol=0, atol=0)
+    assert x.grad is None

@@ -445,8 +445,9 @@ class Tiled(torch.autograd.Function):
 def backward_into(pairs, held, others=()):
     """Back-propagate the (tensor, gradient) ``pairs``: the gradients of the tensors ``others`` are
     returned (``None`` where none), those of the tensors ``held`` that require grad (leaves keeping
-    theirs in ``grad``) are added to their ``grad`` in one op (taken as it is where it has none: not
-    with CUDA graphs, ``stable_grads``), as autograd's ``backward`` would add them one by one."""
+    theirs in ``grad``) are added to their ``grad`` in one op, as autograd's ``backward`` would add
+    them one by one; where one has none, it gets a copy (autograd may hand one tensor to several
+    inputs, or hand on a gradient it was given, which later adds would write into)."""
     held = [t for t in held if t.requires_grad]
     if not pairs or not (held or others):
         return [None] * len(others)
@@ -456,7 +457,7 @@ def backward_into(pairs, held, others=()):
         if g is None:
             continue
         if t.grad is None:
-            t.grad = g
+            t.grad = g.clone()
         else:
             added.append((t.grad, g))
     if added:
