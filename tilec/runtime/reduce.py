@@ -327,12 +327,11 @@ def shares_of(items):
     partial (its gradient through the merge of every part, the others held constant) into the
     part's tensors that require grad, in the order of ``items``: per part, ``(kind, merged_part,
     part, grads)``; none where nothing is wanted. The parts of one kind are shared in one go."""
-    live = [(kind, *item) for kind, *item in items
-            if any(g is not None for g in item[2]) and any(needs_grad(t) for t in item[1])]
+    live = [item for item in items if any(g is not None for g in item[3]) and any(needs_grad(t) for t in item[2])]
     found = {}
     with torch.no_grad():
-        for kind in dict.fromkeys(kind for kind, *_ in live):
-            mine = [n for n, (other, *_) in enumerate(live) if other == kind]
+        for kind in dict.fromkeys(item[0] for item in live):
+            mine = [n for n, item in enumerate(live) if item[0] == kind]
             found.update(zip(mine, MERGES[kind].share([live[n][1:] for n in mine]), strict=True))
     return [(t, g) for n, (_, _, part, _) in enumerate(live)
             for t, g in zip(part, found[n], strict=True) if g is not None and needs_grad(t)]

@@ -746,9 +746,9 @@ class Sweep:
                 pairs = shares_of([(kind, merged_part, partial, grads) for kind, partial, (merged_part, grads)
                                    in zip(level.merges, partials, share, strict=True)])
             leaves = [t for slices_k in owned for t in slices_k if t.requires_grad]
-            if pairs and leaves:
-                torch.autograd.backward([a for a, _ in pairs], [b for _, b in pairs], inputs=leaves)
+            found = dict(zip(map(id, leaves), backward_into(pairs, (), leaves), strict=True))
             for (k, inputs), slices_k in zip(segment.reduced, owned, strict=True):
                 for i, t in zip(inputs, slices_k, strict=True):
-                    if sums[i] is not None and t.grad is not None:
-                        sums[i].add(row[3][k], col[3][k], t.grad)
+                    grad = found.get(id(t))
+                    if sums[i] is not None and grad is not None:
+                        sums[i].add(row[3][k], col[3][k], grad)
