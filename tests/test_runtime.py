@@ -79,7 +79,7 @@ def test_kernels_for_each_device():
     assert kernels_for("cuda", 32) is CUDA and kernels_for("cuda", 32, "generic") is CUDA
     assert kernels_for("mps", None) is GENERIC and kernels_for("cpu", 32, "generic") is GENERIC
     for base, device in ((GENERIC, "cpu"), (CUDA, "cuda")):
-        assert kernels_for(device, 32, "compiled") == replace(base, compiler="inductor")
+        assert kernels_for(device, 32, "compiled") == replace(base, compiler="compiled")
         assert kernels_for(device, 32, "cudagraphs") == replace(base, compiler="cudagraphs")
         assert kernels_for(device, 32, "reduce-overhead") == replace(base, compiler="reduce-overhead")
     assert not any(kernels_for(device, 32, choice).compiled or kernels_for(device, 32, choice).graphs

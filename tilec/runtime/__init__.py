@@ -7,5 +7,5 @@ the module stays standalone. The files import each other only with one-line
 imports are gathered at the top of the module. Names are unique across the files.
 """
 
-SOURCES = ("memory.py", "device.py", "arena.py", "kernels.py", "bits.py", "sources.py", "reduce.py", "dropout.py",
-           "reuse.py", "batches.py", "compiled.py", "tiles.py", "sweeps.py", "checks.py", "model.py")
+SOURCES = ("memory.py", "compiled.py", "device.py", "arena.py", "kernels.py", "bits.py", "sources.py", "reduce.py",
+           "dropout.py", "reuse.py", "batches.py", "tiles.py", "sweeps.py", "checks.py", "model.py")

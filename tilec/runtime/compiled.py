@@ -31,11 +31,26 @@ and a warning says so once per segment (``TORCH_LOGS=cudagraphs`` says why).
 """
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
-#: ``torch.compile``'s options for each ``Kernels.compiler``.
-OPTIONS = {"inductor": {}, "reduce-overhead": {"mode": "reduce-overhead"}, "cudagraphs": {"backend": "cudagraphs"}}
+
+class Compiler(NamedTuple):
+    """A compiled choice of ``TiledModel(kernels=...)``: ``torch.compile``'s ``options``, whether its
+    tiles replay as CUDA ``graphs``, and whether the model tensors are marked ``static`` (inductor
+    leaves them where they are; the "cudagraphs" backend ignores the mark)."""
+
+    options: dict
+    graphs: bool
+    static: bool
+
+
+#: The compiled ``Kernels.compiler`` choices: by inductor, as CUDA graphs of aten's kernels, or
+#: inductor's kernels replayed as CUDA graphs.
+COMPILERS = {"compiled": Compiler({}, graphs=False, static=False),
+             "cudagraphs": Compiler({"backend": "cudagraphs"}, graphs=True, static=False),
+             "reduce-overhead": Compiler({"mode": "reduce-overhead"}, graphs=True, static=True)}
 
 
 class CompiledTiles:
@@ -62,8 +77,9 @@ class CompiledTiles:
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, self.variants)
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, self.variants)
-        compiled = torch.compile(fn, dynamic=False, **OPTIONS[kernels.compiler])
-        graphs, static = kernels.graphs, kernels.compiler == "reduce-overhead"
+        compiler = COMPILERS[kernels.compiler]
+        compiled = torch.compile(fn, dynamic=False, **compiler.options)
+        graphs, static = compiler.graphs, compiler.static
 
         def call(xs, bs, p, arena, r, o, *rest):
             if self.failed:

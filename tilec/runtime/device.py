@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from tilec.runtime.compiled import COMPILERS
+
 #: oneDNN's convolution adding into a given tensor, and its reorder of a convolution weight into
 #: its blocked layout, where this build of torch has them.
 CONVOLVE_INTO = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise_", None)
@@ -34,10 +36,10 @@ class Kernels:
     how many input channels a stride-1 convolution's weight gradient is matrix products
     (``None``: never). ``pin_allocator``: pin glibc's mmap threshold; ``expand_segments``: put
     CUDA's caching allocator on expandable segments (``tilec.runtime.memory``); ``compiler``: tile
-    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled``), ``"inductor"`` by its
-    default backend, ``"reduce-overhead"`` by inductor in that mode (its kernels replayed as CUDA
-    graphs), ``"cudagraphs"`` by its backend of that name (aten's kernels, no code generated,
-    replayed as CUDA graphs); ``None``: run as they are.
+    functions run compiled by ``torch.compile`` (``tilec.runtime.compiled.COMPILERS``):
+    ``"compiled"`` by inductor, ``"reduce-overhead"`` by inductor in that mode (its kernels replayed
+    as CUDA graphs), ``"cudagraphs"`` by its backend of that name (aten's kernels, no code
+    generated, replayed as CUDA graphs); ``None``: run as they are.
     """
 
     arena: bool
@@ -56,7 +58,7 @@ class Kernels:
     def graphs(self):
         """Whether compiled tile functions replay as CUDA graphs, which write over what the previous
         replay returned (``tilec.runtime.sweeps`` copies what it keeps)."""
-        return self.compiler in ("reduce-overhead", "cudagraphs")
+        return self.compiler is not None and COMPILERS[self.compiler].graphs
 
 
 #: Aten's kernels on fresh tensors: every device but the CPU and CUDA.
@@ -66,9 +68,7 @@ CUDA = Kernels(arena=False, onednn=False, gemm_min_channels=None, pin_allocator=
 
 
 #: ``TiledModel(..., kernels=...)``: each device's own kernels, the generic ones everywhere, or
-#: those compiled: by inductor, as CUDA graphs of aten's kernels, or inductor's replayed as CUDA
-#: graphs. Each compiled choice names its ``Kernels.compiler``.
-COMPILERS = {"compiled": "inductor", "cudagraphs": "cudagraphs", "reduce-overhead": "reduce-overhead"}
+#: those compiled (``COMPILERS``, each its own ``Kernels.compiler``).
 KERNEL_CHOICES = ("auto", "generic", *COMPILERS)
 
 
@@ -79,7 +79,7 @@ def kernels_for(device_type, gemm_min_channels, choice="auto"):
     generic kernels compiled ("cudagraphs" and "reduce-overhead" replayed as CUDA graphs; a device
     without them runs them compiled, ``tilec.runtime.compiled`` says so)."""
     if choice in COMPILERS:
-        return replace(CUDA if device_type == "cuda" else GENERIC, compiler=COMPILERS[choice])
+        return replace(CUDA if device_type == "cuda" else GENERIC, compiler=choice)
     if device_type == "cuda":
         return CUDA
     if choice == "generic" or device_type != "cpu":
