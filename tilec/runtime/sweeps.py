@@ -567,7 +567,8 @@ class Sweep:
             fn = self.segment.function(self.arena.kernels, (row[2], col[2]))
             outs, partials = fn(stack_in(self.arena, tiles), bs, p, self.arena, r, origins(row, col),
                                 wanted(self.segment, shares))
-            outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
+            if not self.arena.kernels.compiled:  # compiled, autograd gives it the traced strides itself
+                outs = [grad_channels_last(part) if part.requires_grad else part for part in outs]
             partials = batch_partials(partials, len(batch), self.segment.merges)
         return tiles, outs, partials
 
