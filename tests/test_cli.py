@@ -6,14 +6,16 @@ import importlib.machinery
 import importlib.util
 import json
 import textwrap
+import warnings
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
-from tilec.cli import main
+from tilec.cli import main, refusals
 from tilec.modelfile import load_model
 
 RESIDUAL = """
@@ -246,7 +248,8 @@ def test_tiles_of_a_period_no_stride_divides_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize(("names", "words"), [("conv2d_3", "no reader comes"), ("relu,", "must be node names"),
-                                               ("nothing", "there is no such node")])
+                                               ("nothing", "there is no such node"),
+                                               ("relu,relu", "the node is named twice")])
 def test_compile_refuses_what_cannot_be_recomputed(tmp_path, names, words):
     model_file = _write(tmp_path, "skip.py", SKIP)
     result = _invoke("compile", model_file, "--recompute", names, "--grid", "2x2", "--out-dir", tmp_path,
@@ -347,3 +350,20 @@ def test_compile_refuses_a_tissue_mask_it_cannot_use(tmp_path, mask, words):
     assert result.exit_code == 2, result.output
     assert words in result.output and "--tissue-mask" in result.output and len(result.output.splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mask.npy", "net.py"]
+
+
+def test_verify_refuses_a_device_without_data(tmp_path):
+    model_file = _write(tmp_path, "net.py", RESIDUAL)
+    result = _invoke("verify", model_file, "--device", "meta")
+    assert result.exit_code == 2 and "--device 'meta' holds no data" in result.output, result.output
+    assert len(result.output.splitlines()) == 1
+
+
+def test_a_warning_in_a_command_is_one_line():
+    @click.command()
+    def warns():
+        with refusals():
+            warnings.warn("tilec: timed while\n  busy", RuntimeWarning, stacklevel=1)
+
+    result = CliRunner().invoke(warns, [])
+    assert result.exit_code == 0 and result.output == "RuntimeWarning: tilec: timed while busy\n", result.output

@@ -46,9 +46,10 @@ def test_no_ranks_leaves_the_plan_alone():
     assert plan.ranks is None and all(not s.shares and s.rank_seconds is None for s in plan.segments)
 
 
-def test_zero_ranks_is_refused():
-    with pytest.raises(GridError, match="--ranks must be at least 1"):
-        _plan(0)
+@pytest.mark.parametrize("ranks", [0, 2**31])
+def test_ranks_beyond_a_count_are_refused(ranks):
+    with pytest.raises(GridError, match=f"--ranks must be from 1 to 2147483647, got {ranks}"):
+        _plan(ranks)
 
 
 def test_forged_shares_are_refused():

@@ -70,6 +70,8 @@ FILES = {
                          "INPUT_SHAPE = (1, 3, 8, 8)\n",
     "noshape.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3))\n",
     "badshape.py": HEADER + "model = nn.Sequential(nn.Conv2d(3, 3, 3))\nINPUT_SHAPE = '1,3,8,8'\n",
+    "datadep.py": "import torch\nfrom torch import nn\nclass D(nn.Module):\n    def forward(self, x):\n"
+                  "        return x * 2 if x.sum() > 0 else x\nmodel = D()\nINPUT_SHAPE = (1, 3, 8, 8)\n",
     "latin1.py": None,  # written as bytes below
 }
 
@@ -111,6 +113,12 @@ COMPILE_CASES = [
     ("shape zero", ["compile", "ok.py", "--input-shape", "1,0,16,16", "--grid", "2x2"], ["(1, 0, 16, 16)", "positive"]),
     ("channels mismatch", ["compile", "ok.py", "--input-shape", "1,5,16,16", "--grid", "2x2"],
      ["does not run on input shape (1, 5, 16, 16)", "channels"]),
+    ("shape too large", ["compile", "ok.py", "--input-shape", "1,3,4294967296,4294967296", "--grid", "2x2"],
+     ["(1, 3, 4294967296, 4294967296)", "more elements than a tensor can hold"]),
+    ("size beyond 64 bits", ["compile", "ok.py", "--input-shape", "1,3,99999999999999999999,8", "--grid", "2x2"],
+     ["99999999999999999999", "more elements"]),
+    ("data-dependent branch", ["compile", "datadep.py", "--grid", "2x2"],
+     ["does not run on input shape (1, 3, 8, 8)", "data-dependent"]),
     ("shape too small", ["compile", "ok.py", "--input-shape", "1,3,3,3", "--grid", "1x1"],
      ["does not run on input shape (1, 3, 3, 3)"]),
     ("grid malformed", ["compile", "ok.py", "--grid", "2by2"], ["--grid", "'2by2'"]),
@@ -120,6 +128,10 @@ COMPILE_CASES = [
     ("segment grid finer than output", ["compile", "ok.py", "--segments", "0:4@7x1"],
      ["grid 7x1", "finer than the output", "6x6"]),
     ("segments do not cover", ["compile", "ok.py", "--segments", "0:2@2x2"], ["segments must cover nodes 0..3"]),
+    ("segment batch beyond a count", ["compile", "ok.py", "--segments", "0:4@2x2/99999999999999999999"],
+     ["batch", "up to 2147483647"]),
+    ("budget beyond a number", ["compile", "ok.py", "--memory-budget", "1" + "0" * 400],
+     ["--memory-budget", "too large"]),
     ("grid missing", ["compile", "ok.py"], ["--grid"]),
     ("bad name", ["compile", "ok.py", "--grid", "2x2", "--name", "../evil"], ["--name", "'../evil'"]),
     ("out-dir under a file", ["compile", "ok.py", "--grid", "2x2", "--out-dir", "ok.py/sub"],
@@ -128,6 +140,9 @@ COMPILE_CASES = [
      ["cannot write", "ok.py/plans"]),
     ("new plan-dir, bad out-dir", ["compile", "ok.py", "--grid", "2x2", "--plan-dir", "new/deep/plans",
                                    "--out-dir", "ok.py/sub"], ["cannot write", "ok.py/sub"]),
+    ("name too long for the file system", ["compile", "ok.py", "--grid", "2x2", "--name", "x" * 250,
+                                           "--plan-dir", "folder", "--out-dir", "folder"],
+     ["cannot write", "folder/xxx", "too long"]),
     ("module target is a folder", ["compile", "ok.py", "--grid", "2x2", "--out-dir", "taken"],
      ["cannot write", "ok_tiled.py", "directory"]),
 ]

@@ -87,6 +87,7 @@ def test_schema_1_plan_is_refused_with_the_recompile_message():
     ({k: v for k, v in SCHEMA_1.items() if k != "schema_version"}, ["model.layers", "older tilec", "recompile"]),
     ({"schema_version": 0}, ["schema_version 0", "older tilec"]),
     ({"schema_version": SCHEMA_VERSION + 1}, ["newer", "upgrade tilec"]),
+    ({}, ["has no schema_version"]),
 ])
 def test_check_version_refuses_other_versions(data, words):
     with pytest.raises(PlanError) as caught:
@@ -94,8 +95,8 @@ def test_check_version_refuses_other_versions(data, words):
     assert str(caught.value).startswith("p.json") and all(word in str(caught.value) for word in words)
 
 
-@pytest.mark.parametrize("data", [{"schema_version": SCHEMA_VERSION}, {}, {"schema_version": True},
-                                  {"model": {"nodes": [], "layers": []}}])
+@pytest.mark.parametrize("data", [{"schema_version": SCHEMA_VERSION}, {"schema_version": True},
+                                  {"schema_version": SCHEMA_VERSION, "model": {"nodes": [], "layers": []}}])
 def test_check_version_leaves_the_rest_to_the_schema(data):
     check_version(data, "p.json")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tilec.config import (
     parse_segments,
 )
 from tilec.errors import TilecError
+from tilec.ir import MAX_COUNT
 from tilec.pipeline import compile_model
 from tilec.planio import load
 from tilec.report import describe_input, describe_plan, node_table, same_segments, tile_table
@@ -33,10 +35,18 @@ class Refusal(click.ClickException):
 
 @contextmanager
 def refusals():
-    try:
-        yield
-    except TilecError as error:
-        raise Refusal(" ".join(str(error).split())) from None
+    """A command's call into the library: a ``TilecError`` becomes a one-line refusal (exit code 2),
+    and each warning one line on standard error."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        try:
+            yield
+        except TilecError as error:
+            raise Refusal(" ".join(str(error).split())) from None
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    click.echo(f"{category.__name__}: {' '.join(str(message).split())}", err=True)
 
 
 @contextmanager
@@ -77,13 +87,14 @@ def main() -> None:
               "`tilec inspect` prints a plan's so.")
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
               "(recomputing long-lived tensors where that is faster than keeping them).")
-@click.option("--batch", type=click.IntRange(min=1), help="With --grid or --segments: run up to N consecutive "
-              "tiles of one shape class as one call, stacked along the batch axis (where a segment's tiles can; "
-              "--memory-budget chooses it itself).")
+@click.option("--batch", type=click.IntRange(min=1, max=MAX_COUNT),
+              help="With --grid or --segments: run up to N consecutive tiles of one shape class as one call, "
+              "stacked along the batch axis (where a segment's tiles can; --memory-budget chooses it itself).")
 @click.option("--recompute", help="Nodes NAME,... whose late readers recompute them from the input instead of "
               "keeping them (names as `tilec inspect PLAN --nodes` lists them; --segments then counts the copies).")
-@click.option("--ranks", type=click.IntRange(min=1), help="Plan for N ranks of a process group sharing each tiled "
-              "segment's tiles (TiledModel(model, process_group=...)): records each rank's tiles.")
+@click.option("--ranks", type=click.IntRange(min=1, max=MAX_COUNT),
+              help="Plan for N ranks of a process group sharing each tiled segment's tiles "
+              "(TiledModel(model, process_group=...)): records each rank's tiles.")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Training dtype the memory prediction assumes.")
 @click.option("--autocast", help="DEVICE:DTYPE of the torch.autocast the step runs under (e.g. cuda:float16, "
@@ -159,7 +170,8 @@ def inspect_command(plan_file, tile, node, segment, list_nodes) -> None:
               "forward (default: the file's INPUTS or INPUT_SHAPE; smaller is faster).")
 @click.option("--input-shape", help="Shorthand for one input N,C,H,W in the model's dtype.")
 @click.option("--grid", help="Tile grid ROWSxCOLS (default: 2x2, clipped to the output size).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and gradient.")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
+              help="Seed of the random input and gradient.")
 @click.option("--tolerance", type=float, default=1e-10, show_default=True, help="Largest error still called exact.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device to run both steps on.")
 def verify_command(model_file, attr, inputs, input_shape, grid, seed, tolerance, device) -> None:

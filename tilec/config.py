@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,10 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
     if not match or match[2].upper() not in UNITS:
         raise BudgetError(f"--memory-budget must be a number with a unit (B, KB, MB, GB, KiB, MiB, GiB), got {text!r}")
-    value = round(float(match[1]) * UNITS[match[2].upper()])
+    number = float(match[1]) * UNITS[match[2].upper()]
+    if not math.isfinite(number):
+        raise BudgetError(f"--memory-budget is too large to be a number of bytes, got {text!r}")
+    value = round(number)
     if value < 1:
         raise BudgetError(f"--memory-budget must be positive, got {text!r}")
     return value

@@ -12,7 +12,7 @@ from __future__ import annotations
 from tilec.cost.balance import axis_weights, tile_cost
 from tilec.errors import GridError
 from tilec.graph import Graph
-from tilec.ir import Plan, Segment
+from tilec.ir import MAX_COUNT, Plan, Segment
 from tilec.runtime.tiles import share
 
 
@@ -20,8 +20,8 @@ def distribute(plan: Plan, ranks: int | None) -> Plan:
     """``plan`` with each tiled segment's shares for ``ranks`` ranks (``None``: unchanged)."""
     if ranks is None:
         return plan
-    if ranks < 1:
-        raise GridError(f"--ranks must be at least 1, got {ranks}")
+    if not 1 <= ranks <= MAX_COUNT:
+        raise GridError(f"--ranks must be from 1 to {MAX_COUNT}, got {ranks}")
     graph = Graph.of_plan(plan)
     segments = [_shared(segment, graph, ranks) for segment in plan.segments]
     other = distribute(plan.other, ranks) if plan.other is not None else None

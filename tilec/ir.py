@@ -40,6 +40,9 @@ from tilec.regions import Interval
 
 SCHEMA_VERSION = 12
 
+#: The most tiles one call stacks, and the most ranks a plan shares its tiles among.
+MAX_COUNT = 2**31 - 1
+
 Shape = tuple[int, ...]
 #: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
 InputDtype = Literal["float32", "float64", "bfloat16", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"]
@@ -230,9 +233,9 @@ class Segment(Frozen):
                                   "tiles of period / s pixels, the last taking the rest (tilec.regions.Period); "
                                   "null: each tensor split into grid parts (tilec.regions.split)")
     batch: int = Field(
-        default=1, ge=1, description="a tiled segment's tiles run this many at a time, as one call on their slices "
-                                     "stacked along the batch axis: consecutive tiles of one shape class "
-                                     "(tilec.runtime.batches); 1: one by one")
+        default=1, ge=1, le=MAX_COUNT, description="a tiled segment's tiles run this many at a time, as one "
+                                                   "call on their slices stacked along the batch axis: consecutive "
+                                                   "tiles of one shape class (tilec.runtime.batches); 1: one by one")
 
     @property
     def reductions(self) -> tuple[str, ...]:
@@ -243,7 +246,7 @@ class Segment(Frozen):
 class Plan(Frozen):
     """A tiling plan for one model, its inputs' shapes and dtypes, and one segmentation."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = Field(default=SCHEMA_VERSION, strict=True)
     name: str
     inputs: tuple[InputSpec, ...] = Field(description="the tensor arguments of the model's forward, in order")
     dtype: Literal["float32", "float64", "bfloat16", "float16"]
@@ -298,8 +301,8 @@ class Plan(Frozen):
                                 "slide's) was known when compiling: the estimate counts the tiles computed once "
                                 "(Segment.reused), and a budget search chose the plan knowing it")
     ranks: int | None = Field(
-        default=None, description="ranks of a process group sharing each tiled segment's tiles (compile "
-        "--ranks); every rank holds the full boundary tensors, so its peak is predicted_peak_bytes")
+        default=None, ge=1, le=MAX_COUNT, description="ranks of a process group sharing each tiled segment's "
+        "tiles (compile --ranks); every rank holds the full boundary tensors, so its peak is predicted_peak_bytes")
 
     mode: Literal["train", "eval"] | None = Field(
         default=None, description="null: the graph is the same in training and eval mode (up to the ops that follow "

@@ -62,11 +62,14 @@ def _missing_parents(folder: Path) -> list[Path]:
 
 def _why(path: Path, error: OSError) -> str:
     """The reason ``path`` cannot be written, naming the culprit folder where there is one."""
-    for parent in reversed(path.parents):
-        if parent.exists() and not parent.is_dir():
-            return f"{parent} is a file, not a directory"
-    if path.is_dir():
-        return "it is a directory"
+    try:
+        for parent in reversed(path.parents):
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is a file, not a directory"
+        if path.is_dir():
+            return "it is a directory"
+    except OSError:  # the path itself cannot be looked up (a name too long)
+        pass
     return error.strerror or str(error)
 
 

@@ -67,7 +67,9 @@ def why_not(graph: Graph, name: str) -> str | None:
 
 def recompute(graph: Graph, names: Sequence[str]) -> Graph:
     """``graph`` with each of ``names`` recomputed for its late readers."""
-    for name in names:
+    for k, name in enumerate(names):
+        if name in names[:k]:
+            raise GridError(f"--recompute {name}: the node is named twice")
         reason = why_not(graph, name)
         if reason is not None:
             raise GridError(f"--recompute {name}: cannot recompute node {name}: {reason}")

@@ -22,10 +22,13 @@ plan (``Plan.mode``).
 from __future__ import annotations
 
 import inspect
+import io
 import logging
+import math
 import operator
+import sys
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 
 import torch
@@ -45,17 +48,27 @@ METADATA_CHECKS = frozenset({"_assert_tensor_metadata", "_assert_async", "_asser
                              "sym_constrain_range_for_size", "_functional_sym_constrain_range"})
 
 
+#: The most elements an input may have: its bytes fit torch's 64-bit sizes at 16 bytes an element.
+MAX_ELEMENTS = 2**59
+
+
 def _positive_sizes(shape: Sequence) -> bool:
     """Whether every size of ``shape`` is a positive integer (not a bool)."""
     return all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
 
 
+def _check_elements(shape: Sequence[int], label: str) -> None:
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise ShapeError(f"{label} {tuple(shape)} has more elements than a tensor can hold (2**59)")
+
+
 def check_input_shape(shape: Sequence[int], label: str = "input shape") -> Shape:
-    """An image input's shape: four positive sizes N, C, H, W."""
+    """An image input's shape: four positive sizes N, C, H, W, at most ``MAX_ELEMENTS`` in all."""
     if len(shape) != 4:
         raise ShapeError(f"{label} {tuple(shape)} has {len(shape)} dimension(s); tilec needs 4: N,C,H,W")
     if not _positive_sizes(shape):
         raise ShapeError(f"{label} {tuple(shape)} must be four positive integers N,C,H,W")
+    _check_elements(shape, label)
     return tuple(shape)
 
 
@@ -73,6 +86,7 @@ def check_inputs(inputs) -> list[tuple[Shape, str | None]]:
         label = f"input {k + 1}"
         if not shape or not _positive_sizes(shape):
             raise ShapeError(f"{label} has shape {tuple(shape)}; give positive integer sizes, e.g. 1,3,512,512")
+        _check_elements(shape, label)
         if dtype is not None and dtype not in INPUT_DTYPES:
             raise ShapeError(f"{label} has dtype {dtype!r}; tilec takes one of {', '.join(INPUT_DTYPES)}")
         checked.append((tuple(shape), dtype))
@@ -83,12 +97,16 @@ def check_inputs(inputs) -> list[tuple[Shape, str | None]]:
 
 @contextmanager
 def _quiet_torch_logs():
-    """torch.export logs a traceback before raising on a model that fails; the error is enough."""
+    """torch.export logs a traceback, and prints the partial graph, before raising on a model that
+    fails; the error is enough. What it writes to standard error otherwise is passed on."""
     logger = logging.getLogger("torch")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
+    written = io.StringIO()
     try:
-        yield
+        with redirect_stderr(written):
+            yield
+        sys.stderr.write(written.getvalue())
     finally:
         logger.setLevel(level)
 

@@ -89,7 +89,9 @@ def check_version(data: dict, source: str = "plan") -> None:
     """Refuse the raw JSON object of a plan from another tilec before the schema parses it.
 
     A schema-1 plan (layer chains: ``model.layers``, no ``model.nodes``) or any version below
-    this one asks for recompiling; a newer version asks for upgrading tilec.
+    this one asks for recompiling; a newer version asks for upgrading tilec; one without a version
+    is refused. A version that is not an integer is left to the schema (strict: no ``"12"``, no
+    ``true``).
     """
     version = data.get("schema_version")
     model = data.get("model")
@@ -103,6 +105,8 @@ def check_version(data: dict, source: str = "plan") -> None:
         layers = ": layer chains" if chain else ""
         raise PlanError(f"{source} is a plan from an older tilec ({found}{layers}); recompile the model "
                         f"with `tilec compile` to get a schema {SCHEMA_VERSION} plan")
+    if "schema_version" not in data:
+        raise PlanError(f"{source} has no schema_version: it is not a plan tilec wrote")
 
 
 def _check_predictions(plan: Plan) -> None:

@@ -81,6 +81,8 @@ def _device(name: str) -> torch.device:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
         raise TilecError(f"--device {name!r} is not usable here: {str(error).splitlines()[0]}") from None
+    if device.type == "meta":
+        raise TilecError(f"--device {name!r} holds no data; verify runs on a device that computes (cpu, cuda)")
     return device
 
 
