@@ -77,11 +77,35 @@ def test_load_returns_the_tiled_model_of_a_written_module(tmp_path):
     assert tiled.model is model and _errors(model, tiled) <= 1e-10
 
 
+@pytest.mark.parametrize(("options", "error", "words"), [
+    ({"inputs": None}, tilec.ShapeError, "inputs must be a shape"),
+    ({"inputs": "1,3,29,35"}, tilec.ShapeError, "inputs must be a shape"),
+    ({"segments": [(0, 6)]}, tilec.GridError, "segments must be"),
+    ({"segments": [(0, 6, (2, 2), "bogus")]}, tilec.GridError, "mode None, 'tiled' or 'stored'"),
+    ({"recomputed": None}, tilec.GridError, "recomputed must be a list of node names"),
+    ({"dtype": torch.float32}, tilec.ShapeError, "dtype must be one of"),
+    ({"dtype": "int8"}, tilec.ShapeError, "dtype must be one of"),
+    ({"autocast": ("cuda", "float16")}, tilec.TilecError, "autocast must be a text"),
+    ({"autocast": "x"}, tilec.TilecError, "--autocast must be DEVICE:DTYPE"),
+    ({"name": None}, tilec.TilecError, "name must be a text"),
+    ({"ranks": "2"}, tilec.GridError, "ranks must be a number"),
+    ({"kernels": "bogus"}, tilec.TilecError, "kernels must be one of"),
+])
+def test_compile_refuses_arguments_of_the_wrong_kind_in_one_line(options, error, words):
+    arguments = {"inputs": SHAPE, "grid": (2, 2), **options}
+    with pytest.raises(error, match=words) as raised:
+        tilec.compile(_model(), arguments.pop("inputs"), **arguments)
+    assert "\n" not in str(raised.value)
+
+
 def test_load_refuses_what_tilec_did_not_write(tmp_path):
     (tmp_path / "other.py").write_text("x = 1\n")
     (tmp_path / "broken.py").write_text("raise RuntimeError('no')\n")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "net.plan.json").write_text("{}\n")
     for path, words in [(tmp_path / "missing_tiled.py", "does not exist"), (tmp_path / "other.py", "no TiledModel"),
-                        (tmp_path / "broken.py", "RuntimeError")]:
+                        (tmp_path / "broken.py", "RuntimeError"), (tmp_path / "exits.py", "SystemExit: 3"),
+                        (tmp_path / "net.plan.json", "is not a Python module"), (None, "module_path must be")]:
         with pytest.raises(tilec.PlanError, match=words) as raised:
             tilec.load(path, _model())
         assert "\n" not in str(raised.value)

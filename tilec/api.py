@@ -9,9 +9,13 @@ from pathlib import Path
 
 from torch import nn
 
-from tilec.config import parse_grid, parse_segments
-from tilec.errors import PlanError
+from tilec.config import parse_autocast, parse_grid, parse_name, parse_segments
+from tilec.errors import GridError, PlanError, ShapeError, TilecError
 from tilec.pipeline import build
+from tilec.runtime.device import KERNEL_CHOICES
+
+#: The training dtypes a plan may assume (``Plan.dtype``).
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None, grid=None, segments=None,
@@ -32,24 +36,61 @@ def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None,
     ``tilec.pipeline.build``'s."""
     grid = parse_grid(grid) if isinstance(grid, str) else grid
     segments = parse_segments(segments) if isinstance(segments, str) else segments
+    check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, kernels)
     return build(model, inputs, grid, segments=segments, memory_budget=memory_budget, batch=batch,
                  recomputed=recomputed,
                  dtype=dtype, autocast=autocast, name=name, progress=progress, ranks=ranks,
                  process_group=process_group, kernels=kernels)
 
 
+def check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, kernels) -> None:
+    """Refuse ``compile``'s arguments of the wrong kind, each in one ``TilecError`` line naming it
+    (what they hold is checked where it is used: shapes by the tracer, grids by the planner)."""
+    if not isinstance(inputs, list | tuple):
+        raise ShapeError(f"inputs must be a shape (N, C, H, W) or a list with one (shape, dtype) or array-like per "
+                         f"tensor argument of forward, got {inputs!r}")
+    if segments is not None and not (isinstance(segments, list | tuple) and all(
+            isinstance(s, list | tuple) and 3 <= len(s) <= 5 and all(_count(n) for n in s[:2])
+            and (len(s) < 4 or s[3] in (None, "tiled", "stored")) for s in segments)):
+        raise GridError(f"segments must be (first, stop, grid[, mode[, batch]]) per segment, mode None, 'tiled' or "
+                        f"'stored', or their text '0:10@8x8,...', got {segments!r}")
+    if not (isinstance(recomputed, list | tuple) and all(isinstance(n, str) for n in recomputed)):
+        raise GridError(f"recomputed must be a list of node names, got {recomputed!r}")
+    if dtype not in DTYPES:
+        raise ShapeError(f"dtype must be one of {', '.join(DTYPES)} (a name), got {dtype!r}")
+    if autocast is not None:
+        if not isinstance(autocast, str):
+            raise TilecError(f"autocast must be a text DEVICE:DTYPE such as 'cuda:float16', got {autocast!r}")
+        parse_autocast(autocast)
+    if not isinstance(name, str):
+        raise TilecError(f"name must be a text, got {name!r}")
+    parse_name(name)
+    if ranks is not None and not _count(ranks):
+        raise GridError(f"ranks must be a number of ranks, got {ranks!r}")
+    if kernels not in KERNEL_CHOICES:
+        raise TilecError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
+
+
+def _count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
+
+
 def load(module_path: str | Path, model: nn.Module, **options) -> nn.Module:
     """The ``TiledModel`` of the generated module at ``module_path`` (``tilec compile``'s
     ``NAME_tiled.py``) wrapping ``model``; ``options`` go to ``TiledModel`` (``progress``,
     ``process_group``, ``read_ahead``, ``kernels``, ``return_freed_memory``)."""
+    if not isinstance(module_path, str | Path):
+        raise PlanError(f"module_path must be the path of a generated module NAME_tiled.py, got {module_path!r}")
     path = Path(module_path)
     if not path.is_file():
         raise PlanError(f"generated module {path} does not exist (tilec compile writes NAME_tiled.py)")
     spec = importlib.util.spec_from_file_location(f"tilec_generated_{path.stem.replace('.', '_')}", path)
+    if spec is None or spec.loader is None:
+        raise PlanError(f"{path} is not a Python module: tilec compile writes NAME_tiled.py")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # whatever the file raises, it is not a module tilec generated
+    except (Exception, SystemExit) as error:  # whatever the file raises, it is not a module tilec generated
         raise PlanError(f"{path} does not load as a generated module: {type(error).__name__}: {error}") from None
     if not isinstance(getattr(module, "TiledModel", None), type):
         raise PlanError(f"{path} is not a module tilec generated: it defines no TiledModel")
