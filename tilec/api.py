@@ -11,11 +11,9 @@ from torch import nn
 
 from tilec.config import parse_autocast, parse_grid, parse_name, parse_segments
 from tilec.errors import GridError, PlanError, ShapeError, TilecError
+from tilec.ir import FLOAT_DTYPES
 from tilec.pipeline import build
 from tilec.runtime.device import KERNEL_CHOICES
-
-#: The training dtypes a plan may assume (``Plan.dtype``).
-DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None, grid=None, segments=None,
@@ -56,8 +54,8 @@ def check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, ke
                         f"'stored', or their text '0:10@8x8,...', got {segments!r}")
     if not (isinstance(recomputed, list | tuple) and all(isinstance(n, str) for n in recomputed)):
         raise GridError(f"recomputed must be a list of node names, got {recomputed!r}")
-    if dtype not in DTYPES:
-        raise ShapeError(f"dtype must be one of {', '.join(DTYPES)} (a name), got {dtype!r}")
+    if dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"dtype must be one of {', '.join(FLOAT_DTYPES)} (a name), got {dtype!r}")
     if autocast is not None:
         if not isinstance(autocast, str):
             raise TilecError(f"autocast must be a text DEVICE:DTYPE such as 'cuda:float16', got {autocast!r}")

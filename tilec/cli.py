@@ -21,7 +21,7 @@ from tilec.config import (
     parse_segments,
 )
 from tilec.errors import TilecError
-from tilec.ir import MAX_COUNT
+from tilec.ir import FLOAT_DTYPES, MAX_COUNT
 from tilec.pipeline import compile_model
 from tilec.planio import load
 from tilec.report import describe_input, describe_plan, node_table, same_segments, tile_table
@@ -95,7 +95,7 @@ def main() -> None:
 @click.option("--ranks", type=click.IntRange(min=1, max=MAX_COUNT),
               help="Plan for N ranks of a process group sharing each tiled segment's tiles "
               "(TiledModel(model, process_group=...)): records each rank's tiles.")
-@click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
+@click.option("--dtype", type=click.Choice(FLOAT_DTYPES), default="float32",
               show_default=True, help="Training dtype the memory prediction assumes.")
 @click.option("--autocast", help="DEVICE:DTYPE of the torch.autocast the step runs under (e.g. cuda:float16, "
               "cpu:bfloat16): the memory prediction and budget take each op in the dtype autocast picks.")

@@ -47,6 +47,9 @@ Shape = tuple[int, ...]
 #: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
 InputDtype = Literal["float32", "float64", "bfloat16", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"]
 INPUT_DTYPES = get_args(InputDtype)
+#: The floating dtypes a plan trains in (``Plan.dtype``) and autocast computes in.
+FloatDtype = Literal["float32", "float64", "bfloat16", "float16"]
+FLOAT_DTYPES = get_args(FloatDtype)
 Scalar = bool | int | float | str | None
 AttrValue = Scalar | tuple[Scalar | tuple[Scalar, ...], ...]
 
@@ -103,7 +106,7 @@ class NodeSpec(Frozen):
     tileable: bool = Field(description="may run tile by tile; else only in a stored (untiled) segment")
     recomputes: str | None = Field(None, description="the node this one is a copy of, recomputed from the model "
                                                      "input for later readers instead of kept (tilec.recompute)")
-    autocast_dtype: Literal["float32", "float64", "bfloat16", "float16"] | None = Field(
+    autocast_dtype: FloatDtype | None = Field(
         None, description="the dtype torch.autocast computes the op in, where that differs from the model's "
                           "(plans traced for Plan.autocast)")
 
@@ -249,7 +252,7 @@ class Plan(Frozen):
     schema_version: int = Field(default=SCHEMA_VERSION, strict=True)
     name: str
     inputs: tuple[InputSpec, ...] = Field(description="the tensor arguments of the model's forward, in order")
-    dtype: Literal["float32", "float64", "bfloat16", "float16"]
+    dtype: FloatDtype
     autocast: str | None = Field(
         None, pattern=r"^(cpu|cuda):(bfloat16|float16)$",
         description="DEVICE:DTYPE of the torch.autocast the step runs under, which the memory prediction assumes "
