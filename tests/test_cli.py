@@ -44,7 +44,7 @@ model = lambda: Net().eval()
 
 
 def _invoke(*args) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args])
+    return CliRunner().invoke(main, [str(a) for a in args], prog_name="tilec")
 
 
 def _write(directory: Path, name: str, text: str) -> Path:
@@ -317,6 +317,25 @@ def test_help_lists_every_command():
     assert all(command in result.output for command in ("compile", "inspect", "verify", "viz"))
     result = _invoke("inspect", "--help")
     assert all(flag in result.output for flag in ("--tile", "--node", "--nodes", "--segment"))
+
+
+@pytest.mark.parametrize("args, words", [
+    (("compile", "net.py", "--batch", "0"), "Invalid value for '--batch': 0 is not in the range"),
+    (("compile",), "Missing argument 'MODEL_FILE' (see 'tilec compile --help')"),
+    (("compile", "net.py", "--batc", "2"), "No such option '--batc'"),
+    (("inspect", "p.plan.json", "--segment", "x"), "Invalid value for '--segment': 'x' is not a valid integer"),
+    (("compil", "net.py"), "No such command 'compil'"),
+    (("--bogus",), "No such option '--bogus' (see 'tilec --help')"),
+])
+def test_usage_errors_are_one_line(args, words):
+    result = _invoke(*args)
+    assert result.exit_code == 2 and result.output.startswith("Error: ") and words in result.output, result.output
+    assert len(result.output.splitlines()) == 1 and "Usage:" not in result.output
+
+
+def test_no_command_shows_the_help():
+    result = _invoke()
+    assert "Usage: tilec" in result.output and "Commands:" in result.output
 
 
 def test_compile_with_a_tissue_mask_counts_the_background_tiles_computed_once(tmp_path):

@@ -125,6 +125,8 @@ COMPILE_CASES = [
     ("grid three axes", ["compile", "ok.py", "--grid", "2x2x2"], ["--grid", "'2x2x2'"]),
     ("grid negative", ["compile", "ok.py", "--grid", "-1x2"], ["--grid", "'-1x2'"]),
     ("grid zero", ["compile", "ok.py", "--grid", "0x2"], ["--grid", "at least one tile", "'0x2'"]),
+    ("grid beyond a count", ["compile", "ok.py", "--grid", "99999999999999999999x2"],
+     ["grid 99999999999999999999x2 has more than 2147483647 tiles a side"]),
     ("segment grid finer than output", ["compile", "ok.py", "--segments", "0:4@7x1"],
      ["grid 7x1", "finer than the output", "6x6"]),
     ("segments do not cover", ["compile", "ok.py", "--segments", "0:2@2x2"], ["segments must cover nodes 0..3"]),

@@ -218,6 +218,14 @@ def _forged_output(data):
     redigest(data)
 
 
+def _node_edit(field: str, value: str):
+    """Set the first node's ``field`` to ``value``, with the digest of the edited model."""
+    def edit(data):
+        data["model"]["nodes"][0][field] = value
+        redigest(data)
+    return edit
+
+
 def _uneven_partials(data):
     rows = data["segments"][0]["rows"]
     rows[0]["partials"][0][1] += 1
@@ -327,6 +335,16 @@ CASES = {
     "inputs differ from args": ("residual 3x2", _wrong_inputs, ["node add lists inputs ['relu']"]),
     "name twice": ("residual 3x2", _twice, ["'conv2d' is used twice"]),
     "forged stride": ("residual 3x2", _forged_stride, ["node conv2d_1 (aten.conv2d) cannot be evaluated"]),
+    "unknown aten op": ("residual 3x2", _node_edit("target", "aten.bogus.default"),
+                        ["node conv2d has target 'aten.bogus.default', not an overload of its op: 'aten.conv2d."]),
+    "not an aten op": ("residual 3x2", _node_edit("target", "builtins.print"), ["target 'builtins.print'"]),
+    "another op's target": ("residual 3x2", _node_edit("target", "aten.relu.default"), ["target 'aten.relu.default'"]),
+    "unknown overload": ("residual 3x2", _node_edit("target", "aten.conv2d.bogus"),
+                         ["target 'aten.conv2d.bogus', which is not an aten op of this torch"]),
+    "op and target unknown": ("residual 3x2", lambda d: (d["model"]["nodes"][0].update(op="bogus"),
+                                                         _node_edit("target", "aten.bogus.default")(d)),
+                              ["target 'aten.bogus.default', which is not an aten op"]),
+    "getitem target": ("residual 3x2", _node_edit("target", "getitem"), ["op 'conv2d' and target 'getitem'"]),
     "forged output": ("residual 3x2", _forged_output, ["output tree's tensor 'ghost'"]),
     "reuse without a background": ("se 3x2", lambda d: d["segments"][0].update(reused=2),
                                    ["segment 0 counts 2 tiles as computed once", "needs a known background"]),

@@ -45,6 +45,31 @@ def refusals():
             raise Refusal(" ".join(str(error).split())) from None
 
 
+@contextmanager
+def _usage_in_one_line():
+    """click's own usage errors (a bad flag value, an unknown option, a missing argument) as one
+    line naming the command's help, exit code 2; asking for help by giving no command stays."""
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise
+    except click.UsageError as error:
+        where = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+        raise Refusal(" ".join(error.format_message().split()).rstrip(".") + where) from None
+
+
+class Commands(click.Group):
+    """tilec's command group: its usage errors, and its commands', are one line (``Refusal``)."""
+
+    def make_context(self, *args, **kwargs):
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _usage_in_one_line():
+            return super().invoke(ctx)
+
+
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
     click.echo(f"{category.__name__}: {' '.join(str(message).split())}", err=True)
 
@@ -68,7 +93,7 @@ def _console() -> Console:
     return Console(width=None if Console().is_terminal else 200, highlight=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tilec")
 def main() -> None:
     """tilec: compile a PyTorch CNN into exact tile-by-tile training code."""

@@ -114,12 +114,24 @@ def check_grid(grid: Sequence[int | Period], sizes: Sequence[tuple[int, int]], w
             raise GridError(f"{where} cannot be tiled every {period.pixels} input pixels: a size it partitions "
                             f"({size}) is not the input's ({period.full}) at a stride dividing it")
         return grid
-    if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
-        raise GridError(f"grid must be two positive integers ROWSxCOLS, got {grid!r}")
+    _check_counts(grid)
     height, width = min(s[0] for s in sizes), min(s[1] for s in sizes)
     if grid[0] > height or grid[1] > width:
         raise GridError(f"grid {grid[0]}x{grid[1]} is finer than the output of {where} ({height}x{width})")
     return (grid[0], grid[1])
+
+
+def _check_counts(grid) -> None:
+    if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
+        raise GridError(f"grid must be two positive integers ROWSxCOLS, got {grid!r}")
+
+
+def _check_network_grid(grid) -> None:
+    """A grid for the whole network: two positive integers up to ``MAX_COUNT`` (each segment clips
+    it to what its tiles partition, ``default_segments``)."""
+    _check_counts(grid)
+    if max(grid) > MAX_COUNT:
+        raise GridError(f"grid {grid[0]}x{grid[1]} has more than {MAX_COUNT} tiles a side")
 
 
 def check_segments(segments: Sequence[tuple], count: int) -> None:
@@ -215,7 +227,7 @@ def plan(
     segments_given = segments
     if segments is None:
         if grid is not None:
-            check_grid(grid, [(10**12, 10**12)], "the network")
+            _check_network_grid(grid)
         segments = default_segments(graph, tuple(grid))
     check_segments(segments, len(graph))
     choices = [_checked(graph, SegmentChoice(*choice), batch) for choice in segments]

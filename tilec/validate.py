@@ -8,6 +8,8 @@ difference is reported, naming the segment, axis, tile and node):
   JSON object, before the schema sees fields it does not know);
 * the inputs have unique names and positive sizes; predictions (peaks, FLOP overhead,
   seconds) and the budget are in range;
+* every node's target is ``getitem`` or an aten overload of this torch named for its op
+  (``aten.OP.OVERLOAD``);
 * the nodes are in a topological order: unique names (none an input's), every ``node`` or
   ``nodes`` argument names an earlier node or an input, every ``tensor`` argument names a
   model tensor, ``inputs`` lists exactly the node arguments in order without repeats, shapes are
@@ -162,6 +164,20 @@ def _check_input(plan: Plan) -> None:
             _fail(f"input {spec.name} has shape {tuple(spec.shape)}, not positive sizes")
 
 
+def _check_target(node: NodeSpec) -> None:
+    """A node's target is ``getitem`` or the aten overload ``aten.OP.OVERLOAD`` of its op."""
+    if node.target == "getitem" or node.op == "getitem":
+        if node.target != node.op:
+            _fail(f"node {node.name} has op {node.op!r} and target {node.target!r}; getitem has both 'getitem'")
+        return
+    parts = node.target.split(".")
+    if len(parts) != 3 or parts[0] != "aten" or parts[1] != node.op:
+        _fail(f"node {node.name} has target {node.target!r}, not an overload of its op: 'aten.{node.op}.OVERLOAD'")
+    packet = getattr(torch.ops.aten, node.op, None) if node.op.isidentifier() else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or parts[2] not in packet.overloads():
+        _fail(f"node {node.name} has target {node.target!r}, which is not an aten op of this torch")
+
+
 def _check_args(node: NodeSpec, known: set[str], tensors: set[str]) -> None:
     expected: dict[str, None] = {}
     for arg in node.args:
@@ -217,6 +233,7 @@ def _check_nodes(plan: Plan) -> None:
     for node in nodes:
         if node.name in known:
             _fail(f"node name {node.name!r} is used twice (or names an input)")
+        _check_target(node)
         _check_args(node, known, names)
         _check_shape(node)
         known.add(node.name)
