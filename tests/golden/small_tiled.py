@@ -449,7 +449,11 @@ class Arena:
 Convolutions (oneDNN's convolution-into the arena on CPU, with the weight gradient raced against
 matrix products), max pooling into the arena, border padding, upsampling with PyTorch's index
 maps local to the tile, avg-pool divisors of border tiles, and activations in place. Each is an
-autograd function or plain aten calls: autograd derives every tile's backward.
+autograd function or plain aten calls: autograd derives every tile's backward. Where the kernels
+use no arena (CUDA's, the generic ones), input copies, convolutions and max pooling are aten's own
+calls: there a Python autograd function would call the same kernels both ways, at some 30 us of
+the host's time per call forward and back. Border padding (whose gradient is a view, not a copy)
+and activations in place (back-propagated in place) stay functions everywhere.
 """
 
 
@@ -549,6 +553,10 @@ class CopyIn(torch.autograd.Function):
 
 
 def copy_in(arena, tile):
+    """A tile's slices copied channels-last: into the arena by ``CopyIn``, or, where the kernels
+    use none, by aten's ``clone``, whose gradient passes through too."""
+    if not arena.kernels.arena:
+        return [t.clone(memory_format=torch.channels_last) if t.dim() == 4 else t for t in tile]
     return [CopyIn.apply(t, arena) if t.dim() == 4 else t for t in tile]
 
 
@@ -620,7 +628,10 @@ class MaxPool2d(torch.autograd.Function):
 
 
 def max_pool(arena, x, kernel, stride, padding, dilation):
-    if torch.compiler.is_compiling():  # dynamo does not trace ``out=`` tensors that are channels-last
+    """``MaxPool2d`` into the arena; where the kernels use none, and while dynamo traces the tile
+    (it does not trace ``out=`` tensors that are channels-last), aten's own, which autograd
+    back-propagates with the same kernel."""
+    if not arena.kernels.arena or torch.compiler.is_compiling():
         return aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation)[0]
     return MaxPool2d.apply(x, kernel, stride, padding, dilation, arena)
 
@@ -632,13 +643,18 @@ def onednn(x, w, arena):
             and x.is_contiguous(memory_format=torch.channels_last))
 
 
+def undilated(w, dilation):
+    """``dilation`` with the axes where ``w`` has one tap undilated: dilating them changes nothing,
+    but some kernels crash on it (oneDNN's and aten's channels-last ones: a 1x1 kernel dilated 2,
+    an input 1 wide, padding, stride 2 or more)."""
+    return [1 if w.shape[2 + i] == 1 else dilation[i] for i in range(2)]
+
+
 def convolve(arena, x, w, b, stride, padding, dilation, groups):
     """``conv2d(x, w, b)``: where ``onednn`` says so, written into the arena by oneDNN (which
     adds the convolution to the tensor it is given: the bias, broadcast) with ``w`` as the arena
     gives it (``Arena.packed``); elsewhere aten's ``conv2d``."""
-    # dilating an axis of one tap changes nothing, but some kernels crash on it (oneDNN's and aten's
-    # channels-last ones: a 1x1 kernel dilated 2, an input 1 wide, padding, stride 2 or more)
-    dilation = [1 if w.shape[2 + i] == 1 else dilation[i] for i in range(2)]
+    dilation = undilated(w, dilation)
     if not onednn(x, w, arena):
         return aten.conv2d.default(x, w, b, stride, padding, dilation, groups)
     shape = (x.shape[0], w.shape[0], *(pooled(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
@@ -740,7 +756,13 @@ class Conv2d(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None
 
 
-conv2d = Conv2d.apply
+def conv2d(x, w, b, stride, padding, dilation, groups, arena):
+    """A tile's conv2d: ``Conv2d`` where the kernels may convolve through oneDNN or compute weight
+    gradients as matrix products (the CPU's), else aten's ``conv2d``, which autograd
+    back-propagates with the same ``convolution_backward`` without a Python function's cost."""
+    if arena.kernels.onednn or arena.kernels.gemm_min_channels is not None:
+        return Conv2d.apply(x, w, b, stride, padding, dilation, groups, arena)
+    return aten.conv2d.default(x, w, b, stride, padding, undilated(w, dilation), groups)
 
 
 class InPlace(torch.autograd.Function):
