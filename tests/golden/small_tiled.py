@@ -758,9 +758,12 @@ class Conv2d(torch.autograd.Function):
 
 def conv2d(x, w, b, stride, padding, dilation, groups, arena):
     """A tile's conv2d: ``Conv2d`` where the kernels may convolve through oneDNN or compute weight
-    gradients as matrix products (the CPU's), else aten's ``conv2d``, which autograd
-    back-propagates with the same ``convolution_backward`` without a Python function's cost."""
-    if arena.kernels.onednn or arena.kernels.gemm_min_channels is not None:
+    gradients as matrix products (the CPU's), and under autocast (``Conv2d`` keeps its inputs as
+    they are for its backward, autograd would keep autocast's copies of them too); else aten's
+    ``conv2d``, which autograd back-propagates with the same ``convolution_backward`` without a
+    Python function's cost."""
+    kernels = arena.kernels
+    if kernels.onednn or kernels.gemm_min_channels is not None or torch.is_autocast_enabled(x.device.type):
         return Conv2d.apply(x, w, b, stride, padding, dilation, groups, arena)
     return aten.conv2d.default(x, w, b, stride, padding, undilated(w, dilation), groups)
 
