@@ -260,10 +260,6 @@ def test_tile_convolution_equals_pytorch(batch, groups, per_group, out_per_group
     output, input, weight and bias gradients against ``F.conv2d`` of the NCHW input; the arena's
     scratch is given back."""
     assume(all(s + 2 * p >= d * (k - 1) + 1 for s, p, d, k in zip(size, padding, dilation, kernel, strict=True)))
-    # aten's own channels-last float32 convolution with a bias crashes (SIGSEGV) on a 1-tap axis
-    # dilated: the generic kernels call it as it is (test_runtime_steps.py, xfail)
-    assume(not (kernels == "generic" and dtype == torch.float32 and bias
-                and any(k == 1 and d > 1 for k, d in zip(kernel, dilation, strict=True))))
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch, groups * per_group, *size, dtype=dtype, generator=generator)
     x = x.contiguous(memory_format=torch.channels_last)

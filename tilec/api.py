@@ -11,7 +11,7 @@ from torch import nn
 
 from tilec.config import parse_autocast, parse_grid, parse_name, parse_segments
 from tilec.errors import GridError, PlanError, ShapeError, TilecError
-from tilec.ir import FLOAT_DTYPES
+from tilec.ir import FLOAT_DTYPES, is_int
 from tilec.pipeline import build
 from tilec.runtime.device import KERNEL_CHOICES
 
@@ -48,7 +48,7 @@ def check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, ke
         raise ShapeError(f"inputs must be a shape (N, C, H, W) or a list with one (shape, dtype) or array-like per "
                          f"tensor argument of forward, got {inputs!r}")
     if segments is not None and not (isinstance(segments, list | tuple) and all(
-            isinstance(s, list | tuple) and 3 <= len(s) <= 5 and all(_count(n) for n in s[:2])
+            isinstance(s, list | tuple) and 3 <= len(s) <= 5 and all(is_int(n) for n in s[:2])
             and (len(s) < 4 or s[3] in (None, "tiled", "stored")) for s in segments)):
         raise GridError(f"segments must be (first, stop, grid[, mode[, batch]]) per segment, mode None, 'tiled' or "
                         f"'stored', or their text '0:10@8x8,...', got {segments!r}")
@@ -63,14 +63,10 @@ def check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, ke
     if not isinstance(name, str):
         raise TilecError(f"name must be a text, got {name!r}")
     parse_name(name)
-    if ranks is not None and not _count(ranks):
+    if ranks is not None and not is_int(ranks):
         raise GridError(f"ranks must be a number of ranks, got {ranks!r}")
     if kernels not in KERNEL_CHOICES:
         raise TilecError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
-
-
-def _count(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool)
 
 
 def load(module_path: str | Path, model: nn.Module, **options) -> nn.Module:

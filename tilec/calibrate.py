@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from tilec.ir import is_int
 from tilec.runtime.memory import pin_allocator
 from tilec.target import KERNEL_STATE_BYTES, Target
 
@@ -127,7 +128,7 @@ def kernel_state(device: str, dtype: torch.dtype) -> int:
 
 
 def _bytes(entry) -> int:
-    if isinstance(entry, bool) or not isinstance(entry, int) or entry < 0:
+    if not is_int(entry) or entry < 0:
         raise ValueError(f"not a byte count: {entry!r}")
     return entry
 

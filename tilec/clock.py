@@ -33,6 +33,7 @@ from torch import nn
 from tilec.calibrate import cached, machine_key
 from tilec.codegen import load_source, render
 from tilec.cost.estimator import Estimator
+from tilec.ir import is_int
 from tilec.planner import plan
 from tilec.runtime.arena import Arena
 from tilec.runtime.device import kernels_for
@@ -152,7 +153,7 @@ def _three_passes(op, arena, fresh, autocast: str | None) -> None:
 
 
 def _channels(entry) -> int | None:
-    if entry is not None and (isinstance(entry, bool) or not isinstance(entry, int) or entry < 1):
+    if entry is not None and (not is_int(entry) or entry < 1):
         raise ValueError(f"not a channel count: {entry!r}")
     return entry
 

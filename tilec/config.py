@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilec.errors import BudgetError, GridError, ShapeError, TilecError
-from tilec.ir import INPUT_DTYPES
+from tilec.ir import INPUT_DTYPES, is_int
 from tilec.regions import Period
 
 
@@ -114,7 +114,7 @@ def budget_bytes(budget: int | str | None) -> int | None:
         return None
     if isinstance(budget, str):
         return parse_bytes(budget)
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+    if not is_int(budget) or budget < 1:
         raise BudgetError(f"memory_budget must be a positive number of bytes or a text such as '2GiB', got {budget!r}")
     return budget
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from tilec.config import parse_input
 from tilec.errors import ModelFileError, ShapeError
+from tilec.ir import is_int
 
 
 def _where(path: Path, error: BaseException) -> str:
@@ -59,8 +60,6 @@ def load_model(path: Path, attr: str = "model") -> tuple[nn.Module, tuple | None
     shape = namespace.get("INPUT_SHAPE")
     if shape is None:
         return model, None
-    if not isinstance(shape, list | tuple) or not all(
-        isinstance(n, int) and not isinstance(n, bool) for n in shape
-    ):
+    if not isinstance(shape, list | tuple) or not all(is_int(n) for n in shape):
         raise ShapeError(f"{path}: INPUT_SHAPE must be a tuple of integers N,C,H,W, got {shape!r}")
     return model, ((tuple(shape), None),)

@@ -19,7 +19,7 @@ from tilec.cost.background import Background
 from tilec.cost.estimator import Estimator
 from tilec.errors import GridError
 from tilec.graph import Graph
-from tilec.ir import MAX_COUNT, AxisTile, Plan, Segment, SegmentInput
+from tilec.ir import MAX_COUNT, AxisTile, Plan, Segment, SegmentInput, is_int
 from tilec.ops import rule
 from tilec.regions import Period, parts_of
 from tilec.sweeps import batchable, levels, owned_sizes, role
@@ -181,7 +181,7 @@ def _checked(graph: Graph, choice: SegmentChoice, batch: int | None) -> SegmentC
     stacked, ``tilec.sweeps.batchable``, runs more than one tile per call)."""
     first, stop, grid, mode = choice.first, choice.stop, choice.grid, choice.chosen_mode
     batch = choice.batch if batch is None else batch
-    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_COUNT:
+    if not is_int(batch) or not 1 <= batch <= MAX_COUNT:
         raise GridError(f"batch must be a positive number of tiles up to {MAX_COUNT}, got {batch!r}")
     where = f"nodes {first}:{stop}"
     if mode == "tiled":

@@ -37,7 +37,7 @@ from torch import nn
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
-from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec
+from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, rule, tileable, updates_buffer
 from tilec.runtime.checks import follows_mode
 
@@ -54,7 +54,7 @@ MAX_ELEMENTS = 2**59
 
 def _positive_sizes(shape: Sequence) -> bool:
     """Whether every size of ``shape`` is a positive integer (not a bool)."""
-    return all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
+    return all(is_int(n) and n >= 1 for n in shape)
 
 
 def _check_elements(shape: Sequence[int], label: str) -> None:

@@ -53,7 +53,7 @@ import torch
 from tilec.cone import axis_tiles
 from tilec.errors import PlanError, TilecError
 from tilec.graph import Graph
-from tilec.ir import SCHEMA_VERSION, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput
+from tilec.ir import SCHEMA_VERSION, Arg, AxisStep, AxisTile, NodeSpec, OutputTree, Plan, Segment, SegmentInput, is_int
 from tilec.ops import rule, tileable
 from tilec.planner import class_key, default_segments, periods_on
 from tilec.regions import Interval, Period
@@ -97,7 +97,7 @@ def check_version(data: dict, source: str = "plan") -> None:
     """
     version = data.get("schema_version")
     model = data.get("model")
-    numeric = isinstance(version, int) and not isinstance(version, bool)
+    numeric = is_int(version)
     if numeric and version > SCHEMA_VERSION:
         raise PlanError(f"{source} has schema_version {version}, newer than this tilec's {SCHEMA_VERSION}; "
                         f"upgrade tilec")
