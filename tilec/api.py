@@ -11,7 +11,7 @@ from torch import nn
 
 from tilec.config import parse_autocast, parse_grid, parse_name, parse_segments
 from tilec.errors import GridError, PlanError, ShapeError, TilecError
-from tilec.ir import FLOAT_DTYPES, is_int
+from tilec.ir import FLOAT_DTYPES, SEGMENT_MODES, is_int
 from tilec.pipeline import build
 from tilec.runtime.device import KERNEL_CHOICES
 
@@ -49,7 +49,7 @@ def check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, ke
                          f"tensor argument of forward, got {inputs!r}")
     if segments is not None and not (isinstance(segments, list | tuple) and all(
             isinstance(s, list | tuple) and 3 <= len(s) <= 5 and all(is_int(n) for n in s[:2])
-            and (len(s) < 4 or s[3] in (None, "tiled", "stored")) for s in segments)):
+            and (len(s) < 4 or s[3] in (None, *SEGMENT_MODES)) for s in segments)):
         raise GridError(f"segments must be (first, stop, grid[, mode[, batch]]) per segment, mode None, 'tiled' or "
                         f"'stored', or their text '0:10@8x8,...', got {segments!r}")
     if not (isinstance(recomputed, list | tuple) and all(isinstance(n, str) for n in recomputed)):

@@ -40,6 +40,10 @@ from tilec.regions import Interval
 
 SCHEMA_VERSION = 12
 
+#: How a segment runs: tile by tile, or stored (untiled, through autograd).
+SegmentMode = Literal["tiled", "stored"]
+SEGMENT_MODES: tuple[str, ...] = get_args(SegmentMode)
+
 #: The most tiles one call stacks, and the most ranks a plan shares its tiles among.
 MAX_COUNT = 2**31 - 1
 
@@ -213,7 +217,7 @@ class Segment(Frozen):
     first: int
     stop: int
     grid: tuple[int, int]
-    mode: Literal["tiled", "stored"]
+    mode: SegmentMode
     inputs: tuple[SegmentInput, ...]
     outputs: tuple[str, ...]
     predicted_peak_bytes: int = Field(description="step peak while this segment runs (see Plan)")
