@@ -11,7 +11,9 @@ module; calls from autograd's backward of a tile count under the sweep that ran 
 each call is at least a kernel launch and its host-side dispatch, so the count bounds how fast
 small tiles can run there. ``--as-cuda`` counts the calls CUDA's path makes, on the CPU: the
 generic kernels (``TiledModel(kernels="generic")``) and normalisations' partials by
-``torch.var_mean`` (``ChannelMoments`` is the CPU's).
+``torch.var_mean`` (``ChannelMoments`` is the CPU's). Also counts the Python autograd functions the
+step applies, by class: each costs the host a Python call forward and, back-propagated, another
+backward, on top of the aten calls it makes.
 """
 
 from __future__ import annotations
@@ -76,6 +78,29 @@ class Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class Functions:
+    """Counts ``torch.autograd.Function`` applications by class while entered; installed before the
+    generated module loads, which binds some ``apply`` methods to names."""
+
+    def __init__(self):
+        self.counts, self.active = collections.Counter(), False
+        apply = torch.autograd.Function.apply.__func__
+
+        def counted(cls, *args, **kwargs):
+            if self.active:
+                self.counts[cls.__name__] += 1
+            return apply(cls, *args, **kwargs)
+
+        torch.autograd.Function.apply = classmethod(counted)
+
+    def __enter__(self):
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
 def render(args, out: Path) -> Path:
     """The generated module of ``args``' model and segments, written under ``out``."""
     how = ["--segments", args.segments] if args.segments else ["--grid", args.grid]
@@ -137,18 +162,20 @@ def main(argv=None) -> None:
     parser = plan_parser(__doc__.splitlines()[0])
     parser.add_argument("--as-cuda", action="store_true", help="count the calls of CUDA's path (docstring)")
     args = parser.parse_args(argv)
+    functions = Functions()
     with tempfile.TemporaryDirectory() as out:
         module, path = rendered(args, Path(out))
         if args.as_cuda:
             module.ChannelMoments.layout = staticmethod(lambda x, dims: None)
         tiled, x = warmed(args, module, "generic" if args.as_cuda else "auto")
         counter = Count(str(path))
-        with counter:
+        with counter, functions:
             tiled(x).sum().backward()
     print(f"{sum(counter.ops.values()):,} aten calls in a step ({'CUDA' if args.as_cuda else 'CPU'}'s path)\n")
     print(f"{sum(counter.syncs.values()):,} reads off the device\n")
-    print_tables((("op", counter.ops), ("function", counter.where), ("read off the device", counter.syncs)),
-                 args.top)
+    print(f"{sum(functions.counts.values()):,} Python autograd functions applied\n")
+    print_tables((("op", counter.ops), ("function", counter.where), ("read off the device", counter.syncs),
+                  ("autograd function", functions.counts)), args.top)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Smoke tests of the benchmark scripts: every variant of benchmarks/step.py runs on a tiny model and
-prints a sane JSON line; the drivers around it and benchmarks/graphs.py run."""
+prints a sane JSON line; the drivers around it, benchmarks/graphs.py and benchmarks/calls.py run."""
 
 from __future__ import annotations
 
@@ -158,3 +158,22 @@ def test_graphs_counts_the_calls_outside_the_tile_graphs(tmp_path):
     tiles, backwards, inside, outside = (int(group.replace(",", "")) for group in found.groups())
     assert (tiles, backwards) == (8, 4) and inside > 0 and outside > 0, first
     assert "| `aten::convolution` |" not in done.stdout and "| `Arena.copy` |" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("as_cuda, functions", [(True, {"InPlace", "PadBorder", "GradChannelsLast", "Tiled"}),
+                                                (False, {"Conv2d", "CopyIn", "MaxPool2d"})])
+def test_calls_counts_aten_calls_and_python_functions(tmp_path, as_cuda, functions):
+    """benchmarks/calls.py on the tiny model in 2x2 tiles: aten calls by op and by runtime function,
+    and the Python autograd functions by class. CUDA's path (the generic kernels) convolves, copies
+    tiles in and max-pools with aten's own calls; the CPU's through functions into its arena."""
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY_MODEL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calls.py"), "--model", str(model), "--size",
+                           "64", "--grid", "2x2", "--top", "40", *(["--as-cuda"] if as_cuda else [])],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert re.match(r"[\d,]+ aten calls in a step", done.stdout) and "| `aten.relu_` |" in done.stdout
+    table = done.stdout.split("| autograd function | calls |")[1]
+    applied = set(re.findall(r"\| `(\w+)` \|", table))
+    assert functions <= applied and ({"Conv2d", "CopyIn", "MaxPool2d"} & applied) == (set() if as_cuda else functions)
