@@ -30,7 +30,7 @@ from tilec.ops import rule
 from tilec.pipeline import build, plan_for
 from tilec.planio import dumps, loads
 from tilec.planner import default_segments, plan
-from tilec.search import choose, smallest_budget
+from tilec.search import choose, cut_points, smallest_budget
 from tilec.sweeps import dependents, levels, prefix, role
 from tilec.target import REFERENCE
 from tilec.trace import trace
@@ -271,6 +271,50 @@ def test_global_maxima_with_all_zero_channels_and_ties():
     for k in (2, 5):  # the indices
         assert torch.equal(want[k], got[k])
     check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=(3, 4))
+
+
+class TupleHeads(nn.Module):
+    """Two reductions returning tuples, each taken apart by getitems later in the order: the
+    moments of one convolution (both parts read, the second two nodes on), and the global maxima
+    (with their indices) of another."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.conv2 = nn.Conv2d(1, 3, 3, stride=2, padding=(2, 3)), nn.Conv2d(1, 3, 3)
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        var, mean = torch.var_mean(self.conv(x), (2, 3))
+        return self.fc(F.adaptive_max_pool2d(F.leaky_relu(self.conv2(x), 0.1), 1).flatten(1) + mean) + var.sum()
+
+
+def test_no_segment_ends_between_a_tuple_and_its_getitem():
+    """A segment hands on tensors, not tuples: a tiled segment ending at ``var_mean`` or
+    ``adaptive_max_pool2d`` dropped their gradients (its autograd function returned the tuple
+    whole), and a tiled segment reading a stored one's tuple crashed. No cut candidate, no run of one
+    grid and no budget plan ends there; explicit segments that do are refused naming both nodes,
+    and so is a plan edited to; every other boundary tiles exactly."""
+    model, shape = TupleHeads(), (1, 1, 17, 17)
+    graph = trace(model, shape)
+    positions = {node.name: k for k, node in enumerate(graph)}
+    assert set(graph.ties) == {2, 3, 7}, graph.ties  # var_mean at 1 (getitems 2, 3), the maxima at 6 (getitem 7)
+    assert positions["var_mean"] == 1 and positions["adaptive_max_pool2d"] == 6
+    full = {name: 1 for name in graph.order}
+    assert not set(cut_points(graph, full)) & set(graph.ties)
+    assert not {choice.stop for choice in default_segments(graph, (2, 2))} & set(graph.ties)
+    for cut in graph.ties:
+        with pytest.raises(TilecError, match=f"segment nodes 0:{cut} ends between node "
+                                             f"(var_mean|adaptive_max_pool2d), which returns several tensors"):
+            plan(graph, REFERENCE, name="t", segments=[(0, cut, (2, 2)), (cut, len(graph), (1, 1))])
+    for cut in sorted(set(range(1, len(graph))) - set(graph.ties))[:6]:
+        check_exact(model, shape, segments=[(0, cut, (2, 2)), (cut, len(graph), (1, 1))])
+    chosen = choose(graph, REFERENCE, smallest_budget(graph, REFERENCE) * 2)
+    assert not {choice.stop for choice in chosen.segments} & set(graph.ties)
+    text = dumps(plan(graph, REFERENCE, name="t", segments=[(0, 4, (2, 2)), (4, len(graph), (1, 1))]))
+    edited = text.replace('"stop": 4,', '"stop": 3,', 1).replace('"first": 4,', '"first": 3,', 1)
+    with pytest.raises(TilecError, match="segment 0 ends at 3, between node var_mean, which returns several tensors, "
+                                         "and node getitem_1"):
+        loads(edited, "p")
 
 
 # --- modes: a plan compiled in training mode run in eval mode, and the converse ------------------

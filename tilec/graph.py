@@ -160,6 +160,20 @@ class Graph(Shapes):
         return ends
 
     @cached_property
+    def ties(self) -> dict[int, tuple[str, str]]:
+        """Cuts that would part a node returning several tensors from a ``getitem`` taking one of
+        them: per such cut position, that node and the getitem. No segment boundary falls there: a
+        segment hands on tensors (a tiled segment's through its autograd function), not the tuples
+        such nodes return."""
+        found = {}
+        for node in self.nodes.values():
+            if node.op == "getitem":
+                source = node.inputs[0]
+                found.update(dict.fromkeys(range(self.position[source] + 1, self.position[node.name] + 1),
+                                           (source, node.name)))
+        return found
+
+    @cached_property
     def first_use(self) -> dict[str, int]:
         """Per tensor, the position of its first reader (the node count if none)."""
         return {name: min((self.position[r] for r in readers), default=len(self.order))

@@ -134,23 +134,34 @@ def _check_network_grid(grid) -> None:
         raise GridError(f"grid {grid[0]}x{grid[1]} has more than {MAX_COUNT} tiles a side")
 
 
-def check_segments(segments: Sequence[tuple], count: int) -> None:
-    expected = 0
+def check_segments(segments: Sequence[tuple], graph: Graph) -> None:
+    """Segments cover the node order in order, and none ends between a node returning several
+    tensors and a getitem taking one of them (``Graph.ties``)."""
+    expected, count = 0, len(graph)
     for first, stop, *_ in segments:
         if first != expected or stop <= first:
             break
         expected = stop
     if expected != count or any(first >= stop for first, stop, *_ in segments):
         raise GridError(f"segments must cover nodes 0..{count - 1} in order; got {list(segments)}")
+    for first, stop, *_ in segments[:-1]:
+        if stop in graph.ties:
+            source, reader = graph.ties[stop]
+            raise GridError(f"segment nodes {first}:{stop} ends between node {source}, which returns several tensors, "
+                            f"and node {reader} (getitem), which takes one of them: segments may end at "
+                            f"{graph.position[source]} or before, or at {graph.position[reader] + 1} or after")
 
 
 def _runs(graph: Graph) -> list[tuple[int, int]]:
     """Maximal runs of tileable nodes and of the others, each tileable one cut further before any
     reduction whose level in it would be 2 or more (its input is then kept, and the reduction reads
-    it directly: ``tilec.sweeps``)."""
+    it directly: ``tilec.sweeps``); never cut between a node returning several tensors and a getitem
+    taking one of them (``Graph.ties``: a run holding both kinds of node is stored)."""
     runs, start = [], 0
     for index in range(1, len(graph) + 1):
         node = graph.nodes[graph.order[index]] if index < len(graph) else None
+        if node is not None and index in graph.ties:
+            continue
         if node is None or node.tileable != graph.nodes[graph.order[start]].tileable:
             runs.append((start, index))
             start = index
@@ -229,7 +240,7 @@ def plan(
         if grid is not None:
             _check_network_grid(grid)
         segments = default_segments(graph, tuple(grid))
-    check_segments(segments, len(graph))
+    check_segments(segments, graph)
     choices = [_checked(graph, SegmentChoice(*choice), batch) for choice in segments]
     total, done = 2 * sum(choice.mode == "tiled" for choice in choices), 0
     estimator = Estimator(graph, target, dtype, backgrounds)

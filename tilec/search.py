@@ -37,7 +37,8 @@ for tiled segments (``_Costs.fine_grids``: finer tiles shrink the working set, b
 spanning several tiles makes more tile shapes, each with its own kernels), so an infeasible
 budget is refused at once with about the smallest one that would do.
 
-Cut candidates (``cut_points``): never right before a per-pixel op reading only the node
+Cut candidates (``cut_points``): never between a node returning several tensors and a getitem
+taking one of them (``Graph.ties``), nor right before a per-pixel op reading only the node
 before it (recomputing it is cheaper than storing its input), unless it is a reduction (which
 then reads a kept input: a direct level, ``tilec.sweeps``); always where tileability changes;
 besides those, at most ``MAX_CUTS``: the order is split into that many equal stretches and each
@@ -134,9 +135,11 @@ def cut_points(graph: Graph, full: dict[str, int]) -> list[int]:
         crossing[position + 1] += full[name]
         crossing[min(graph.last_use[name], count) + 1] -= full[name]
     crossing = np.cumsum(crossing)
-    changes = {cut for cut in range(1, count) if nodes[order[cut - 1]].tileable != nodes[order[cut]].tileable}
-    allowed = [cut for cut in range(1, count) if cut in changes or role(graph, order[cut]) == "reduction"
-               or not (rule(nodes[order[cut]]).pixel and nodes[order[cut]].inputs == (order[cut - 1],))]
+    changes = {cut for cut in range(1, count) if nodes[order[cut - 1]].tileable != nodes[order[cut]].tileable
+               and cut not in graph.ties}
+    allowed = [cut for cut in range(1, count) if cut not in graph.ties and (
+        cut in changes or role(graph, order[cut]) == "reduction"
+        or not (rule(nodes[order[cut]]).pixel and nodes[order[cut]].inputs == (order[cut - 1],)))]
     stretches = max(MIN_CUTS, MAX_CUTS - len(changes))
     chosen = set(changes)
     if len(allowed) <= stretches + len(changes):

@@ -21,9 +21,11 @@ difference is reported, naming the segment, axis, tile and node):
 * every node's ``tileable`` flag is what tracing gives it (``tilec.ops.tileable``), and the
   image sizes of tileable nodes follow their rule from their input's sizes (``Op.output_size``,
   so the inputs' shapes agree with the nodes);
-* segments cover the node positions ``0..n-1`` contiguously; each segment's inputs and outputs
-  are what ``Graph.inputs_of`` / ``outputs_of`` compute; a stored segment has grid 1x1 and no tiles; a
-  tiled one holds only tileable nodes and one axis tile per grid row and column;
+* segments cover the node positions ``0..n-1`` contiguously, and none ends between a node
+  returning several tensors and a getitem taking one of them (``Graph.ties``); each segment's
+  inputs and outputs are what ``Graph.inputs_of`` / ``outputs_of`` compute; a stored segment has
+  grid 1x1 and no tiles; a tiled one holds only tileable nodes and one axis tile per grid row and
+  column;
 * per tiled segment and axis, each output's owned intervals partition ``[0, size)`` in order
   without empty parts, and every axis tile equals the one the planner builds
   (``tilec.cone.axis_tiles``): the even owned split (or the ``period``'s), one step per node in order, every read the
@@ -321,6 +323,14 @@ def _check_cover(plan: Plan) -> None:
         _fail(f"the segments cover nodes [0, {expected}), but the model has {count} nodes")
 
 
+def _check_ties(plan: Plan, graph: Graph) -> None:
+    for segment in plan.segments[:-1]:
+        if segment.stop in graph.ties:
+            source, reader = graph.ties[segment.stop]
+            _fail(f"segment {segment.index} ends at {segment.stop}, between node {source}, which returns several "
+                  f"tensors, and node {reader} (getitem), which takes one of them")
+
+
 def _names(inputs: Sequence[SegmentInput]) -> str:
     return "[" + ", ".join(f"{i.name}{'' if i.sliced else ' (whole)'}" for i in inputs) + "]"
 
@@ -541,6 +551,7 @@ def _check_one(plan: Plan, source: str) -> None:
         _check_tileable(plan, graph)
         _check_readers(plan)
         _check_cover(plan)
+        _check_ties(plan, graph)
         _check_shares(plan)
         for segment in plan.segments:
             _check_segment(segment, graph)
