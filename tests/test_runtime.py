@@ -53,7 +53,7 @@ from tilec.runtime.kernels import (
     weight_grad,
 )
 from tilec.runtime.memory import expand_cuda_segments
-from tilec.runtime.sweeps import Tiled, backward_into
+from tilec.runtime.sweeps import Tiled, add_input_grads, backward_into
 from tilec.runtime.tiles import Rolled, Run, TiledSegment, Whole, input_gradient, share
 from tilec.target import GEMM_MIN_CHANNELS
 
@@ -517,6 +517,21 @@ def test_a_rolled_gradient_equals_a_whole_one(case, seed, channels_last):
     result = rolled.result()
     assert result.data_ptr() == x.data_ptr()
     torch.testing.assert_close(result, whole.result(), rtol=0, atol=1e-12)
+
+
+def test_a_tile_reading_no_row_of_an_input_adds_nothing_to_its_gradient():
+    """A first row of tiles whose read of the input is only border padding (rows [0, 0)) hands on
+    an empty gradient: a rolled accumulator, which has not moved to any row yet, skips it as the
+    whole one does (it added it at no row)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 7, 3, generator=generator, dtype=torch.float64)
+    rolled, whole = Rolled(x, (2, 3), [(0, 0), (0, 4), (2, 7)]), Whole(x, (2, 3))
+    tiles = [((0, 0), torch.zeros(1, 2, 0, 3, dtype=torch.float64)),
+             *(((start, stop), torch.randn(1, 2, stop - start, 3, generator=generator, dtype=torch.float64))
+               for start, stop in ((0, 4), (2, 7)))]
+    for rows, grad in tiles:
+        add_input_grads([rolled, whole], ((rows, rows), (), 0), (((0, 3), (0, 3)), (), 0), [grad, grad])
+    torch.testing.assert_close(rolled.result(), whole.result(), rtol=0, atol=1e-12)
 
 
 def _segment(rows, rolled):

@@ -245,12 +245,12 @@ APART = 3
 def add_input_grads(sums, row, col, grads):
     """Add one tile's input gradients ``grads`` (per sliced input, ``None`` for none) into their
     accumulators ``sums`` at its reads (``row``, ``col``: its table entries), moving a rolled one
-    on to its reads first."""
+    on to its reads first; a tile that reads no row of an input (its read is only border padding)
+    adds nothing to it."""
     for k, (accumulated, grad, (start, stop)) in enumerate(zip(sums, grads, row[0], strict=True)):
-        if accumulated is None:
+        if accumulated is None or stop <= start:
             continue
-        if stop > start:
-            accumulated.move(start)
+        accumulated.move(start)
         if grad is not None:
             accumulated.add(row[0][k], col[0][k], grad)
 
