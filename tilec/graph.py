@@ -167,7 +167,7 @@ class Graph(Shapes):
         such nodes return."""
         found = {}
         for node in self.nodes.values():
-            if node.op == "getitem":
+            if node.op == "getitem" and node.inputs:
                 source = node.inputs[0]
                 found.update(dict.fromkeys(range(self.position[source] + 1, self.position[node.name] + 1),
                                            (source, node.name)))

@@ -122,7 +122,7 @@ def check_grid(grid: Sequence[int | Period], sizes: Sequence[tuple[int, int]], w
 
 
 def _check_counts(grid) -> None:
-    if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not isinstance(g, int) or g < 1 for g in grid):
+    if not isinstance(grid, list | tuple) or len(grid) != 2 or any(not is_int(g) or g < 1 for g in grid):
         raise GridError(f"grid must be two positive integers ROWSxCOLS, got {grid!r}")
 
 
