@@ -52,6 +52,7 @@ def is_int(value) -> bool:
     """Whether ``value`` is an int and not a bool (``True`` is an int to Python, and a count to no one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
+
 Shape = tuple[int, ...]
 #: The dtypes a model input may have; the model's own first ops convert it (``x.float() / 255``).
 InputDtype = Literal["float32", "float64", "bfloat16", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"]

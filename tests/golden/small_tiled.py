@@ -450,9 +450,9 @@ Convolutions (oneDNN's convolution-into the arena on CPU, with the weight gradie
 matrix products), max pooling into the arena, border padding, upsampling with PyTorch's index
 maps local to the tile, avg-pool divisors of border tiles, and activations in place. Each is an
 autograd function or plain aten calls: autograd derives every tile's backward. Where the kernels
-use no arena (CUDA's, the generic ones), input copies, convolutions and max pooling are aten's own
-calls: there a Python autograd function would call the same kernels both ways, at some 30 us of
-the host's time per call forward and back. Border padding (whose gradient is a view, not a copy)
+use no arena (CUDA's, the generic ones), input copies, max pooling and convolutions outside autocast
+are aten's own calls: there a Python autograd function would call the same kernels both ways, at
+some 30 us of the host's time per call forward and back. Border padding (whose gradient is a view, not a copy)
 and activations in place (back-propagated in place) stay functions everywhere.
 """
 
