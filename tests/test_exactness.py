@@ -20,7 +20,7 @@ from tilec.errors import GridError, UnsupportedLayerError
 from tilec.pipeline import build, plan_for
 from tilec.planner import default_segments
 from tilec.target import REFERENCE
-from tilec.trace import trace
+from tilec.trace import trace, trace_modes
 
 from support.exactness import TOLERANCE, check_close, check_exact, max_errors
 from support.zoo import SHAPES, ZOO
@@ -316,6 +316,25 @@ def test_unsupported_op_is_refused(op, message):
     assert "\n" not in str(error.value)
 
 
+class PositionalEmbedding(nn.Module):
+    """Adds a parameter as large as the image, as it is or computed from (scaled)."""
+
+    def __init__(self, scaled: bool):
+        super().__init__()
+        self.conv, self.scaled = nn.Conv2d(3, 4, 3, padding=1), scaled
+        self.position = nn.Parameter(torch.randn(1, 4, 11, 9))
+
+    def forward(self, x):
+        return self.conv(x) + (self.position * 2 if self.scaled else self.position)
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["parameter", "computed"])
+def test_a_positional_embedding_is_refused_in_one_line(scaled):
+    with pytest.raises(UnsupportedLayerError, match=r"op aten\.add from the model's forward \(PositionalEmbedding\) is "
+                                                    r"not supported: it combines the image with a tensor spanning"):
+        build(PositionalEmbedding(scaled), (1, 3, 11, 9), (2, 2))
+
+
 @pytest.mark.parametrize("swap", [lambda x: x.transpose(2, 3), lambda x: x.permute(0, 1, 3, 2)],
                          ids=["transpose", "permute"])
 def test_swapping_height_and_width_runs_untiled_and_exact(swap):
@@ -379,6 +398,40 @@ def test_tiled_model_refuses_a_missing_parameter_free_module(tiled_class):
 
 
 # --- edge cases of single ops ---------------------------------------------------------------------
+
+
+class ComputedWeights(nn.Module):
+    """Convolutions whose weights the forward computes: from parameters, standardised by
+    ``F.batch_norm`` with batch statistics in either mode and a gain (timm's ``ScaledStdConv2d``),
+    or scaled (a transposed convolution's); from the input (a dynamic convolution, batch 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Conv2d(3, 6, 3, padding=1)
+        self.gain = nn.Parameter(torch.rand(6) + 0.5)
+        self.up = nn.ConvTranspose2d(6, 4, 3, stride=2)
+        self.route = nn.Linear(4, 4 * 4 * 3 * 3)
+
+    def forward(self, x):
+        weight = F.batch_norm(self.first.weight.reshape(1, 6, -1), None, None, weight=self.gain, training=True,
+                              momentum=0.0, eps=1e-5).reshape_as(self.first.weight)
+        y = F.relu(F.conv2d(x, weight, self.first.bias, padding=1))
+        z = F.conv_transpose2d(y, self.up.weight * 0.5, self.up.bias, stride=2)
+        return F.conv2d(z, self.route(z.mean((2, 3))).view(4, 4, 3, 3), padding=1)
+
+
+@pytest.mark.parametrize("grid", [(2, 3), (3, 2)])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_convolutions_with_computed_weights(train, grid):
+    check_exact(ComputedWeights().train(train), (1, 3, 13, 11), grid=grid, eval_after=train)
+
+
+def test_weights_computed_from_parameters_tile_and_from_the_input_do_not():
+    graph = trace(ComputedWeights(), (1, 3, 13, 11))
+    convolutions = [node for node in graph if node.op in ("conv2d", "conv_transpose2d")]
+    assert [node.tileable for node in convolutions] == [True, True, False]
+    assert [graph.spatial(node.args[1].value) for node in convolutions] == [None, None, (2, 3)]
+    assert len(trace_modes(ComputedWeights(), (1, 3, 13, 11)).graphs) == 1  # the flag is the forward's, not the mode's
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")

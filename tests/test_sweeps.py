@@ -207,10 +207,43 @@ class Losses(nn.Module):
         }
 
 
+class Norms(nn.Module):
+    """2-norms over both image axes (NCHW with keepdim or without; channels-last, as ConvNeXt-V2's
+    Global Response Norm takes them, then ``addcmul``), over the channels (``F.normalize``: per
+    pixel, with ``expand_as``; ECA's ``expand_as`` of a small result), a 1-norm over the image
+    (untiled), of a channel that is zero everywhere: its 2-norm's gradient is zero, as PyTorch's;
+    a standard deviation over the image axes of a channels-last tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.register_buffer("alive", torch.tensor([1.0, 0.0, 1.0, 1.0]).view(1, 4, 1, 1))
+        self.weight, self.bias = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        raw = self.conv(x)
+        y = raw * self.alive
+        last = y.permute(0, 2, 3, 1)
+        norm = last.norm(p=2, dim=(1, 2), keepdim=True)
+        response = last * (norm / (norm.mean(dim=-1, keepdim=True) + 1e-6))
+        grn = (last + torch.addcmul(self.bias, self.weight, response)).permute(0, 3, 1, 2)
+        scale = torch.linalg.vector_norm(y, dim=(2, 3))
+        return (F.normalize(grn, dim=1) * scale[:, :, None, None].expand_as(grn),
+                torch.linalg.vector_norm(y, dim=(0, 2, 3)), torch.linalg.vector_norm(y, ord=1, dim=(2, 3)),
+                raw.permute(0, 2, 3, 1).std((1, 2)))
+
+
 @pytest.mark.parametrize("grid", [(1, 1), (2, 2), (4, 3)])
-@pytest.mark.parametrize("model", [Statistics, Losses])
+@pytest.mark.parametrize("model", [Statistics, Losses, Norms])
 def test_statistics_and_losses(model, grid):
     check_exact(model(), (2, 3, 9, 11), grid=grid)
+
+
+def test_two_norms_over_the_image_reduce_by_sweeps_and_others_run_untiled():
+    graph = trace(Norms(), (2, 3, 9, 11))
+    norms = [node for node in graph if node.op == "linalg_vector_norm"]
+    assert [role(graph, node.name) for node in norms] == ["reduction", "reduction", "tile", "reduction", "tile"]
+    assert [node.tileable for node in norms] == [True] * 4 + [False]  # the 1-norm
 
 
 @pytest.mark.parametrize("name", ["resnet_head", "groupnorm_resnet", "basic_unet", "convnext_head", "max_heads",

@@ -28,8 +28,9 @@ from tilec.cost.balance import axis_weights
 from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, local, var
 from tilec.graph import Graph
 from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
-from tilec.ops import rule
+from tilec.ops import mode_flag, rule
 from tilec.ops.in_place import activations_in_place
+from tilec.ops.pixel import is_batch_norm_module
 from tilec.regions import Interval
 from tilec.runtime import SOURCES
 from tilec.sweeps import role
@@ -124,12 +125,6 @@ class SegmentView:
     @property
     def output_vars(self) -> list[str]:
         return [var(name) for name in self.segment.outputs]
-
-
-def is_batch_norm_module(node: NodeSpec) -> bool:
-    """``batch_norm`` run by an ``nn.BatchNorm*`` module: at run time its training flag and
-    momentum come from the module (``tilec.runtime.checks.batch_norm_mode``)."""
-    return node.op == "batch_norm" and "BatchNorm" in node.module_type
 
 
 def updates_buffer(node: NodeSpec) -> bool:
@@ -288,13 +283,13 @@ def _direct_function(segment: Segment, graph: Graph, slots: dict[str, int], leve
 
 
 def _mode_args(node: NodeSpec, view: TileView) -> list[str]:
-    """The argument expressions of ``node`` on whole tensors, its training flag (BatchNorm's mode
-    and momentum) read from the step's ``train``."""
+    """The argument expressions of ``node`` on whole tensors, a training flag that follows its
+    module (``tilec.ops.mode_flag``; BatchNorm's mode and momentum) read from the step's ``train``."""
     args = [view.arg(a) for a in node.args]
-    flag = rule(node).training_flag
+    flag = mode_flag(node)
     if is_batch_norm_module(node):
         args[5], args[6] = f"train[{node.path!r}][0]", f"train[{node.path!r}][1]"
-    elif flag is not None and flag < len(args):
+    elif flag is not None:
         args[flag] = f"train[{node.path!r}]"
     return args
 
@@ -309,12 +304,11 @@ def _stored_statements(segment: Segment, graph: Graph, slots: dict[str, int],
     inside = set(graph.order[segment.first:segment.stop])
     for node in graph.members(segment.first, segment.stop):
         view.focus(node, None, None, None)
-        flag = rule(node).training_flag
         args = None
         if node.op == "getitem":
             statements.append(view.whole(node, expr=f"{view.var(node.args[0].value)}[{node.args[1].value}]"))
             continue
-        if is_batch_norm_module(node) or flag is not None:
+        if mode_flag(node) is not None:
             args = _mode_args(node, view)
         if node.name in in_place and node.inputs[0] in inside:
             args = [view.arg(a) for a in node.args]
@@ -464,11 +458,11 @@ def _program(plan: Plan, prefix: str, constants: Constants) -> ProgramView:
     views = [_segment_view(segment, graph, all_tensors, constants, in_place, channels_last, prefix)
              for segment in plan.segments]
     tiled_nodes = [node for s in plan.segments if s.mode == "tiled" for node in graph.members(s.first, s.stop)]
-    eval_only = tuple(sorted({n.path for n in tiled_nodes if rule(n).training_flag is not None
+    eval_only = tuple(sorted({n.path for n in tiled_nodes if mode_flag(n) is not None
                               and role(graph, n.name) != "reduction"}))
     batch_norm_paths = tuple(sorted({n.path for n in plan.model.nodes if is_batch_norm_module(n)}))
     train_paths = tuple(sorted({n.path for n in plan.model.nodes
-                                if rule(n).training_flag is not None or updates_buffer(n)} - set(batch_norm_paths)))
+                                if mode_flag(n) is not None or updates_buffer(n)} - set(batch_norm_paths)))
     return ProgramView(plan, f"{prefix.strip('_').upper()}_PLAN" if prefix else "PLAN", prefix, views,
                        _tree(plan.model.output), [(t.name, tuple(t.shape), t.buffer) for t in plan.model.tensors],
                        sorted({(n.path, n.module_type) for n in plan.model.nodes}),

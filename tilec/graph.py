@@ -24,7 +24,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from tilec.ir import InputSpec, ModelFingerprint, NodeSpec, OutputTree, Plan, SegmentInput, Shape, TensorSpec
+from tilec.ir import Arg, InputSpec, ModelFingerprint, NodeSpec, OutputTree, Plan, SegmentInput, Shape, TensorSpec
 
 
 def output_leaves(tree: OutputTree) -> list[str]:
@@ -55,6 +55,11 @@ class Shapes:
     def spatial(self, name: str) -> tuple[int, int] | None:
         spec = self.input_specs.get(name)
         return spec.spatial if spec is not None else self.nodes[name].spatial
+
+    def arg_shape(self, arg: Arg) -> Shape:
+        """The shape of a tensor argument: a model tensor's, or a node's or model input's (a
+        convolution's weight computed from parameters, as weight standardisation does)."""
+        return self.tensor_shapes[arg.value] if arg.kind == "tensor" else self.shape(arg.value)
 
     def is_input(self, name: str) -> bool:
         return name in self.input_specs

@@ -38,7 +38,7 @@ from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
-from tilec.ops import const, rule, tileable, updates_buffer
+from tilec.ops import const, mode_flag, rule, tileable, updates_buffer
 from tilec.runtime.checks import follows_mode
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
@@ -368,6 +368,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     names = {name: name for name in user_inputs}
     shapes = Shapes({}, tensor_specs, input_specs)
     counted = set()  # BatchNorm batch-counter updates
+    derived: set[str] = set()  # nodes computed from model tensors (and constants) alone
     for fx_node in program.graph.nodes:
         if fx_node.op != "call_function":
             continue
@@ -400,7 +401,10 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
             module_type=module_type, args=tuple(args), inputs=tuple(dict.fromkeys(inputs)), shape=out_shape,
             spatial=None, tileable=False, autocast_dtype=lowered,
         )
-        node = node.model_copy(update={"spatial": rule(node).layout(node, shapes)})
+        if all(name in derived for name in node.inputs) and (node.inputs or any(a.kind == "tensor" for a in args)):
+            derived.add(node.name)  # no image axes, whatever its shape: a standardised weight, a bias's view
+        else:
+            node = node.model_copy(update={"spatial": rule(node).layout(node, shapes)})
         if mutated is not None and functional is not None:
             names[mutated.name] = fx_node.name  # later readers of the mutated tensor read this result
         names[fx_node.name] = fx_node.name
@@ -452,7 +456,7 @@ def _in_mode(model: nn.Module, training: bool):
 
 def _mode_free(graph: Graph) -> tuple:
     """``graph`` without what the modules' flags decide at run time: the training-flag argument of
-    the ops that follow a module's flag (``batch_norm``, ``dropout``) and tileability; nodes are
+    the ops that follow a module's flag (``tilec.ops.mode_flag``) and tileability; nodes are
     named by position (export numbers in-place ops after BatchNorm's batch counters, which only
     training mode has)."""
     position = {name: k for k, name in enumerate(graph.order)}
@@ -461,7 +465,7 @@ def _mode_free(graph: Graph) -> tuple:
         return position.get(value, value) if isinstance(value, str) else tuple(map(renamed, value))
 
     def node(spec: NodeSpec) -> tuple:
-        flag = rule(spec).training_flag
+        flag = mode_flag(spec)
         args = tuple(None if k == flag else (a.kind, renamed(a.value) if a.kind in ("node", "nodes") else a.value,
                                              a.keyword) for k, a in enumerate(spec.args))
         return (spec.op, spec.target, spec.path, spec.module_type, args, renamed(spec.inputs), spec.shape,

@@ -115,9 +115,10 @@ class Facts:
             compute_dtype = node.autocast_dtype or dtype
             computes = ELEMENT_BYTES[compute_dtype]
             inputs = tuple(graph.position[i] for i in node.inputs)
-            weights = self.element * sum(prod(shapes[a.value]) for a in node.args
-                                         if a.kind == "tensor" and a.value in parameters)
-            weight = shapes[node.args[1].value] if op.convolution else None
+            weight = graph.arg_shape(node.args[1]) if op.convolution else None
+            weights = self.element * (sum(prod(shapes[a.value]) for a in node.args
+                                          if a.kind == "tensor" and a.value in parameters)
+                                      + (prod(weight) if op.convolution and node.args[1].kind == "node" else 0))
             in_arena = self.kernels.arena and (node.op == "max_pool2d" or node.op == "conv2d" and uses_onednn(
                 self.kernels, getattr(torch, compute_dtype), False))
             spread = op.convolution and prod(weight[2:]) > 1

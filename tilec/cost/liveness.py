@@ -271,7 +271,8 @@ def program(facts: Facts, forward, first: int, stop: int, tiled: bool) -> Progra
                 transient[base + KINDS * p + PADDED] += node.channel_ratio
             elif tiled and node.tile_workspace[1]:
                 transient[base + KINDS * p + PADDED] += node.tile_workspace[1]
-            if op.channels_last_backward_copy and tiled and facts.needs_grad(node.inputs[0]):
+            if op.channels_last_backward_copy and tiled and facts.needs_grad(node.inputs[0]) and graph.is_image(
+                    graph.name_at(node.inputs[0])):  # a tile's normalisation (a standardised weight's is small)
                 source = node.inputs[0]
                 copy = ahead.slices.index(source) if source < first else base + KINDS * source + OUT
                 transient[copy] += 1.0

@@ -58,10 +58,10 @@ OPS: tuple[Op, ...] = (
           "log_sigmoid", "clamp", "clamp_min", "clamp_max", "abs", "square"),
     Pixel("neg", saves="nothing"),
     # arithmetic of same-shape tensors and per-channel scales
-    Pixel("add", pass_through=True, saves="nothing", fresh_result=True),
-    Pixel("sub", saves="nothing", fresh_result=True),
-    Pixel("rsub", saves="nothing"),
-    Pixel("mul", "div", "maximum", "minimum", saves="inputs"),
+    Pixel("add", pass_through=True, saves="nothing", fresh_result=True, broadcasts=True),
+    Pixel("sub", saves="nothing", fresh_result=True, broadcasts=True),
+    Pixel("rsub", saves="nothing", broadcasts=True),
+    Pixel("mul", "div", "maximum", "minimum", "addcmul", "addcdiv", saves="inputs", broadcasts=True),
     # casts, and writes of a tensor into channels of another (``tilec.functionalize``)
     Pixel("to", "_to_copy", "copy", saves="nothing"),
     Channels("slice_scatter", dim_arg=2, saves="nothing"),
@@ -82,11 +82,14 @@ OPS: tuple[Op, ...] = (
     Linear("linear"),
     Softmax("softmax", "_softmax", "log_softmax"),
     ChannelReduction("mean", "sum", saves="nothing"),
+    ChannelReduction("linalg_vector_norm"),
     ChannelReduction("amax"),
     Squeeze("squeeze", "unsqueeze"),
     ChannelArgMax("argmax", saves="nothing"),
-    Pixel("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "where", saves="nothing"),
+    Pixel("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "where", saves="nothing",
+          broadcasts=True),
     Pixel("broadcast_tensors", view=True, pass_through=True, saves="nothing"),
+    Pixel("expand_as", view=True, saves="nothing"),  # a small tensor to an image's shape (ECA's channel scale)
     # reductions over the image axes: by sweeps inside tiled segments (``tilec.ops.reduce``)
     Pool("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
     MaxPool("adaptive_max_pool2d"),
@@ -111,6 +114,17 @@ UNKNOWN = Op()
 def rule(node_or_op) -> Op:
     """The rule object of a node (or an aten op name)."""
     return RULES.get(node_or_op if isinstance(node_or_op, str) else node_or_op.op, UNKNOWN)
+
+
+def mode_flag(node: NodeSpec) -> int | None:
+    """The argument holding ``node``'s training flag where the flag follows its module's mode at run
+    time: ``batch_norm`` run by an ``nn.BatchNorm*`` module, dropout by an ``nn.Dropout*`` one.
+    Elsewhere the flag is the constant the forward passed (weight standardisation's batch
+    statistics in either mode); where it follows ``self.training``, the modes' graphs differ."""
+    flag = rule(node).training_flag
+    if flag is None or flag >= len(node.args):
+        return None
+    return flag if ("BatchNorm" if node.op == "batch_norm" else "Dropout") in node.module_type else None
 
 
 def updates_buffer(node: NodeSpec) -> bool:
@@ -139,7 +153,8 @@ def tileable(node: NodeSpec, shapes: Shapes) -> bool:
     op = rule(node)
     image = node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
     if not shapes.sliced_inputs(node):
-        if image or updates_buffer(node) or (node.op == "batch_norm" and const(node, 5, False)):
+        if image or updates_buffer(node) or (node.op == "batch_norm" and const(node, 5, False)
+                                              and node.args[3].kind != "const"):
             return False
         return not op.random or not any(_after_reduction(i, shapes, {}) for i in node.inputs)
     if op.reduces(node, shapes):
@@ -147,4 +162,5 @@ def tileable(node: NodeSpec, shapes: Shapes) -> bool:
     return op.check(node, shapes) is None and image
 
 
-__all__ = ["OPS", "RULES", "UNKNOWN", "Need", "Op", "const", "fail", "rule", "tileable", "updates_buffer"]
+__all__ = ["OPS", "RULES", "UNKNOWN", "Need", "Op", "const", "fail", "mode_flag", "rule", "tileable",
+           "updates_buffer"]

@@ -18,6 +18,8 @@ from tilec.runtime.dropout import op_key
 
 class Pixel(Op):
     pixel = True
+    #: Element-wise arithmetic whose tensor arguments broadcast against each other.
+    broadcasts = False
 
     def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
         images = [name for name in node.inputs if shapes.spatial(name) is not None]
@@ -38,10 +40,21 @@ class Pixel(Op):
         for name in images:
             if tuple(shapes.shape(name)[d] for d in layout) != tuple(node.shape[d] for d in node.spatial or ()):
                 fail(node, "it broadcasts one image over another of a different size")
+        if self.broadcasts and any(_spans_image(shapes.arg_shape(arg), node) for arg in node.args
+                                   if arg.kind == "tensor" or arg.kind == "node" and arg.value not in images):
+            fail(node, "it combines the image with a tensor spanning its image axes that the model does not compute "
+                       "from its input (a positional embedding)")
         return None
 
     def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
         return [Need(name, out, False) for name in shapes.sliced_inputs(node)]
+
+
+def _spans_image(shape: tuple[int, ...], node: NodeSpec) -> bool:
+    """Whether a tensor of ``shape``, broadcast against ``node``'s output, has more than one element
+    along an image axis of it."""
+    offset = len(node.shape) - len(shape)
+    return any(0 <= d - offset and shape[d - offset] > 1 for d in node.spatial or ())
 
 
 def is_batch_norm_module(node: NodeSpec) -> bool:
@@ -166,18 +179,9 @@ class Dropout(Pixel):
                 f"{args[1]}, (0, 0, 0, 0), {tuple(node.shape)!r})")
 
 
-def reduced_dims(node: NodeSpec, ndim: int) -> set[int]:
-    """The dims a ``mean`` / ``sum`` / ``amax``... reduces (all of them without a dim argument)."""
-    dims = const(node, 1, None)
-    if dims is None:
-        return set(range(ndim))
-    dims = (dims,) if isinstance(dims, int) else dims
-    return {dim(d, ndim) for d in dims}
-
-
 class ChannelReduction(Pixel):
-    """``mean`` / ``sum`` / ``amax`` over dims other than the image axes (channels); over both
-    image axes, a reduction (``tilec.ops.reduce.Statistic``)."""
+    """``mean`` / ``sum`` / ``amax`` / ``linalg_vector_norm`` over dims other than the image axes
+    (channels: ``F.normalize``); over both image axes, a reduction (``tilec.ops.reduce.Statistic``)."""
 
     statistic = Statistic()
 
@@ -197,9 +201,8 @@ class ChannelReduction(Pixel):
         return self.statistic.finish(node, combined, view)
 
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
-        ndim = len(shapes.shape(source))
-        if len(node.args) > 2 and not node.args[2].value and node.args[1].value is not None:
-            removed = reduced_dims(node, ndim)
+        if not const(node, Statistic.ARGUMENTS[node.op][1], False):
+            removed = set(self.statistic.dims(node, shapes))
             if removed & {rows, cols}:
                 return None
             return tuple(d - sum(r < d for r in removed) for d in (rows, cols))
@@ -207,7 +210,7 @@ class ChannelReduction(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
-        if len(node.args) < 2 or reduced_dims(node, len(shapes.shape(source))) & set(shapes.spatial(source)):
+        if set(self.statistic.dims(node, shapes)) & set(shapes.spatial(source)):
             return "nonlocal"
         return super().check(node, shapes)
 
@@ -330,10 +333,10 @@ class Linear(Pixel):
         return super().check(node, shapes)
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
-        return 2 * shapes.tensor_shapes[node.args[1].value][1]
+        return 2 * shapes.arg_shape(node.args[1])[1]
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
-        return "conv1x1", shapes.tensor_shapes[node.args[1].value][1]
+        return "conv1x1", shapes.arg_shape(node.args[1])[1]
 
 
 class Channels(Pixel):

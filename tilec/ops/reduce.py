@@ -33,9 +33,10 @@ def dims_of(node: NodeSpec, index: int, ndim: int) -> tuple[int, ...]:
 
 
 def covers_image(node: NodeSpec, shapes: Shapes, dims: tuple[int, ...]) -> bool:
-    """Whether ``dims`` reduce both image axes of a 4-D NCHW input."""
-    image = image_dims(node, shapes)
-    return image is not None and set(image) <= set(dims)
+    """Whether ``dims`` reduce both image axes of the node's first input, in whichever dims it holds
+    them (channels-last blocks hold them in 1 and 2)."""
+    images = shapes.sliced_inputs(node)
+    return bool(images) and images[0] == node.inputs[0] and set(shapes.spatial(images[0])) <= set(dims)
 
 
 def count(node: NodeSpec, shapes: Shapes, dims: tuple[int, ...]) -> int:
@@ -140,27 +141,32 @@ class MaxPool(Reduce):
 
 
 class Statistic(Reduce):
-    """``mean`` / ``sum`` / ``amax`` / ``max`` / ``var`` / ``std`` / ``var_mean`` over dims that
-    include both image axes (and any others); over others only, ``mean``, ``sum`` and ``amax`` are
-    per-pixel ops (``tilec.ops.pixel.ChannelReduction``)."""
+    """``mean`` / ``sum`` / ``amax`` / ``max`` / ``var`` / ``std`` / ``var_mean`` / the 2-norm
+    ``linalg_vector_norm`` over dims that include both image axes (and any others); over others
+    only, ``mean``, ``sum``, ``amax`` and norms are per-pixel ops (``tilec.ops.pixel.ChannelReduction``)."""
 
-    #: Per op: the argument holding the dims (``None``: all), and the keepdim argument.
+    #: Per op: the argument holding the dims (``None``: all), and the keepdim argument (``argmax``:
+    #: for ``tilec.ops.pixel.ChannelArgMax``).
     ARGUMENTS = {"mean": (1, 2), "sum": (1, 2), "amax": (1, 2), "max": (None, None), "var": (1, 3), "std": (1, 3),
-                 "var_mean": (1, 3)}
+                 "var_mean": (1, 3), "linalg_vector_norm": (2, 3), "argmax": (1, 2)}
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         return "nonlocal"
 
     def dims(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        """The dims it reduces: all of them without a dims argument (``mean.default``, ``max()``)."""
         ndim = len(shapes.shape(node.inputs[0]))
         where, _ = self.ARGUMENTS[node.op]
-        return tuple(range(ndim)) if where is None or where >= len(node.args) else dims_of(node, where, ndim)
+        whole = where is None or node.op in ("mean", "sum") and node.target.endswith(".default")
+        return tuple(range(ndim)) if whole else dims_of(node, where, ndim)
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         if node.op in ("mean", "sum") and node.target.endswith((".dim", ".dim_IntList")) and const(node, 3) is not None:
             return False  # a dtype argument
         if node.op in ("mean", "sum") and node.target.endswith(".default") and const(node, 1) is not None:
             return False
+        if node.op == "linalg_vector_norm" and (const(node, 1, 2) != 2 or const(node, 4) is not None):
+            return False  # another order, or a dtype argument
         return covers_image(node, shapes, self.dims(node, shapes))
 
     def partial(self, node: NodeSpec, tile) -> str:
@@ -170,6 +176,8 @@ class Statistic(Reduce):
             return f"partial_max({source}, {dims!r})"
         if node.op in ("var", "std", "var_mean"):
             return f"partial_moments({source}, {dims!r})"
+        if node.op == "linalg_vector_norm":
+            return f"partial_squares({source}, {dims!r})"
         return f"partial_sum({source}, {dims!r})"
 
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
@@ -200,6 +208,8 @@ class Statistic(Reduce):
         if node.op == "mean":
             size = count(node, view.shapes, self.dims(node, view.shapes))
             return f"({combined}[0] / {size}).reshape({shape!r}).to({dtype})"
+        if node.op == "linalg_vector_norm":
+            return f"root_of_squares({combined}[0]).reshape({shape!r}).to({dtype})"
         return f"{combined}[0].reshape({shape!r}).to({dtype})"
 
 

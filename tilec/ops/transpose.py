@@ -10,6 +10,7 @@ from math import prod
 from tilec.graph import Shapes
 from tilec.ir import AxisStep, NodeSpec
 from tilec.ops.base import Need, Op, const, pair
+from tilec.ops.window import weight_check
 from tilec.regions import Interval
 
 
@@ -42,11 +43,11 @@ class ConvTranspose2d(Op):
     vectorised = False
 
     def _axis(self, node: NodeSpec, axis: int, shapes: Shapes) -> tuple[int, int, int, int, int]:
-        args = transpose_args(node, shapes.tensor_shapes[node.args[1].value])
+        args = transpose_args(node, shapes.arg_shape(node.args[1]))
         return tuple(args[k][axis] for k in ("kernel", "stride", "padding", "dilation", "output_padding"))
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return None
+        return weight_check(node, shapes)
 
     def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
         """The inputs feeding ``out``, widened so that the tile's local transposed convolution starts
@@ -82,17 +83,17 @@ class ConvTranspose2d(Op):
         (crop_r, extra_r), (crop_c, extra_c) = (self.extras(node, step, axis, tile.shapes)
                                                 for axis, step in enumerate((tile.row, tile.col)))
         stride, dilation = pair(const(node, 3, 1)), pair(const(node, 7, 1))
-        call = (f"aten.conv_transpose2d.input({tile.read(node.inputs[0])}, {tile.tensor(node.args[1].value)}, "
+        call = (f"aten.conv_transpose2d.input({tile.read(node.inputs[0])}, {tile.arg(node.args[1])}, "
                 f"{tile.arg(node.args[2])}, {stride!r}, (0, 0), ({extra_r}, {extra_c}), {const(node, 6, 1)}, "
                 f"{dilation!r})")
         return call + tile.index(4, (2, 3), (crop_r, crop_r + tile.row.out.length),
                                  (crop_c, crop_c + tile.col.out.length))
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
-        weight = shapes.tensor_shapes[node.args[1].value]
+        weight = shapes.arg_shape(node.args[1])
         return "conv", min(weight[0], weight[1])
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         """Every input element meets ``Cout/groups * kh * kw`` weights."""
-        weight = shapes.tensor_shapes[node.args[1].value]
+        weight = shapes.arg_shape(node.args[1])
         return 2 * weight[1] * weight[2] * weight[3] * prod(shapes.shape(node.inputs[0])) / prod(node.shape)

@@ -96,33 +96,43 @@ class _WindowOp(Op):
         return "pool", node.shape[1]
 
 
+def weight_check(node: NodeSpec, shapes: Shapes) -> str | None:
+    """A convolution whose weight is computed from the model's input (with image axes: a dynamic
+    convolution) runs untiled; one computed from the model's tensors alone (weight
+    standardisation: ``tilec.trace`` gives those no image axes) tiles."""
+    weight = node.args[1]
+    return "nonlocal" if weight.kind == "node" and shapes.spatial(weight.value) is not None else None
+
+
 class Conv2d(_WindowOp):
     convolution = True
     casts_parameters = True
     backward_factor = 2
     weight_gradient_factor = 1
 
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        return weight_check(node, shapes)
+
     def axis_window(self, node: NodeSpec, axis: int, shapes: Shapes) -> Window:
-        weight = shapes.tensor_shapes[node.args[1].value]
+        weight = shapes.arg_shape(node.args[1])
         args = window_args(node, weight)
         before, after = conv_padding(node, weight)[axis]
         return Window(args.kernel[axis], args.stride[axis], args.dilation[axis], before, after)
 
     def emit(self, node: NodeSpec, tile) -> str:
         source, native = tile.padded(node.inputs[0], "0.0")
-        weight = node.args[1].value
-        args = window_args(node, tile.shapes.tensor_shapes[weight])
-        return (f"conv2d({source}, {tile.tensor(weight)}, {tile.arg(node.args[2])}, {args.stride!r}, {native!r}, "
+        args = window_args(node, tile.shapes.arg_shape(node.args[1]))
+        return (f"conv2d({source}, {tile.arg(node.args[1])}, {tile.arg(node.args[2])}, {args.stride!r}, {native!r}, "
                 f"{args.dilation!r}, {const(node, 6, 1)}, arena)")
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
-        weight = shapes.tensor_shapes[node.args[1].value]
+        weight = shapes.arg_shape(node.args[1])
         return 2 * weight[1] * weight[2] * weight[3]
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
         """``depthwise`` (a group per input channel), ``conv1x1`` or ``conv``, with the smaller of
         the input channels per group and the output channels."""
-        weight = shapes.tensor_shapes[node.args[1].value]
+        weight = shapes.arg_shape(node.args[1])
         if const(node, 6, 1) > 1 and weight[1] == 1:
             return "depthwise", weight[0]
         return ("conv1x1" if weight[2] * weight[3] == 1 else "conv"), min(weight[0], weight[1])

@@ -11,7 +11,7 @@ are differentiable torch code, so autograd derives the backward of a level's com
 merged partials (the maxima's merges say how a tie's gradient is shared). Partials keep the
 reduced dims (``keepdim``), so that they broadcast.
 
-* ``sum``: sums (means divide by a count known when compiling); a part's share is the merged
+* ``sum``: sums (means divide by a count known when compiling; 2-norms sum squares); a part's share is the merged
   gradient.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
   stays accurate where ``E[x²] - E[x]²`` cancels; the count is a Python integer (every group of a
@@ -36,6 +36,18 @@ def widened(x):
 
 def partial_sum(x, dims):
     return (widened(x).sum(dims, keepdim=True),)
+
+
+def partial_squares(x, dims):
+    """The sum of squares of ``x`` over ``dims``: a 2-norm's partial, merged as a sum."""
+    return (widened(x).square().sum(dims, keepdim=True),)
+
+
+def root_of_squares(squares):
+    """The 2-norm from merged sums of squares; where they are 0, the norm is 0 and so is its
+    gradient, as ``linalg_vector_norm``'s backward gives (a plain square root's would be NaN)."""
+    zero = squares == 0
+    return torch.where(zero, 0.0, torch.where(zero, 1.0, squares).sqrt())
 
 
 def merge_sum(a, b):
