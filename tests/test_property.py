@@ -2,15 +2,17 @@
 
 A model is a drawn *program*: a list of steps over a growing list of tensors (the input first).
 A step reads earlier tensors, so skips cross any number of steps: window ops (conv with random
-kernel / stride / padding / dilation / groups, max and avg pooling with ceil_mode, transposed
-conv, nearest or bilinear upsampling followed by a conv), per-pixel ops (activations, eval
+kernel / stride / padding / dilation / groups, some standardising their weights in the forward,
+max and avg pooling with ceil_mode, transposed conv, nearest or bilinear upsampling followed by a
+conv), per-pixel ops (activations, eval
 BatchNorm), residual adds of same-shape tensors, channel concat of same-size tensors, and
 constant pad / crop of one tensor to another's size before an add or concat. Each model is
 checked on the CPU's tile kernels and on the generic ones (``kernels="generic"``, CUDA's path).
 
 With ``reductions``, a program also draws ops that reduce over the image inside tiled segments
 (``tilec.sweeps``): BatchNorm with batch statistics (training mode, updating its running
-statistics, or without them), GroupNorm, squeeze-and-excitation blocks, and may end in a pooled
+statistics, or without them), GroupNorm, squeeze-and-excitation blocks, ConvNeXt-V2's global
+response norm (a 2-norm over the image, NCHW or channels-last), and may end in a pooled
 classifier head; drawn grids and segmentations then put one, two or more levels of reductions in
 a tiled segment, or cut right before a reduction (a direct level).
 """
@@ -31,7 +33,7 @@ from tilec.errors import GridError
 from tilec.ops import rule
 from tilec.pipeline import build, plan_for
 from tilec.regions import Interval, Period
-from tilec.sweeps import owned_sizes
+from tilec.sweeps import owned_sizes, role
 from tilec.target import REFERENCE
 from tilec.trace import trace
 
@@ -92,11 +94,13 @@ def _divisors(n: int) -> list[int]:
 
 
 @st.composite
-def _conv(draw, channels: int) -> nn.Module:
+def _conv(draw, channels: int, convolution: type = nn.Conv2d) -> nn.Module:
     out = draw(st.integers(1, 4))
     groups = draw(st.sampled_from([g for g in _divisors(channels) if out % g == 0]))
     kernel = draw(st.one_of(st.integers(1, 4), st.tuples(st.integers(1, 4), st.integers(1, 4))))
-    return nn.Conv2d(channels, out, kernel, stride=draw(st.sampled_from([1, 1, 2, 3, (1, 2), (2, 1)])),
+    if channels // groups * (kernel * kernel if isinstance(kernel, int) else kernel[0] * kernel[1]) == 1:
+        convolution = nn.Conv2d  # one weight per output channel: no statistics to standardise it by
+    return convolution(channels, out, kernel, stride=draw(st.sampled_from([1, 1, 2, 3, (1, 2), (2, 1)])),
                      padding=draw(st.one_of(st.integers(0, 3), st.tuples(st.integers(0, 3), st.integers(0, 3)))),
                      dilation=draw(st.sampled_from([1, 1, 2, (1, 2)])), groups=groups, bias=draw(st.booleans()))
 
@@ -158,6 +162,36 @@ def _upsample_conv(draw, channels: int) -> nn.Module:
     return nn.Sequential(Upsample(**options), nn.Conv2d(channels, draw(st.integers(1, 4)), 3, padding=1))
 
 
+class StdConv2d(nn.Conv2d):
+    """A convolution whose weights its forward standardises per output channel (timm's
+    ``StdConv2d``, BiT's): ``batch_norm`` with the weights' batch statistics, in either mode."""
+
+    def forward(self, x):
+        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True,
+                              momentum=0.0, eps=1e-5).reshape_as(self.weight)
+        return self._conv_forward(x, weight, self.bias)
+
+
+class GlobalResponseNorm(nn.Module):
+    """ConvNeXt-V2's GRN as timm writes it, on NCHW or through a channels-last permute: each
+    channel's 2-norm over the image, over its mean across channels, scales the input."""
+
+    def __init__(self, channels: int, channels_last: bool):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(channels)), nn.Parameter(torch.randn(channels))
+        self.channels_last = channels_last
+
+    def forward(self, x):
+        if self.channels_last:
+            x, dims, channel, shape = x.permute(0, 2, 3, 1), (1, 2), -1, (1, 1, 1, -1)
+        else:
+            dims, channel, shape = (2, 3), 1, (1, -1, 1, 1)
+        norm = x.norm(p=2, dim=dims, keepdim=True)
+        y = x + torch.addcmul(self.bias.view(shape), self.weight.view(shape),
+                              x * (norm / (norm.mean(dim=channel, keepdim=True) + 1e-6)))
+        return y.permute(0, 3, 1, 2) if self.channels_last else y
+
+
 class TrainingBatchNorm(nn.BatchNorm2d):
     """BatchNorm that stays in training mode (batch statistics, running ones updated) whatever
     mode the program is put in."""
@@ -189,14 +223,16 @@ class PooledHead(nn.Module):
 
 
 @st.composite
-def _reduction(draw, channels: int) -> nn.Module:
-    kind = draw(st.sampled_from(["batch_norm", "batch_norm", "batch_stats", "group_norm", "se"]))
+def _reduction(draw, channels: int, extras: bool) -> nn.Module:
+    kind = draw(st.sampled_from(["batch_norm", "batch_norm", "batch_stats", "group_norm", "se"] + ["grn"] * extras))
     if kind == "batch_norm":
         return TrainingBatchNorm(channels, momentum=draw(st.sampled_from([0.1, 0.5, None])))
     if kind == "batch_stats":
         return nn.BatchNorm2d(channels, affine=draw(st.booleans()), track_running_stats=False)
     if kind == "group_norm":
         return nn.GroupNorm(draw(st.sampled_from(_divisors(channels))), channels)
+    if kind == "grn":
+        return GlobalResponseNorm(channels, draw(st.booleans()))
     return SqueezeExcite(channels, draw(st.integers(1, 3)))
 
 
@@ -213,12 +249,16 @@ POINTWISE = ("relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "elu", "lea
              "identity")
 WINDOWS = {"conv": _conv, "conv_relu_": _conv_relu_inplace, "pool": _pool, "transpose": _transpose,
            "upsample": _upsample_conv}
+#: Drawn only for ``programs(extras=True)``: the suite's older properties keep their examples.
+EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d)}
 
 
 @st.composite
-def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reductions: bool = False) -> Program:
+def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reductions: bool = False,
+             extras: bool = False) -> Program:
     """A random program over an input of ``shape``; each step's output has at least 2x2 pixels.
-    ``reductions``: also reductions over the image (module docstring) and maybe a pooled head."""
+    ``reductions``: also reductions over the image (module docstring) and maybe a pooled head;
+    ``extras``: also weight-standardised convolutions and global response norms."""
     values = [torch.zeros(shape)]
     steps, modules = [], []
 
@@ -269,12 +309,12 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
             if kind == "pointwise":
                 module = _pointwise(draw(st.sampled_from(POINTWISE)), channels)
             elif kind == "reduction":
-                module = draw(_reduction(channels))
+                module = draw(_reduction(channels, extras))
             else:
-                name = draw(st.sampled_from(sorted(WINDOWS)))
+                name = draw(st.sampled_from(sorted(WINDOWS) + sorted(EXTRA_WINDOWS) * extras))
                 if name in ("transpose", "upsample") and max(values[index].shape[2:]) > 24:
                     name = "conv"
-                module = draw(WINDOWS[name](channels))
+                module = draw({**WINDOWS, **EXTRA_WINDOWS}[name](channels))
             extend([Step("module", (index,))], [module])
     assume(any(s.kind != "module" or not isinstance(m, nn.Identity | nn.Dropout)
                for s, m in zip(steps, modules, strict=True)))
@@ -298,10 +338,10 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
 
 
 @st.composite
-def cases(draw, reductions: bool = False):
+def cases(draw, reductions: bool = False, extras: bool = False):
     top = 24 if reductions else 40
     shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(9, top)), draw(st.integers(9, top)))
-    return draw(programs(shape, reductions=reductions)), shape
+    return draw(programs(shape, reductions=reductions, extras=extras)), shape
 
 
 def _finite(model: nn.Module, shape) -> bool:
@@ -376,6 +416,15 @@ def test_random_dags_with_reductions_tile_exactly(case, data):
     check_exact(model, shape, kernels=data.draw(st.sampled_from(KERNELS), label="kernels"), **options)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@settings(PROPERTY, max_examples=25)
+@given(cases(reductions=True, extras=True), st.data())
+def test_random_dags_with_standardised_weights_and_response_norms_tile_exactly(case, data):
+    """As above, with convolutions whose weights the forward standardises (once per step, in no
+    tile) and ConvNeXt-V2's global response norms (2-norms by sweeps) among the drawn ops."""
+    test_random_dags_with_reductions_tile_exactly.hypothesis.inner_test(case, data)
+
+
 @pytest.mark.parametrize("grid", [(0, 1), (1, 0), (-1, 2), (2,), (1, 2, 3), (1.5, 2)])
 def test_malformed_grids_are_refused(grid):
     model = nn.Sequential(nn.Conv2d(1, 1, 3))
@@ -385,7 +434,7 @@ def test_malformed_grids_are_refused(grid):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @settings(PROPERTY, max_examples=40)
-@given(cases(), st.data())
+@given(cases(extras=True), st.data())
 def test_planned_regions_are_consistent(case, data):
     """Without running anything: in every tiled segment and axis, the owned parts partition each
     output; every step computes what its consumers read and the tile owns; every read is the
@@ -410,6 +459,9 @@ def test_planned_regions_are_consistent(case, data):
                 for step in reversed(tile.steps):
                     node = graph.nodes[step.node]
                     assert step.grad_out == step.out
+                    if role(graph, node.name) == "small":  # a standardised weight: once per sweep, in no tile
+                        assert not step.out.length and not step.reads
+                        continue
                     assert 0 <= step.out.start <= step.out.stop <= graph.size(node.name, axis)
                     for want in needed.get(node.name, []):
                         if want.length:
