@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv and install tilec with its test extras; torch pinned to the CPU build via constraints.txt.
+# The published model code the tests also run (torchvision's models, timm) goes to .venv/published,
+# outside the environment's packages: on that build torchvision's compiled ops do not load, and
+# packages that import torchvision wherever it is installed (torchmetrics, through Lightning) would
+# fail. tests/support/published.py imports them from there (remove the folder to reinstall them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -7,3 +11,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
+if [ ! -d .venv/published/timm ]; then
+    .venv/bin/python -m pip install --quiet -c constraints.txt --no-deps --target .venv/published torchvision timm
+fi

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support.published import published
+
 ROOT = Path(__file__).resolve().parents[1]
 STEP = ROOT / "benchmarks" / "step.py"
 
@@ -177,3 +179,15 @@ def test_calls_counts_aten_calls_and_python_functions(tmp_path, as_cuda, functio
     table = done.stdout.split("| autograd function | calls |")[1]
     applied = set(re.findall(r"\| `(\w+)` \|", table))
     assert functions <= applied and ({"Conv2d", "CopyIn", "MaxPool2d"} & applied) == (set() if as_cuda else functions)
+
+
+def test_published_rows_name_the_worst_errors():
+    """``benchmarks/published.py``: one model and mode in this process, then its markdown row."""
+    from benchmarks.published import one, row
+
+    published("torchvision.models")
+    record = one("squeezenet1_1", "eval")
+    assert record["model"] == "squeezenet1_1" and 0 <= record["worst"] <= 1e-10 and "relative" not in record
+    assert row(record).startswith("| squeezenet1_1 | eval | ")
+    assert row({"model": "m", "mode": "train", "refused": "op aten.x is not supported"}) == (
+        "| m | train | refused: op aten.x is not supported | |")

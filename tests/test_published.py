@@ -4,17 +4,18 @@ step (BatchNorm with batch statistics) then an eval-mode forward, grids 1x1 to 4
 The inline copies (``support.zoo.PUBLISHED_ZOO``) always run: torchvision's EfficientNet classifier
 (``Dropout(inplace=True)`` writing through a ``flatten``), its segmentation models (an
 ``OrderedDict`` returned as such, ASPP's global-pooling branch) and smp's FPN (``torch.stack(...)
-.sum(0)``). The published packages run where they import: torchvision's compiled ops do not load
-on the CPU build of torch the suite pins (``import torchvision`` raises), and timm and
-segmentation_models_pytorch import torchvision, so those tests skip there. Their models are built
-with random weights, small (64² inputs). Heads with element-wise Dropout on images (DeepLabV3's
-ASPP, FCN's head) train with tilec's counter-based masks, which the plain reference draws under
-``counter_dropout`` (``check_exact(counter=True)``).
+.sum(0)``). The published packages run as users download them (``support.published``):
+torchvision's models and timm's, built by their own classes with random weights (the large ones
+with fewer blocks or channels), at odd sizes on a 3x2 grid (``PUBLISHED_MODELS``), and
+torchvision's EfficientNet and segmentation models at 64²; segmentation_models_pytorch where it
+is installed (``benchmarks/published.py`` checks some fifty at their full sizes). Heads with
+element-wise Dropout on images (DeepLabV3's ASPP) train with tilec's counter-based masks, which the
+plain reference draws under ``counter_dropout`` (``check_exact(counter=True)``).
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 from collections import OrderedDict
 
 import pytest
@@ -27,6 +28,7 @@ from tilec.pipeline import build
 from tilec.trace import trace
 
 from support.exactness import check_exact
+from support.published import published
 from support.zoo import PUBLISHED_SHAPES, PUBLISHED_ZOO
 
 GRIDS = [(1, 1), (2, 2), (4, 3)]
@@ -113,14 +115,6 @@ def test_unbinding_an_image_axis_is_refused_in_one_line():
 # the published packages, where they import
 
 
-def published(name: str):
-    """``importlib.import_module(name)``, or skip: not installed, or its compiled ops do not load."""
-    try:
-        return importlib.import_module(name)
-    except (ImportError, RuntimeError) as error:
-        pytest.skip(f"{name} does not import here: {type(error).__name__}: {str(error).splitlines()[0]}")
-
-
 def _torchvision_efficientnet():
     efficientnet = published("torchvision.models.efficientnet")
     setting = [efficientnet.MBConvConfig(1, 3, 1, 8, 8, 1), efficientnet.MBConvConfig(4, 3, 2, 8, 12, 2)]
@@ -129,8 +123,6 @@ def _torchvision_efficientnet():
 
 def _torchvision_segmentation(name: str):
     segmentation = published("torchvision.models.segmentation")
-    if name == "fcn_resnet50":
-        return segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=3, aux_loss=True)
     mobilenet = published("torchvision.models.mobilenetv3")
     layers = published("torchvision.models._utils")
     # MobileNetV3-Large at a quarter of its widths, to its first stride-16 block: 8 channels at stride
@@ -152,15 +144,14 @@ def test_torchvision_efficientnet(train):
     check_exact(_torchvision_efficientnet().train(train), (2, 3, 64, 64), grid=(2, 2), eval_after=train)
 
 
-@pytest.mark.parametrize("name, train", [("lraspp", False), ("lraspp", True), ("deeplabv3", False),
-                                         ("deeplabv3", True), ("fcn_resnet50", False)])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", ["lraspp", "deeplabv3"])
 def test_torchvision_segmentation(name, train):
     torch.manual_seed(0)
     model = _torchvision_segmentation(name).train(train)
     # in training, a batch of 4: the ASPP pooling branch's BatchNorm normalises N values of a 1x1 map,
     # and over 2 its gradient amplifies rounding past 1e-10
-    shape = (1, 3, 64, 64) if name == "fcn_resnet50" else (4 if train else 2, 3, 64, 64)
-    check_exact(model, shape, grid=(2, 2) if train else (4, 3), eval_after=train, counter=True)
+    check_exact(model, (4 if train else 2, 3, 64, 64), grid=(2, 2) if train else (4, 3), eval_after=train, counter=True)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -170,3 +161,59 @@ def test_smp_fpn(train):
     model = smp.FPN("resnet18", encoder_weights=None, encoder_depth=4, classes=2, decoder_pyramid_channels=32,
                     decoder_segmentation_channels=32).train(train)
     check_exact(model, (2, 3, 64, 64), grid=(2, 2), eval_after=train)
+
+
+def _torchvision(module: str, build: str, *args, **kwargs) -> nn.Module:
+    return getattr(published(f"torchvision.models.{module}"), build)(*args, num_classes=10, **kwargs)
+
+
+def _timm(name: str, **kwargs) -> nn.Module:
+    return published("timm").create_model(name, pretrained=False, **kwargs)
+
+
+def _timm_bit() -> nn.Module:
+    """BiT's ResNetV2 as timm's ``resnetv2_50x1_bit`` builds it, one block a stage."""
+    resnetv2, layers = published("timm.models.resnetv2"), published("timm.layers")
+    return resnetv2.ResNetV2((1, 1, 1, 1), num_classes=10, stem_type="fixed",
+                             conv_layer=functools.partial(layers.StdConv2d, eps=1e-8))
+
+
+def _torchvision_convnext() -> nn.Module:
+    convnext = published("torchvision.models.convnext")
+    stages = [convnext.CNBlockConfig(16, 32, 2), convnext.CNBlockConfig(32, 64, 1), convnext.CNBlockConfig(64, None, 1)]
+    return convnext.ConvNeXt(stages, stochastic_depth_prob=0.1, num_classes=10)
+
+
+#: Published models, each for what it brings; the large ones at fewer blocks or channels, as their
+#: own classes take them.
+PUBLISHED_MODELS = {
+    "torchvision_resnet": lambda: _torchvision("resnet", "ResNet", published("torchvision.models.resnet").Bottleneck,
+                                               [1, 1, 1, 1]),  # bottlenecks
+    # LayerNorm2d by permutes, layer scale, stochastic depth (per sample, drawn once per step)
+    "torchvision_convnext": _torchvision_convnext,
+    "torchvision_densenet": lambda: _torchvision("densenet", "DenseNet", growth_rate=8, block_config=(2, 2, 2, 2),
+                                                 num_init_features=16, bn_size=2),  # concatenations
+    # hardswish, squeeze-and-excitation
+    "torchvision_mobilenet_v3_large": lambda: _torchvision("mobilenetv3", "mobilenet_v3_large", width_mult=0.5),
+    "torchvision_squeezenet1_1": lambda: _torchvision("squeezenet", "squeezenet1_1"),  # ceil-mode max pooling
+    "torchvision_alexnet": lambda: _torchvision("alexnet", "alexnet"),  # adaptive average pooling to 6x6
+    "timm_convnextv2_atto": lambda: _timm("convnextv2_atto", num_classes=10),  # GRN: a 2-norm over the image
+    "timm_resnetv2_bit": _timm_bit,  # weight-standardised convolutions, GroupNorm
+    # ECA: a 1-D convolution over the pooled channels, expand_as
+    "timm_eca_resnet10t": lambda: _timm("resnet10t", num_classes=10, block_args={"attn_layer": "eca"}),
+    # TensorFlow's "same" padding, computed from the input's size
+    "timm_tf_mobilenetv3_small": lambda: _timm("tf_mobilenetv3_small_100", num_classes=10),
+    "timm_hrnet_w18_small": lambda: _timm("hrnet_w18_small", num_classes=10),  # resolutions fused by upsampling
+    "timm_resnet10t_features": lambda: _timm("resnet10t", features_only=True),  # a list of maps, for FPNs
+}
+
+
+#: Odd sizes, but where a model needs a multiple of 32 (HRNet's fusions) or 63 pixels (AlexNet).
+SIZES = {"timm_hrnet_w18_small": (64, 96), "torchvision_alexnet": (64, 96)}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_MODELS))
+def test_published_models_train_a_step_then_run_in_eval_mode_as_plain(name):
+    torch.manual_seed(0)
+    shape = (2, 3, *SIZES.get(name, (67, 61)))
+    check_exact(PUBLISHED_MODELS[name]().train(), shape, grid=(3, 2), eval_after=True, counter=True)

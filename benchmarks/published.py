@@ -1,0 +1,112 @@
+"""Published models as their packages build them, tiled against plain PyTorch in float64.
+
+    python benchmarks/published.py [NAME ...]
+
+For each of torchvision's and timm's classifiers, backbones and segmentation models in ``MODELS``
+(random weights, 10 classes, a (2, 3, 64, 64) input, a 2x2 grid), in a process of its own with one
+thread: compiled in eval mode, one step; compiled in training mode, one step (BatchNorm with batch
+statistics) then an eval-mode forward (``tests/support/exactness.py``'s ``max_errors``). Prints a
+markdown row per model and mode: the largest absolute difference of any output, input gradient,
+parameter gradient or buffer; where that is above 1e-10, the largest difference relative to the
+tensor's own largest magnitude among the tensors above it, and which; or the one-line error tilec
+refused the model with. torchvision and timm are imported as ``tests/support/published.py`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+TOLERANCE = 1e-10
+
+#: name: (package, constructor, keyword arguments): ``torchvision.models``' or its ``segmentation``'s
+#: (``weights=None``, 10 or 3 classes), or ``timm.create_model``'s (``pretrained=False``).
+MODELS = {
+    **{name: ("torchvision", name, {}) for name in (
+        "resnet18", "resnet50", "resnext50_32x4d", "convnext_tiny", "efficientnet_b0", "efficientnet_v2_s",
+        "mobilenet_v2", "mobilenet_v3_large", "regnet_y_400mf", "densenet121", "vgg11_bn", "squeezenet1_1",
+        "shufflenet_v2_x0_5", "mnasnet0_5", "alexnet")},
+    "googlenet": ("torchvision", "googlenet", {"aux_logits": False, "init_weights": False}),
+    "deeplabv3_resnet50": ("torchvision.segmentation", "deeplabv3_resnet50", {"weights_backbone": None}),
+    "fcn_resnet50": ("torchvision.segmentation", "fcn_resnet50", {"weights_backbone": None}),
+    "lraspp_mobilenet_v3_large": ("torchvision.segmentation", "lraspp_mobilenet_v3_large", {"weights_backbone": None}),
+    **{f"timm {name}": ("timm", name, {"num_classes": 10}) for name in (
+        "resnet18", "resnet10t", "convnext_atto", "convnextv2_atto", "efficientnet_b0", "tf_efficientnet_b0",
+        "mobilenetv3_large_100", "regnety_008", "rexnet_100", "ghostnet_100", "densenet121", "dla34",
+        "hrnet_w18_small", "cspresnet50", "res2net50_14w_8s", "resnest14d", "ecaresnet26t", "seresnext26d_32x4d",
+        "skresnet18", "nf_resnet26", "nf_regnet_b0", "resnetv2_50x1_bit", "ese_vovnet19b_dw", "xception41",
+        "efficientvit_b0", "mobileone_s0", "repvgg_a0", "gernet_s", "cspdarknet53", "fastvit_t8")},
+    "timm resnet18 features_only": ("timm", "resnet18", {"features_only": True}),
+}
+
+
+def build(name: str):
+    """A fresh model ``name`` of ``MODELS``."""
+    from support.published import load
+
+    package, constructor, options = MODELS[name]
+    if package == "timm":
+        return load("timm").create_model(constructor, pretrained=False, **options)
+    classes = 3 if package.endswith("segmentation") else 10
+    return getattr(load(f"torchvision.models{package.removeprefix('torchvision')}"), constructor)(
+        weights=None, num_classes=classes, **options)
+
+
+def one(name: str, mode: str) -> dict:
+    """One model in one mode, in this process."""
+    import torch
+
+    from tilec.errors import TilecError
+
+    from support.exactness import max_errors
+
+    torch.set_num_threads(1)
+    train = mode == "train"
+    options = {"grid": (2, 2), "counter": True, "eval_after": train}
+    try:
+        torch.manual_seed(0)
+        errors = max_errors(build(name).train(train), (2, 3, 64, 64), **options)
+    except TilecError as error:
+        return {"model": name, "mode": mode, "refused": str(error)}
+    record = {"model": name, "mode": mode, "worst": max(errors.values())}
+    beyond = sorted((key for key, value in errors.items() if not value <= TOLERANCE), key=errors.get, reverse=True)
+    if beyond:
+        torch.manual_seed(0)
+        relative = max_errors(build(name).train(train), (2, 3, 64, 64), relative=True, **options)
+        record["relative_of"] = max(beyond, key=relative.get)
+        record["relative"] = relative[record["relative_of"]]
+    return record
+
+
+def row(record: dict) -> str:
+    if "refused" in record or "crashed" in record:
+        what = "refused" if "refused" in record else "crashed"
+        return f"| {record['model']} | {record['mode']} | {what}: {record[what]} | |"
+    relative = f"{record['relative']:.1e} ({record['relative_of']})" if "relative" in record else ""
+    return f"| {record['model']} | {record['mode']} | {record['worst']:.1e} | {relative} |"
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--one"]:
+        print(json.dumps(one(argv[1], argv[2])))
+        return
+    print("| model | compiled in | worst absolute | worst relative, where the absolute is above 1e-10 |")
+    print("|---|---|--:|---|")
+    for name in argv or list(MODELS):
+        for mode in ("eval", "train"):
+            done = subprocess.run([sys.executable, __file__, "--one", name, mode], capture_output=True, text=True,
+                                  cwd=ROOT)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            failed = {"model": name, "mode": mode, "crashed": (done.stderr.strip().splitlines() or ["?"])[-1]}
+            print(row(json.loads(lines[-1]) if lines else failed), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
