@@ -8,7 +8,8 @@ Conventions:
   other nodes, or the model's inputs (``InputSpec``: the ``forward``'s tensor arguments), which
   sit before every node: input ``k`` at position ``-1 - k``.
 * A tensor's spatial axes are ``spatial = (row_dim, col_dim)``; ``None`` for a tensor without image
-  axes. An *image* is a tensor with image axes of more than one pixel.
+  axes, as one computed from the model's tensors alone is (a standardised convolution weight, a
+  bias's view). An *image* is a tensor with image axes of more than one pixel.
 * A *run* ``[first, stop)`` is a contiguous stretch of the execution order (a segment). The
   tensors a run reads from before it are its inputs; those it makes and something reads at or
   after ``stop`` (or the model returns) are its outputs; a *cut* is the boundary before a

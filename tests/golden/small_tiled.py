@@ -1078,8 +1078,8 @@ are differentiable torch code, so autograd derives the backward of a level's com
 merged partials (the maxima's merges say how a tie's gradient is shared). Partials keep the
 reduced dims (``keepdim``), so that they broadcast.
 
-* ``sum``: sums (means divide by a count known when compiling; 2-norms sum squares); a part's share is the merged
-  gradient.
+* ``sum``: sums (means divide by a count known when compiling; 2-norms sum squares); a part's
+  share is the merged gradient.
 * ``moments``: ``(count, mean, M2)`` per reduced group, merged with Chan's parallel formula, which
   stays accurate where ``E[x²] - E[x]²`` cancels; the count is a Python integer (every group of a
   partial has as many elements), exact however large the image.
