@@ -42,7 +42,8 @@ MODELS = {
         "mobilenetv3_large_100", "regnety_008", "rexnet_100", "ghostnet_100", "densenet121", "dla34",
         "hrnet_w18_small", "cspresnet50", "res2net50_14w_8s", "resnest14d", "ecaresnet26t", "seresnext26d_32x4d",
         "skresnet18", "nf_resnet26", "nf_regnet_b0", "resnetv2_50x1_bit", "ese_vovnet19b_dw", "xception41",
-        "efficientvit_b0", "mobileone_s0", "repvgg_a0", "gernet_s", "cspdarknet53", "fastvit_t8")},
+        "efficientvit_b0", "mobileone_s0", "repvgg_a0", "gernet_s", "cspdarknet53", "fastvit_t8",
+        "convmixer_768_32")},
     "timm resnet18 features_only": ("timm", "resnet18", {"features_only": True}),
 }
 
