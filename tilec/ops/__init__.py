@@ -34,6 +34,7 @@ from tilec.ops.pixel import (
     Softmax,
     Squeeze,
     Stack,
+    is_batch_norm_module,
 )
 from tilec.ops.reduce import MaxPool, Normalise, Pool, Statistic
 from tilec.ops.resample import Upsample
@@ -124,7 +125,8 @@ def mode_flag(node: NodeSpec) -> int | None:
     flag = rule(node).training_flag
     if flag is None or flag >= len(node.args):
         return None
-    return flag if ("BatchNorm" if node.op == "batch_norm" else "Dropout") in node.module_type else None
+    follows = is_batch_norm_module(node) if node.op == "batch_norm" else "Dropout" in node.module_type
+    return flag if follows else None
 
 
 def updates_buffer(node: NodeSpec) -> bool:

@@ -6,8 +6,8 @@ maps local to the tile, avg-pool divisors of border tiles, and activations in pl
 autograd function or plain aten calls: autograd derives every tile's backward. Where the kernels
 use no arena (CUDA's, the generic ones), input copies, max pooling and convolutions outside autocast
 are aten's own calls: there a Python autograd function would call the same kernels both ways, at
-some 30 us of the host's time per call forward and back. Border padding (whose gradient is a view, not a copy)
-and activations in place (back-propagated in place) stay functions everywhere.
+some 30 us of the host's time per call forward and back. Border padding (whose gradient is a view,
+not a copy) and activations in place (back-propagated in place) stay functions everywhere.
 """
 
 import torch
