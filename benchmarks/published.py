@@ -8,8 +8,11 @@ thread: compiled in eval mode, one step; compiled in training mode, one step (Ba
 statistics) then an eval-mode forward (``tests/support/exactness.py``'s ``max_errors``). Prints a
 markdown row per model and mode: the largest absolute difference of any output, input gradient,
 parameter gradient or buffer; where that is above 1e-10, the largest difference relative to the
-tensor's own largest magnitude among the tensors above it, and which; or the one-line error tilec
-refused the model with. torchvision and timm are imported as ``tests/support/published.py`` does.
+tensor's own largest magnitude among the tensors above it, and which, and beside it the same
+tensor's difference from plain when plain itself runs channels-last (``ChannelsLast``: other
+kernels and summation orders throughout, as exact), the size of plain's own rounding there; or the
+one-line error tilec refused the model with. torchvision and timm are imported as
+``tests/support/published.py`` does.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "tests"):
@@ -62,8 +68,6 @@ def build(name: str):
 
 def one(name: str, mode: str) -> dict:
     """One model in one mode, in this process."""
-    import torch
-
     from tilec.errors import TilecError
 
     from support.exactness import max_errors
@@ -83,23 +87,44 @@ def one(name: str, mode: str) -> dict:
         relative = max_errors(build(name).train(train), (2, 3, 64, 64), relative=True, **options)
         record["relative_of"] = max(beyond, key=relative.get)
         record["relative"] = relative[record["relative_of"]]
+        torch.manual_seed(0)
+        model = build(name).train(train)
+        plain = max_errors(model, (2, 3, 64, 64), tiled=ChannelsLast(model), relative=True, **options)
+        record["plain"] = plain[record["relative_of"]]
     return record
+
+
+class ChannelsLast(nn.Module):
+    """``model`` run plain but channels-last, sharing its parameters (converted on the first forward,
+    after ``max_errors`` has made them float64), drawing tilec's dropout masks as the reference does."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        from support.exactness import counted
+
+        self.model.to(memory_format=torch.channels_last)
+        return counted(self.model)(x.contiguous(memory_format=torch.channels_last))
 
 
 def row(record: dict) -> str:
     if "refused" in record or "crashed" in record:
         what = "refused" if "refused" in record else "crashed"
-        return f"| {record['model']} | {record['mode']} | {what}: {record[what]} | |"
+        return f"| {record['model']} | {record['mode']} | {what}: {record[what]} | | |"
     relative = f"{record['relative']:.1e} ({record['relative_of']})" if "relative" in record else ""
-    return f"| {record['model']} | {record['mode']} | {record['worst']:.1e} | {relative} |"
+    plain = f"{record['plain']:.1e}" if "plain" in record else ""
+    return f"| {record['model']} | {record['mode']} | {record['worst']:.1e} | {relative} | {plain} |"
 
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--one"]:
         print(json.dumps(one(argv[1], argv[2])))
         return
-    print("| model | compiled in | worst absolute | worst relative, where the absolute is above 1e-10 |")
-    print("|---|---|--:|---|")
+    print("| model | compiled in | worst absolute | worst relative, where the absolute is above 1e-10 "
+          "| plain channels-last, same tensor |")
+    print("|---|---|--:|---|--:|")
     for name in argv or list(MODELS):
         for mode in ("eval", "train"):
             done = subprocess.run([sys.executable, __file__, "--one", name, mode], capture_output=True, text=True,

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
+from support.exactness import max_errors
 from support.published import published
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,11 +186,17 @@ def test_calls_counts_aten_calls_and_python_functions(tmp_path, as_cuda, functio
 
 def test_published_rows_name_the_worst_errors():
     """``benchmarks/published.py``: one model and mode in this process, then its markdown row."""
-    from benchmarks.published import one, row
+    from benchmarks.published import ChannelsLast, one, row
 
     published("torchvision.models")
     record = one("squeezenet1_1", "eval")
     assert record["model"] == "squeezenet1_1" and 0 <= record["worst"] <= 1e-10 and "relative" not in record
     assert row(record).startswith("| squeezenet1_1 | eval | ")
     assert row({"model": "m", "mode": "train", "refused": "op aten.x is not supported"}) == (
-        "| m | train | refused: op aten.x is not supported | |")
+        "| m | train | refused: op aten.x is not supported | | |")
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.Dropout(0.5)).train()
+    plain = max_errors(model, (2, 3, 9, 8), tiled=ChannelsLast(model), relative=True, counter=True)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert 0 <= max(plain.values()) <= 1e-12 and "grad 0.weight" in plain
+    above = {"model": "m", "mode": "train", "worst": 2e-9, "relative": 3e-12, "relative_of": "grad w", "plain": 1e-12}
+    assert row(above) == "| m | train | 2.0e-09 | 3.0e-12 (grad w) | 1.0e-12 |"
