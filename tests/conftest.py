@@ -2,7 +2,8 @@
 
 The tests run thousands of tiny tensor ops. On a 2-core CI machine (or one shared with other
 jobs) intra-op threads only add synchronisation: a single thread is several times faster and
-keeps timings stable, so the whole suite uses one.
+keeps timings stable, so each process of the suite uses one, and ``scripts/test.sh`` runs a
+pytest-xdist worker per core instead.
 
 Helpers shared by the test modules live in the package ``tests/support`` (``from support.zoo
 import ZOO``; pyproject's ``pythonpath``). Markers (pyproject): ``slow``, the multi-process and
