@@ -28,7 +28,7 @@ from tilec.cost.balance import axis_weights
 from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, local, var
 from tilec.graph import Graph
 from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
-from tilec.ops import mode_flag, rule
+from tilec.ops import mode_flag, rule, updates_buffer
 from tilec.ops.in_place import activations_in_place
 from tilec.ops.pixel import is_batch_norm_module
 from tilec.regions import Interval
@@ -125,12 +125,6 @@ class SegmentView:
     @property
     def output_vars(self) -> list[str]:
         return [var(name) for name in self.segment.outputs]
-
-
-def updates_buffer(node: NodeSpec) -> bool:
-    """An in-place update of a buffer other than BatchNorm's batch counter (the generated module
-    counts that itself), kept as the model runs it."""
-    return node.target.count(".") == 2 and node.target.split(".")[1].endswith("_")
 
 
 def _first_of_class(tiles: tuple[AxisTile, ...]) -> list[AxisTile]:

@@ -179,6 +179,14 @@ class Graph(Shapes):
                                            (source, node.name)))
         return found
 
+    def parting(self, stop: int) -> str | None:
+        """What a segment ending at ``stop`` would part (``ties``), in words; ``None`` for nothing."""
+        if stop not in self.ties:
+            return None
+        source, reader = self.ties[stop]
+        return (f"between node {source}, which returns several tensors, and node {reader} (getitem), "
+                "which takes one of them")
+
     @cached_property
     def first_use(self) -> dict[str, int]:
         """Per tensor, the position of its first reader (the node count if none)."""

@@ -145,10 +145,9 @@ def check_segments(segments: Sequence[tuple], graph: Graph) -> None:
     if expected != count or any(first >= stop for first, stop, *_ in segments):
         raise GridError(f"segments must cover nodes 0..{count - 1} in order; got {list(segments)}")
     for first, stop, *_ in segments[:-1]:
-        if stop in graph.ties:
+        if (parting := graph.parting(stop)) is not None:
             source, reader = graph.ties[stop]
-            raise GridError(f"segment nodes {first}:{stop} ends between node {source}, which returns several tensors, "
-                            f"and node {reader} (getitem), which takes one of them: segments may end at "
+            raise GridError(f"segment nodes {first}:{stop} ends {parting}: segments may end at "
                             f"{graph.position[source]} or before, or at {graph.position[reader] + 1} or after")
 
 

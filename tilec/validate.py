@@ -325,10 +325,8 @@ def _check_cover(plan: Plan) -> None:
 
 def _check_ties(plan: Plan, graph: Graph) -> None:
     for segment in plan.segments[:-1]:
-        if segment.stop in graph.ties:
-            source, reader = graph.ties[segment.stop]
-            _fail(f"segment {segment.index} ends at {segment.stop}, between node {source}, which returns several "
-                  f"tensors, and node {reader} (getitem), which takes one of them")
+        if (parting := graph.parting(segment.stop)) is not None:
+            _fail(f"segment {segment.index} ends at {segment.stop}, {parting}")
 
 
 def _names(inputs: Sequence[SegmentInput]) -> str:
