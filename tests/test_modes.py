@@ -29,6 +29,7 @@ from tilec.planio import dumps, load, loads
 from tilec.trace import trace_modes
 
 from support.exactness import TOLERANCE, max_errors
+from support.published import published
 from support.zoo import MODE_SHAPES, MODE_ZOO, TRAIN_SHAPES, TRAIN_ZOO, DropPathNet, conv_bn
 
 GRIDS = [(1, 1), (2, 2), (4, 3)]
@@ -195,7 +196,7 @@ def test_compile_writes_one_plan_file_and_module_of_both_modes(tmp_path, monkeyp
 
 
 def test_timm_drop_path_model_is_exact_in_both_modes():
-    timm = pytest.importorskip("timm")
+    timm = published("timm")
     torch.manual_seed(0)
     model = timm.create_model("resnet10t", pretrained=False, num_classes=3, drop_path_rate=0.2).double().train()
     shape = (2, 3, 37, 35)
