@@ -434,6 +434,26 @@ def test_weights_computed_from_parameters_tile_and_from_the_input_do_not():
     assert len(trace_modes(ComputedWeights(), (1, 3, 13, 11)).graphs) == 1  # the flag is the forward's, not the mode's
 
 
+class BlurPool(nn.Module):
+    """Anti-aliased downsampling as timm's ``BlurPool2d`` (TResNet, ``aa_layer="blur"``) does it: a
+    binomial filter in a non-persistent buffer, per channel, after reflect padding, stride 2."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        taps = torch.tensor([1.0, 2.0, 1.0]) / 4
+        self.register_buffer("filt", (taps[:, None] * taps[None, :]).repeat(channels, 1, 1, 1), persistent=False)
+        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+
+    def forward(self, x):
+        x = F.relu(self.conv(x))
+        return F.conv2d(F.pad(x, [1, 1, 1, 1], mode="reflect"), self.filt, stride=2, groups=x.shape[1])
+
+
+@pytest.mark.parametrize("grid", [(2, 3), (3, 2)])
+def test_a_non_persistent_buffer_reaches_the_tiles(grid):
+    check_exact(BlurPool(4), (2, 3, 15, 13), grid=grid)
+
+
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_conv_with_string_padding(padding):

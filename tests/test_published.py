@@ -204,6 +204,8 @@ PUBLISHED_MODELS = {
     # TensorFlow's "same" padding, computed from the input's size
     "timm_tf_mobilenetv3_small": lambda: _timm("tf_mobilenetv3_small_100", num_classes=10),
     "timm_hrnet_w18_small": lambda: _timm("hrnet_w18_small", num_classes=10),  # resolutions fused by upsampling
+    # anti-aliased downsampling: a blur filter in a non-persistent buffer, after reflect padding (TResNet's)
+    "timm_resnet10t_blur": lambda: _timm("resnet10t", num_classes=10, aa_layer=published("timm.layers").BlurPool2d),
     "timm_resnet10t_features": lambda: _timm("resnet10t", features_only=True),  # a list of maps, for FPNs
 }
 

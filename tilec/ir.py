@@ -4,7 +4,8 @@ Conventions:
 
 * The model is a DAG of ``NodeSpec`` s in one fixed topological (execution) order; a node
   names its tensor inputs (other nodes, or the model's inputs, ``Plan.inputs``) and the
-  parameters and buffers it computes with, by their ``state_dict`` names.
+  parameters and buffers it computes with, by their dotted names (``named_parameters``,
+  ``named_buffers``: as in its ``state_dict``, where non-persistent buffers are left out).
 * The model's inputs are the tensor arguments of its ``forward``, in order, named as its
   parameters are. A 4-D input is (N, C, H, W) and a 3-D one (N, H, W): their last two dims are
   the image's rows and columns; other inputs (per-sample labels) have no image axes.
@@ -69,7 +70,7 @@ class Frozen(BaseModel):
 
 
 class TensorSpec(Frozen):
-    """A parameter or buffer the model computes with, named as in its ``state_dict``."""
+    """A parameter or buffer (a non-persistent one too) the model computes with, by its dotted name."""
 
     name: str
     shape: tuple[int, ...]
@@ -93,7 +94,7 @@ class Arg(Frozen):
     """One positional argument of a node's op: a tensor value, a model tensor, or a constant.
 
     ``kind`` is ``"node"`` (``value`` names a node or a model input), ``"tensor"`` (``value`` is a
-    ``state_dict`` name), ``"nodes"`` (a list of node names, as ``cat`` takes) or ``"const"``.
+    model tensor's dotted name), ``"nodes"`` (a list of node names, as ``cat`` takes) or ``"const"``.
     """
 
     kind: Literal["node", "nodes", "tensor", "const"]

@@ -349,7 +349,8 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     _factories(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature
-    state = dict(model.state_dict(keep_vars=True))
+    state = {**dict(model.named_parameters(remove_duplicate=False)),  # non-persistent buffers too
+             **dict(model.named_buffers(remove_duplicate=False))}
     tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     if signature.inputs_to_lifted_tensor_constants:
         raise UnsupportedLayerError("the model makes a tensor constant in its forward (torch.tensor(...)); register "

@@ -3051,7 +3051,7 @@ class PlanSpec:
     group size it shares its tiles among (``None``: any); ``autocast``: ``"DEVICE:DTYPE"`` of the
     ``torch.autocast`` it budgets the step under, or ``None``; ``gemm_min_channels``: the weight
     gradient race's choice (``tilec.runtime.device``); ``tensors``: every parameter and buffer
-    ``(state_dict name, shape, is buffer)``; ``modules``: ``(path, class name)`` of the modules the
+    ``(dotted name, shape, is buffer)``; ``modules``: ``(path, class name)`` of the modules the
     ops came from; ``eval_only``: modules inside tiled segments that must be in eval mode;
     ``train_paths``: modules whose training flag untiled segments follow; ``batch_norm_paths``:
     BatchNorm modules (mode, momentum, batch counter); ``segments``: per segment ``(first node,
@@ -3112,7 +3112,7 @@ def choose_mode(plan, other, model):
 
 
 def named_tensors(model):
-    """The model's parameters and buffers by ``state_dict`` name, duplicates included."""
+    """The model's parameters and buffers by dotted name, duplicates and non-persistent buffers included."""
     found = dict(model.named_parameters(remove_duplicate=False))
     found.update(model.named_buffers(remove_duplicate=False))
     return found
@@ -3481,7 +3481,7 @@ PLAN = PlanSpec(
     autocast=None,
     # input channels from which tile convolutions compute their weight gradient as matrix products
     gemm_min_channels=32,
-    # every parameter and buffer the model computes with: (state_dict name, shape, is buffer)
+    # every parameter and buffer the model computes with: (dotted name, shape, is buffer)
     tensors=(
         ('conv1.bias', (4,), False),
         ('conv1.weight', (4, 4, 3, 3), False),
