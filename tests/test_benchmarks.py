@@ -186,7 +186,7 @@ def test_calls_counts_aten_calls_and_python_functions(tmp_path, as_cuda, functio
 
 def test_published_rows_name_the_worst_errors():
     """``benchmarks/published.py``: one model and mode in this process, then its markdown row."""
-    from benchmarks.published import ChannelsLast, one, row
+    from benchmarks.published import ChannelsLast, Swapped, draws_masks, one, row
 
     published("torchvision.models")
     record = one("squeezenet1_1", "eval")
@@ -198,5 +198,12 @@ def test_published_rows_name_the_worst_errors():
     plain = max_errors(model, (2, 3, 9, 8), tiled=ChannelsLast(model), relative=True, counter=True)
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert 0 <= max(plain.values()) <= 1e-12 and "grad 0.weight" in plain
+    assert draws_masks(model) and not draws_masks(model[:2]) and not draws_masks(nn.Dropout(0.0))
+    swapped = max_errors(model[:2], (2, 3, 9, 8), tiled=Swapped(model[:2]), relative=True)
+    assert 0 <= max(swapped.values()) <= 1e-12 and "grad 0.weight" in swapped
+    seen, x = [], torch.randn(2, 3)
+    identity = nn.Identity()
+    identity.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    assert torch.equal(Swapped(identity)(x), x) and torch.equal(seen[0], x[[1, 0]])
     above = {"model": "m", "mode": "train", "worst": 2e-9, "relative": 3e-12, "relative_of": "grad w", "plain": 1e-12}
     assert row(above) == "| m | train | 2.0e-09 | 3.0e-12 (grad w) | 1.0e-12 |"
