@@ -435,8 +435,8 @@ def test_weights_computed_from_parameters_tile_and_from_the_input_do_not():
 
 
 class BlurPool(nn.Module):
-    """Anti-aliased downsampling as timm's ``BlurPool2d`` (TResNet, ``aa_layer="blur"``) does it: a
-    binomial filter in a non-persistent buffer, per channel, after reflect padding, stride 2."""
+    """Anti-aliased downsampling as timm's ``BlurPool2d`` (TResNet's; ``aa_layer=BlurPool2d``) does
+    it: a binomial filter in a non-persistent buffer, per channel, after reflect padding, stride 2."""
 
     def __init__(self, channels: int):
         super().__init__()
