@@ -39,7 +39,7 @@ from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, mode_flag, rule, tileable, updates_buffer
-from tilec.runtime.checks import follows_mode
+from tilec.runtime.checks import follows_mode, named_tensors
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
 FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
@@ -349,8 +349,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     _factories(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature
-    state = {**dict(model.named_parameters(remove_duplicate=False)),  # non-persistent buffers too
-             **dict(model.named_buffers(remove_duplicate=False))}
+    state = named_tensors(model)  # non-persistent buffers too, which a state_dict leaves out
     tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     if signature.inputs_to_lifted_tensor_constants:
         raise UnsupportedLayerError("the model makes a tensor constant in its forward (torch.tensor(...)); register "
