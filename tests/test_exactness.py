@@ -426,11 +426,13 @@ def test_convolutions_with_computed_weights(train, grid):
     check_exact(ComputedWeights().train(train), (1, 3, 13, 11), grid=grid, eval_after=train)
 
 
-def test_weights_computed_from_parameters_tile_and_from_the_input_do_not():
+def test_weights_computed_from_parameters_or_a_reduction_of_the_input_tile():
+    """The dynamic convolution's weight, a linear layer of the input's mean, is small: computed
+    once per step by a sweep, like a squeeze-and-excitation branch, and read by every tile."""
     graph = trace(ComputedWeights(), (1, 3, 13, 11))
     convolutions = [node for node in graph if node.op in ("conv2d", "conv_transpose2d")]
-    assert [node.tileable for node in convolutions] == [True, True, False]
-    assert [graph.spatial(node.args[1].value) for node in convolutions] == [None, None, (2, 3)]
+    assert [node.tileable for node in convolutions] == [True, True, True]
+    assert [graph.spatial(node.args[1].value) for node in convolutions] == [None, None, None]
     assert len(trace_modes(ComputedWeights(), (1, 3, 13, 11)).graphs) == 1  # the flag is the forward's, not the mode's
 
 

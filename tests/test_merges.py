@@ -11,9 +11,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilec.runtime.reduce import Gradients, merged, partial_argmax, partial_max, partial_moments, partial_sum, shares_of
+from tilec.runtime.reduce import (
+    Gradients,
+    merged,
+    partial_argmax,
+    partial_logsumexp,
+    partial_max,
+    partial_moments,
+    partial_sum,
+    shares_of,
+)
 
-KINDS = ("sum", "moments", "max", "argmax")
+KINDS = ("sum", "moments", "max", "argmax", "logsumexp")
 
 
 def partial(kind, band, row, width):
@@ -23,6 +32,8 @@ def partial(kind, band, row, width):
         return partial_moments(band, (0, 2, 3))
     if kind == "max":
         return partial_max(band, (2, 3))
+    if kind == "logsumexp":
+        return partial_logsumexp(band, (2, 3))
     return partial_argmax(band, (row, 0), width)
 
 
@@ -85,6 +96,8 @@ def test_merged_partials_are_the_untiled_reduction(case):
         assert got[0] == count and isinstance(got[0], int)
         torch.testing.assert_close(got[1], mean, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(got[2], var * count, rtol=1e-12, atol=1e-12)
+    elif kind == "logsumexp":
+        torch.testing.assert_close(got[0], torch.logsumexp(image, (2, 3), keepdim=True), rtol=1e-12, atol=1e-12)
     elif kind == "max":
         top = image.amax((2, 3), keepdim=True)
         assert torch.equal(got[0], top) and torch.equal(got[1], (image == top).sum((2, 3), keepdim=True).double())

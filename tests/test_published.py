@@ -201,6 +201,8 @@ PUBLISHED_MODELS = {
     "timm_resnetv2_bit": _timm_bit,  # weight-standardised convolutions, GroupNorm
     # ECA: a 1-D convolution over the pooled channels, expand_as
     "timm_eca_resnet10t": lambda: _timm("resnet10t", num_classes=10, block_args={"attn_layer": "eca"}),
+    # GCNet's global context (GCResNet's): a softmax over the flattened pixels and a matmul with them
+    "timm_gc_resnet10t": lambda: _timm("resnet10t", num_classes=10, block_args={"attn_layer": "gc"}),
     # TensorFlow's "same" padding, computed from the input's size
     "timm_tf_mobilenetv3_small": lambda: _timm("tf_mobilenetv3_small_100", num_classes=10),
     "timm_hrnet_w18_small": lambda: _timm("hrnet_w18_small", num_classes=10),  # resolutions fused by upsampling

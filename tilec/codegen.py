@@ -257,7 +257,7 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
             expr = f"{view.var(node.args[0].value)}[{node.args[1].value}]"
         else:
             expr = rule(node).untiled(node, _mode_args(node, view), graph) or view.whole(node).expr
-        if rule(node).random:
+        if rule(node).draws(node):
             expr = f"{expr} if update else r[{name!r}]"
         statements.append(Statement(f"r[{name!r}]", expr))
     return CombineFunction(f"{prefix}_S{segment.index}_c{level.index}", level.index, statements)

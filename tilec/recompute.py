@@ -57,7 +57,7 @@ def why_not(graph: Graph, name: str) -> str | None:
         return f"no reader comes {MIN_GAP} or more nodes after the others"
     for node in (graph.nodes[n] for n in cone(graph, name)):
         where = f" in {node.path}" if node.path else ""
-        if not node.tileable or rule(node).random:
+        if not node.tileable or rule(node).draws(node):
             return f"it depends on node {node.name} (aten.{node.op}{where}), which cannot be recomputed tile by tile"
         if rule(node).reduces(node, graph) or updates_buffer(node):
             return (f"it depends on node {node.name} (aten.{node.op}{where}), a reduction over the image or a buffer "

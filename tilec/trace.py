@@ -40,6 +40,7 @@ from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, mode_flag, rule, tileable, updates_buffer
 from tilec.runtime.checks import follows_mode, named_tensors
+from tilec.unflatten import unflatten
 
 #: The floating dtypes a node may compute in (``NodeSpec.autocast_dtype``).
 FLOATS = frozenset({"float32", "float64", "bfloat16", "float16"})
@@ -347,6 +348,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
     _factories(program)
+    unflatten(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature
     state = named_tensors(model)  # non-persistent buffers too, which a state_dict leaves out

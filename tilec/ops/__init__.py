@@ -62,7 +62,7 @@ OPS: tuple[Op, ...] = (
     Pixel("add", pass_through=True, saves="nothing", fresh_result=True, broadcasts=True),
     Pixel("sub", saves="nothing", fresh_result=True, broadcasts=True),
     Pixel("rsub", saves="nothing", broadcasts=True),
-    Pixel("mul", "div", "maximum", "minimum", "addcmul", "addcdiv", saves="inputs", broadcasts=True),
+    Pixel("mul", "div", "maximum", "minimum", "addcmul", "addcdiv", "pow", saves="inputs", broadcasts=True),
     # casts, and writes of a tensor into channels of another (``tilec.functionalize``)
     Pixel("to", "_to_copy", "copy", saves="nothing"),
     Channels("slice_scatter", dim_arg=2, saves="nothing"),
@@ -84,7 +84,7 @@ OPS: tuple[Op, ...] = (
     Softmax("softmax", "_softmax", "log_softmax"),
     ChannelReduction("mean", "sum", saves="nothing"),
     ChannelReduction("linalg_vector_norm"),
-    ChannelReduction("amax"),
+    ChannelReduction("amax", "amin", "logsumexp"),
     Squeeze("squeeze", "unsqueeze"),
     ChannelArgMax("argmax", saves="nothing"),
     Pixel("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "where", saves="nothing",
@@ -100,7 +100,7 @@ OPS: tuple[Op, ...] = (
     Loss("binary_cross_entropy_with_logits", reduction_arg=4),
     Loss("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", reduction_arg=2),
     # ops that read the whole map otherwise: untiled
-    Whole("amin", "norm", "flatten"),
+    Whole("norm", "flatten"),
     # views and random ops without a tiling rule (untiled segments, or once per step in tiled ones)
     Op("expand", "select", view=True, pass_through=True, saves="nothing"),
     Op("native_dropout", "bernoulli", "bernoulli_", "uniform_", "normal_", "exponential_", "random_", "rand",
@@ -158,7 +158,7 @@ def tileable(node: NodeSpec, shapes: Shapes) -> bool:
         if image or updates_buffer(node) or (node.op == "batch_norm" and const(node, 5, False)
                                               and node.args[3].kind != "const"):
             return False
-        return not op.random or not any(_after_reduction(i, shapes, {}) for i in node.inputs)
+        return not op.draws(node) or not any(_after_reduction(i, shapes, {}) for i in node.inputs)
     if op.reduces(node, shapes):
         return True
     return op.check(node, shapes) is None and image

@@ -187,6 +187,10 @@ class Op:
         (``tilec.runtime.batches``)."""
         return True
 
+    def draws(self, node: NodeSpec) -> bool:
+        """Whether ``node`` draws random numbers (``random``, unless its arguments make it an identity)."""
+        return self.random
+
     def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
         """Whether ``node`` reads absolute positions (a reduction of nothing drawing by position,
         module docstring): identical tiles of its segment are then never computed once

@@ -8,6 +8,8 @@ map in other uses (a mean over H and W, a Linear after flatten): their ``check``
 
 from __future__ import annotations
 
+from math import prod
+
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
 from tilec.ops.base import Need, Op, const, dim, fail
@@ -24,7 +26,7 @@ class Pixel(Op):
     def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
         images = [name for name in node.inputs if shapes.spatial(name) is not None]
         if not images:
-            return super().layout(node, shapes)
+            return None  # from small tensors only (a reduction's result reshaped): no image axes
         rows, cols = shapes.spatial(images[0])
         return self.image_layout(node, shapes, images[0], rows, cols)
 
@@ -147,6 +149,9 @@ class Dropout(Pixel):
                        "call .eval() on it (Dropout on (N, C, H, W) images and Dropout2d tile exactly)")
         return super().check(node, shapes)
 
+    def draws(self, node: NodeSpec) -> bool:
+        return const(node, 1, 0) != 0  # p = 0 (timm's MLPs' default): the identity
+
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         return node.op in ("feature_dropout", "dropout") and bool(const(node, 2, False)) and image_dims(
             node, shapes) is not None
@@ -235,22 +240,26 @@ class Softmax(Pixel):
 
 
 class Reshape(Pixel):
-    """``view`` / ``reshape`` of the dims before the image axes (channel shuffles)."""
+    """``view`` / ``reshape`` of the dims before the image axes (channel shuffles) and after them
+    (channels-last heads split off), keeping the samples along dim 0 and rows and columns whole."""
 
     view = True
     pass_through = True
     saves = "nothing"
 
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
-        source_shape, ndim, shape = shapes.shape(source), len(shapes.shape(source)), node.shape
-        if (rows, cols) == (ndim - 2, ndim - 1) and len(shape) >= 3 and shape[-2:] == source_shape[-2:]:
-            return len(shape) - 2, len(shape) - 1
+        source_shape, shape = shapes.shape(source), node.shape
+        if cols != rows + 1:
+            return None
+        before = prod(source_shape[:rows])
+        for at in range(len(shape) - 1):
+            if prod(shape[:at]) == before and shape[at:at + 2] == source_shape[rows:rows + 2]:
+                return at, at + 1
         return None
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
-        layout, source_shape, ndim = shapes.spatial(source), shapes.shape(source), len(shapes.shape(source))
-        if layout != (ndim - 2, ndim - 1) or node.shape[-2:] != source_shape[-2:] or node.shape[0] != source_shape[0]:
+        if node.spatial is None or node.shape[0] != shapes.shape(source)[0] or shapes.spatial(source)[0] == 0:
             return "nonlocal"
         return super().check(node, shapes)
 
@@ -381,17 +390,39 @@ class Stack(Pixel):
 
 
 class Squeeze(Pixel):
-    """``squeeze`` / ``unsqueeze`` of an image: runs untiled."""
+    """``unsqueeze`` / ``squeeze`` of a dim other than the image axes: per pixel, the image axes after
+    it shift by one. ``squeeze()`` of every unit dim runs untiled: a tile's axis may be one pixel long
+    where the image's is not."""
 
     view = True
     pass_through = True
     saves = "nothing"
 
+    def dims(self, node: NodeSpec, ndim: int) -> tuple[int, ...] | None:
+        """The dim ``unsqueeze`` inserts (of ``ndim + 1``) or those ``squeeze`` removes (of ``ndim``);
+        ``None`` for ``squeeze()``."""
+        if node.op == "unsqueeze":
+            return (dim(const(node, 1), ndim + 1),)
+        if node.target.endswith(".default"):
+            return None
+        value = const(node, 1)
+        return tuple(dim(d, ndim) for d in ((value,) if isinstance(value, int) else value))
+
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
-        return None
+        dims = self.dims(node, len(shapes.shape(source)))
+        if dims is None or node.op == "squeeze" and set(dims) & {rows, cols}:
+            return None
+        if node.op == "unsqueeze":
+            return tuple(d + (d >= dims[0]) for d in (rows, cols))
+        return tuple(d - sum(s < d for s in dims) for d in (rows, cols))
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        if node.spatial is None:
+            return "nonlocal"
+        return super().check(node, shapes)
+
+    def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
+        return 0 not in self.dims(node, len(shapes.shape(node.inputs[0])))  # the samples stay along dim 0
 
 
 class GetItem(Pixel):

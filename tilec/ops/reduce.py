@@ -141,14 +141,16 @@ class MaxPool(Reduce):
 
 
 class Statistic(Reduce):
-    """``mean`` / ``sum`` / ``amax`` / ``max`` / ``var`` / ``std`` / ``var_mean`` / the 2-norm
-    ``linalg_vector_norm`` over dims that include both image axes (and any others); over others
-    only, ``mean``, ``sum``, ``amax`` and norms are per-pixel ops (``tilec.ops.pixel.ChannelReduction``)."""
+    """``mean`` / ``sum`` / ``amax`` / ``amin`` (the maximum of the negated input, negated) / ``max`` /
+    ``var`` / ``std`` / ``var_mean`` / ``logsumexp`` / the 2-norm ``linalg_vector_norm`` over dims
+    that include both image axes (and any others); over others only, ``mean``, ``sum``, ``amax``,
+    ``amin``, ``logsumexp`` and norms are per-pixel ops (``tilec.ops.pixel.ChannelReduction``)."""
 
     #: Per op: the argument holding the dims (``None``: all), and the keepdim argument (``argmax``:
     #: for ``tilec.ops.pixel.ChannelArgMax``).
     ARGUMENTS = {"mean": (1, 2), "sum": (1, 2), "amax": (1, 2), "max": (None, None), "var": (1, 3), "std": (1, 3),
-                 "var_mean": (1, 3), "linalg_vector_norm": (2, 3), "argmax": (1, 2)}
+                 "var_mean": (1, 3), "linalg_vector_norm": (2, 3), "argmax": (1, 2), "logsumexp": (1, 2),
+                 "amin": (1, 2)}
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         return "nonlocal"
@@ -174,20 +176,25 @@ class Statistic(Reduce):
         source = tile.owned(node.inputs[0])
         if node.op in ("amax", "max"):
             return f"partial_max({source}, {dims!r})"
+        if node.op == "amin":
+            return f"partial_max(-{source}, {dims!r})"  # the minimum, negated
         if node.op in ("var", "std", "var_mean"):
             return f"partial_moments({source}, {dims!r})"
         if node.op == "linalg_vector_norm":
             return f"partial_squares({source}, {dims!r})"
+        if node.op == "logsumexp":
+            return f"partial_logsumexp({source}, {dims!r})"
         return f"partial_sum({source}, {dims!r})"
 
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         dims, shape = self.dims(node, shapes), shapes.shape(node.inputs[0])
         kept = prod(size for d, size in enumerate(shape) if d not in dims)
-        return (kept,) * {"amax": 2, "max": 2, "var": 2, "std": 2, "var_mean": 2}.get(node.op, 1)  # moments: a count
+        tensors = {"amax": 2, "amin": 2, "max": 2, "var": 2, "std": 2, "var_mean": 2}  # moments: a count
+        return (kept,) * tensors.get(node.op, 1)
 
     def merge(self, node: NodeSpec) -> str:
-        return {"amax": "max", "max": "max", "var": "moments", "std": "moments",
-                "var_mean": "moments"}.get(node.op, "sum")
+        return {"amax": "max", "amin": "max", "max": "max", "var": "moments", "std": "moments",
+                "var_mean": "moments", "logsumexp": "logsumexp"}.get(node.op, "sum")
 
     def correction(self, node: NodeSpec) -> float:
         """The variance's correction: ``unbiased`` (``.dim``) or ``correction`` (``None``: 1)."""
@@ -210,6 +217,8 @@ class Statistic(Reduce):
             return f"({combined}[0] / {size}).reshape({shape!r}).to({dtype})"
         if node.op == "linalg_vector_norm":
             return f"root_of_squares({combined}[0]).reshape({shape!r}).to({dtype})"
+        if node.op == "amin":
+            return f"(-{combined}[0]).reshape({shape!r}).to({dtype})"
         return f"{combined}[0].reshape({shape!r}).to({dtype})"
 
 

@@ -20,6 +20,8 @@ reduced dims (``keepdim``), so that they broadcast.
   in proportion to its ties, as ``amax`` spreads it evenly over all maxima of the whole input.
 * ``argmax``: the first maximum in row-major order and its flat index, as max pooling picks it; the
   gradient goes to the part holding it.
+* ``logsumexp``: ``log Σ exp`` (a softmax's normaliser over the image), merged by ``logaddexp``; a
+  part's share is the merged gradient times ``exp(lse_part - lse)``.
 """
 
 import functools
@@ -48,6 +50,11 @@ def root_of_squares(squares):
     gradient, as ``linalg_vector_norm``'s backward gives (a plain square root's would be NaN)."""
     zero = squares == 0
     return torch.where(zero, 0.0, torch.where(zero, 1.0, squares).sqrt())
+
+
+def partial_logsumexp(x, dims):
+    """``log Σ exp(x)`` over ``dims``: a softmax's normaliser, merged by ``logaddexp``."""
+    return (torch.logsumexp(widened(x), dims, keepdim=True),)
 
 
 def merge_sum(a, b):
@@ -223,6 +230,19 @@ def partial_max(x, dims):
     return top, (x == top).sum(dims, keepdim=True).to(widened(x).dtype)
 
 
+def merge_logsumexp(a, b):
+    return (torch.logaddexp(a[0], b[0]),)
+
+
+@each
+def share_logsumexp(merged, part, grads):
+    """A part's share of a merged ``logsumexp``'s gradient: ``d LSE / d lse_a = exp(lse_a - LSE)``."""
+    grad = grads[0]
+    if grad is None:
+        return (None,)
+    return ((grad * torch.exp(part[0] - merged[0])).to(grad.dtype),)
+
+
 class MaxMerge(torch.autograd.Function):
     """The larger of two maxima with the elements tied at it; its gradient goes to each part whose
     maximum it is, in proportion to the elements the part holds at it."""
@@ -326,7 +346,8 @@ class Merge(NamedTuple):
 
 
 MERGES = {"sum": Merge(merge_sum, share_sum), "moments": Merge(merge_moments, share_moments),
-          "max": Merge(merge_max, share_max), "argmax": Merge(merge_argmax, share_argmax)}
+          "max": Merge(merge_max, share_max), "argmax": Merge(merge_argmax, share_argmax),
+          "logsumexp": Merge(merge_logsumexp, share_logsumexp)}
 
 
 def merged(kind, parts):

@@ -1,0 +1,217 @@
+"""Pooling over flattened pixels (``tilec.unflatten``): GCNet's global context, attention-MIL
+pooling, query pooling (written out, by fused attention, timm's SimPool), a spatial softmax,
+means, maxima and minima over tokens.
+
+The rewritten program computes what the model computes (values and gradients, float64); a region
+with an op the pass has no rule for is left as exported; and the tiled step equals plain PyTorch's
+on odd sizes and grids, in both modes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tilec.trace import trace
+from tilec.unflatten import unflatten
+
+from support.exactness import check_exact
+from support.published import published
+
+
+class GlobalContext(nn.Module):
+    """GCNet's block as timm writes it: a softmax over the pixels of a 1-channel map, the context
+    a ``matmul`` of the flattened image with it, a channel MLP of the context added back."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.attn = nn.Conv2d(channels, 1, 1)
+        self.mlp = nn.Sequential(nn.Conv2d(channels, 4, 1), nn.ReLU(), nn.Dropout(0.0), nn.Conv2d(4, channels, 1))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        attn = F.softmax(self.attn(x).reshape(b, 1, h * w), dim=-1).unsqueeze(3)
+        context = (x.reshape(b, c, h * w).unsqueeze(1) @ attn).view(b, c, 1, 1)
+        return x + self.mlp(context)
+
+
+class GatedAttentionMIL(nn.Module):
+    """Gated attention pooling over the feature map's pixels (Ilse et al.), tokens channels-last,
+    then a classifier."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+                                      nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU())
+        self.v, self.u, self.w = nn.Linear(channels, 4), nn.Linear(channels, 4), nn.Linear(4, 1)
+        self.head = nn.Linear(channels, 2)
+
+    def forward(self, x):
+        tokens = self.features(x).flatten(2).transpose(1, 2)  # (N, H * W, C)
+        scores = self.w(torch.tanh(self.v(tokens)) * torch.sigmoid(self.u(tokens)))
+        pooled = (torch.softmax(scores, dim=1) * tokens).sum(1)
+        return self.head(pooled)
+
+
+class SpatialSoftmax(nn.Module):
+    """Keypoint heatmaps normalised over their pixels, returned as images, and their log."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, x):
+        maps = self.conv(x)
+        flat = maps.flatten(2)
+        return F.softmax(flat, dim=-1).view_as(maps), F.log_softmax(flat, -1).reshape(maps.shape)
+
+
+class TokenMean(nn.Module):
+    """A mean, a maximum and a minimum over tokens after a per-token LayerNorm, a projection by ``@``
+    and GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm, self.proj = nn.LayerNorm(8), nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        tokens = F.gelu(self.norm(self.conv(x).flatten(2).transpose(1, 2)) @ self.proj)
+        return tokens.mean(dim=1) + tokens.amax(dim=1) - tokens.amin(dim=1)
+
+
+class QueryPooling(nn.Module):
+    """Attention pooling with one query per head made from the tokens' mean (SimPool's), written
+    out: scores ``q @ k^T`` over the pixels, their softmax, its product with the values."""
+
+    def __init__(self, channels: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+        self.q, self.k = nn.Linear(channels, channels), nn.Linear(channels, channels)
+        self.head = nn.Linear(channels, 3)
+
+    def forward(self, x):
+        tokens = self.conv(x).flatten(2).transpose(1, 2)  # (N, P, C)
+        n, p, c = tokens.shape
+        q = self.q(tokens.mean(1, keepdim=True)).reshape(n, 1, self.heads, -1).transpose(1, 2)  # (N, h, 1, d)
+        k = self.k(tokens).reshape(n, p, self.heads, -1).transpose(1, 2)  # (N, h, P, d)
+        v = tokens.reshape(n, p, self.heads, -1).transpose(1, 2)
+        attn = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)  # (N, h, 1, P)
+        return self.head((attn @ v).transpose(1, 2).reshape(n, c))
+
+
+class PixelAttention(nn.Module):
+    """Attention between every two pixels: a matrix over the pixels twice, which is not rewritten."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x).flatten(2)
+        return (h @ torch.softmax(h.transpose(1, 2) @ h, -1)).reshape(x.shape[0], 4, *x.shape[2:])
+
+
+def _gc_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), GlobalContext(8),
+                         nn.Conv2d(8, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4), GlobalContext(4),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.0), nn.Linear(4, 3))
+
+
+class FusedQueryPooling(QueryPooling):
+    """``QueryPooling`` through ``F.scaled_dot_product_attention``, as timm's fused attention runs it."""
+
+    def forward(self, x):
+        tokens = self.conv(x).flatten(2).transpose(1, 2)
+        n, p, c = tokens.shape
+        q = self.q(tokens.mean(1, keepdim=True)).reshape(n, 1, self.heads, -1).transpose(1, 2)
+        k = self.k(tokens).reshape(n, p, self.heads, -1).transpose(1, 2)
+        v = tokens.reshape(n, p, self.heads, -1).transpose(1, 2)
+        return self.head(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, c))
+
+
+MODELS = {"global_context": _gc_net, "gated_attention_mil": GatedAttentionMIL, "spatial_softmax": SpatialSoftmax,
+          "token_mean": TokenMean, "query_pooling": QueryPooling, "fused_query_pooling": FusedQueryPooling}
+
+
+def _ops(program) -> list[str]:
+    return [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_rewritten_program_computes_what_the_model_computes(name):
+    torch.manual_seed(0)
+    model = MODELS[name]().double().eval()
+    x = torch.randn(2, 3, 11, 9, dtype=torch.float64)
+    program = torch.export.export(model, (x,), strict=False)
+    assert unflatten(program)
+    ops = _ops(program)
+    assert not any(op.startswith(("aten.matmul", "aten.softmax", "aten.log_softmax", "aten.scaled_dot")) for op in ops)
+    module = program.module()
+    inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    outs = [torch.utils._pytree.tree_flatten(f(i))[0] for f, i in zip((model, module), inputs, strict=True)]
+    for want, got in zip(*outs, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-14)
+    weights = [torch.randn_like(t) for t in outs[0]]
+    grads = [torch.autograd.grad(outs[k], inputs[k], weights) for k in (0, 1)]
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-14)
+
+
+def test_attention_between_pixels_is_left_as_exported_and_runs_untiled():
+    model = PixelAttention().double()
+    program = torch.export.export(model, (torch.randn(1, 3, 5, 4, dtype=torch.float64),), strict=False)
+    before = _ops(program)
+    assert not unflatten(program)
+    assert _ops(program) == before
+    graph = trace(model, (1, 3, 5, 4))
+    assert [n.op for n in graph if not n.tileable] == ["flatten"]  # what follows reads no image
+    check_exact(model, (1, 3, 5, 4), grid=(2, 2))
+
+
+def test_regions_become_ops_on_rows_and_columns():
+    """GCNet's softmax is a logsumexp over the image and its context a sum over it: reductions the
+    tiles compute by sweeps; every op but the small MLP stays tileable."""
+    graph = trace(_gc_net().eval(), (1, 3, 13, 11))
+    nodes = {n.name: n for n in graph}
+    assert nodes["softmax_logsumexp"].shape == (1, 1, 1, 1) and nodes["softmax_exp"].spatial == (2, 3)
+    assert nodes["matmul_sum"].op == "sum"
+    assert all(n.tileable for n in graph)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (7, 5)], ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tiled_equals_plain(name, grid, train):
+    torch.manual_seed(0)
+    check_exact(MODELS[name]().train(train), (2, 3, 15, 13), grid=grid)
+
+
+def test_global_context_in_one_tiled_segment():
+    """One tiled segment holding both blocks: BatchNorm, then each block's softmax normaliser and its
+    context, level by level."""
+    torch.manual_seed(0)
+    model = _gc_net().train()
+    count = len(list(trace(model, (1, 3, 96, 80))))
+    check_exact(model, (1, 3, 96, 80), segments=[(0, count, (3, 2), "tiled")])
+
+
+@pytest.mark.parametrize("fused", ["scale", "add"])
+def test_timm_global_context(fused):
+    layers = published("timm.layers")
+    block = layers.GlobalContext(8, fuse_add=fused == "add", fuse_scale=fused == "scale")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), block, nn.AdaptiveAvgPool2d(1))
+    check_exact(model.train(), (2, 3, 15, 13), grid=(3, 2), eval_after=True)
+
+
+@pytest.mark.parametrize("gamma", [None, 2.0])
+def test_timm_simpool(gamma):
+    """timm's SimPool: a query from the tokens' mean, fused attention over the LayerNorm'd tokens;
+    with ``gamma``, values shifted by their minimum over the tokens and raised to a power."""
+    pool = published("timm.layers").SimPool2d(8, num_heads=2, gamma=gamma)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), pool, nn.Linear(8, 3))
+    check_exact(model.train(), (2, 3, 15, 13), grid=(3, 2), eval_after=True)

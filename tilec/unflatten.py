@@ -1,0 +1,376 @@
+"""``unflatten``: ops on an image whose rows and columns the model merged into one dim run on the
+image's own two axes, so that tilec's rules, which follow rows and columns, tile them.
+
+A model pooling over its pixels often flattens them first: GCNet's global context
+(``x.reshape(B, C, H * W)``, a softmax over the pixels, a ``matmul`` with it), attention-MIL
+pooling (``x.flatten(2).transpose(1, 2)``, per-pixel ``linear`` layers, a softmax over the pixels,
+a weighted sum), a mean over tokens. A *region* starts at a view merging the two image axes of a 4-D
+tensor, H and W at dims ``(2, 3)`` or, channels-last, ``(1, 2)``, both longer than 1, and holds
+every op that reads a tensor with the merged dim ``f``. Each op of it becomes one on the unmerged
+tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
+
+* element-wise ops, their other tensor arguments given a unit dim for W where they broadcast over
+  the merged dim (one spanning it, a positional embedding, is not rewritten);
+* permutes, transposes, ``unsqueeze``/``squeeze`` of other dims, ``linear`` and ``layer_norm`` over
+  dims after it;
+* a softmax over it: ``exp(x - logsumexp(x, (f, f + 1)))`` (log-softmax: without the ``exp``); over
+  another dim, the softmax;
+* ``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` over it: over both axes;
+* a ``matmul`` / ``bmm`` contracting it: the product broadcast over both axes and summed over them;
+  one with it as the columns of the result, the product broadcast and summed over the contracted
+  dim; one with it as the rows, by a matrix: a ``linear`` layer;
+* ``scaled_dot_product_attention`` of queries over keys and values that are its tokens (one query
+  made from the tokens' mean, SimPool's), without mask, dropout or causality: the softmax of the
+  scores over it, and their product with the values, as above;
+* a view keeping it whole keeps both axes; one splitting it into (H, W) ends the region.
+
+A region is rewritten only where every op of it has a rule here and no output of the model holds
+the merged dim; else it stays as exported (attention between pixels, a matrix over the merged dim
+twice, is then refused or run untiled by tilec, as before). The rewritten ops keep their module's
+path (``nn_module_stack``); a new node is named after the node it rewrites and its op
+(``softmax_logsumexp``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+#: Views that merge or split dims: a region's start, its views, its end.
+VIEWS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.flatten.using_ints,
+         aten.unflatten.int, aten.view_as.default}
+#: Ops computed element by element, their tensor arguments broadcasting against each other.
+ELEMENTWISE = {"add", "sub", "mul", "div", "rsub", "pow", "exp", "log", "tanh", "sigmoid", "relu", "gelu", "silu",
+               "neg", "sqrt", "rsqrt", "abs", "square", "clamp", "clamp_min", "clamp_max", "softplus", "hardtanh",
+               "leaky_relu", "elu", "mish", "hardswish", "hardsigmoid", "where", "maximum", "minimum", "to",
+               "_to_copy", "clone", "contiguous", "alias", "dropout", "reciprocal"}
+#: Reductions over dims: the argument holding them, and the keepdim argument.
+REDUCTIONS = {"sum": (1, 2), "mean": (1, 2), "amax": (1, 2), "amin": (1, 2), "logsumexp": (1, 2)}
+SOFTMAXES = {aten.softmax.int: False, aten._softmax.default: False, aten.log_softmax.int: True,
+             aten._log_softmax.default: True}
+
+
+class Unsupported(Exception):
+    """An op of a region with no rule here: the region stays as exported."""
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A region's tensor: ``node`` holds it with H and W at dims ``f, f + 1``, where the model's
+    tensor holds them merged at ``f``."""
+
+    node: torch.fx.Node
+    f: int
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _shape(node) -> tuple[int, ...]:
+    return tuple(int(n) for n in _val(node).shape)
+
+
+def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> int | None:
+    """The dim ``f`` at which a view from ``source`` (4-D) to ``target`` merges the image axes
+    ``f, f + 1`` (``(2, 3)``, or ``(1, 2)`` channels-last), both longer than 1; else ``None``."""
+    if len(source) != 4:
+        return None
+    for f in (2, 1):
+        if (source[f] > 1 and source[f + 1] > 1
+                and target == (*source[:f], source[f] * source[f + 1], *source[f + 2:])):
+            return f
+    return None
+
+
+class _Rewrite:
+    """The pass over one program: per region (a union-find over region ids), the nodes it made and
+    the model's nodes it replaces; a region with an op it has no rule for is dropped."""
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.graph = graph
+        self.fake = detect_fake_mode([n.meta["val"] for n in graph.nodes if n.op == "placeholder"])
+        self.parent: dict[int, int] = {}
+        self.failed: set[int] = set()
+        self.made: list[tuple[torch.fx.Node, int]] = []  # (new node, region)
+        self.result: dict[torch.fx.Node, tuple[Flat | torch.fx.Node, int]] = {}  # model node -> (its twin, region)
+        self.node = None  # the model's node being rewritten
+        self.region = None
+
+    # -- regions ---------------------------------------------------------------------------------
+
+    def find(self, region: int) -> int:
+        while self.parent[region] != region:
+            region = self.parent[region]
+        return region
+
+    def join(self, region: int) -> None:
+        region = self.find(region)
+        if self.region is None:
+            self.region = region
+        elif region != self.find(self.region):
+            self.parent[region] = self.find(self.region)
+            if region in self.failed:
+                self.failed.add(self.find(self.region))
+
+    def twin(self, arg):
+        """``arg``'s twin in a region, or ``arg`` itself."""
+        if isinstance(arg, torch.fx.Node) and arg in self.result:
+            return self.result[arg][0]
+        return arg
+
+    # -- making nodes ----------------------------------------------------------------------------
+
+    def make(self, target, *args, **kwargs) -> torch.fx.Node:
+        """A new node computing ``target(*args, **kwargs)`` before the model's node being rewritten,
+        with its module path and its value's fake tensor."""
+        with self.graph.inserting_before(self.node):
+            new = self.graph.create_node("call_function", target, tuple(args), kwargs,
+                                         name=f"{self.node.name}_{target._opname}")
+        new.meta = {k: v for k, v in self.node.meta.items() if k in ("nn_module_stack", "stack_trace",
+                                                                      "source_fn_stack")}
+        with self.fake:
+            new.meta["val"] = target(*[_val(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
+        self.made.append((new, None))
+        return new
+
+    # -- rules -----------------------------------------------------------------------------------
+
+    def rewrite(self, node: torch.fx.Node, args: list):
+        """``node``'s twin given its arguments' twins ``args``: a ``Flat``, or a node of
+        ``node``'s shape (the region ends there)."""
+        flats = [a for a in args if isinstance(a, Flat)]
+        target, name = node.target, getattr(node.target, "_opname", "")
+        rank = len(_shape(node)) if isinstance(_val(node), torch.Tensor) else None
+        if any(isinstance(a, list | tuple) and any(isinstance(v, Flat) for v in a) for a in args):
+            raise Unsupported("a list of tensors holding the merged dim")
+        if target in VIEWS:
+            return self.view(flats[0], _shape(node.args[0]), _shape(node))
+        if name in ELEMENTWISE:
+            at = next(rank - len(_shape(n)) + a.f for a, n in zip(args, node.args, strict=False)
+                      if isinstance(a, Flat))
+            for a, n in zip(args, node.args, strict=False):
+                if isinstance(a, Flat) and rank - len(_shape(n)) + a.f != at:
+                    raise Unsupported("its inputs hold the merged dim in different places")
+            return Flat(self.make(target, *[self.broadcast(a, at, rank) for a in args], **node.kwargs), at)
+        if target in (aten.matmul.default, aten.bmm.default):
+            return self.matmul(node, args)
+        if target == aten.scaled_dot_product_attention.default:
+            return self.attention(node, args)
+        x = args[0]
+        if not isinstance(x, Flat) or any(isinstance(a, Flat) for a in args[1:]):
+            raise Unsupported(f"aten.{name} reading the merged dim in another argument than its first")
+        f = x.f
+        if target in SOFTMAXES:
+            dim = args[1] % rank
+            if dim != f:
+                return Flat(self.make(target, x.node, dim + (dim > f), *args[2:]), f)
+            if args[2:] not in ([], [None], [False]):
+                raise Unsupported("a softmax to another dtype")
+            return self.softmax(x, SOFTMAXES[target])
+        if name in ("sum", "mean") and target._overloadname == "default":
+            return self.make(target, x.node, *args[1:], **node.kwargs)  # over every dim
+        if name in REDUCTIONS:
+            return self.reduce(node, x, args)
+        if target in (aten.transpose.int, aten.permute.default):
+            order = list(range(rank))
+            if target == aten.transpose.int:
+                a, b = args[1] % rank, args[2] % rank
+                order[a], order[b] = order[b], order[a]
+            else:
+                order = [d % rank for d in args[1]]
+            new = [e for d in order for e in ((f, f + 1) if d == f else (d + (d > f),))]
+            return Flat(self.make(aten.permute.default, x.node, new), order.index(f))
+        if target == aten.unsqueeze.default:
+            dim = args[1] % rank
+            return Flat(self.make(target, x.node, dim + (dim > f)), f + (dim <= f))
+        if target == aten.squeeze.dim:
+            dim = args[1] % (rank + 1)
+            if dim == f:
+                raise Unsupported("squeezing the merged dim")
+            return Flat(self.make(target, x.node, dim + (dim > f)), f - (dim < f))
+        if target == aten.linear.default:
+            if f == rank - 1:
+                raise Unsupported("a linear layer over the merged dim")
+            return Flat(self.make(target, x.node, *args[1:]), f)
+        if target == aten.layer_norm.default:
+            if f >= rank - len(args[1]):
+                raise Unsupported("a layer norm over the merged dim")
+            return Flat(self.make(target, x.node, *args[1:]), f)
+        raise Unsupported(f"aten.{name} has no rule on the merged dim")
+
+    def broadcast(self, arg, at: int, rank: int):
+        """A tensor argument of an element-wise op whose result holds the merged dim at ``at`` of
+        ``rank`` dims, as the rewritten op reads it: a region's tensor unmerged; another given a
+        unit dim for W where it reaches the merged dim (``Unsupported`` where it spans it)."""
+        if isinstance(arg, Flat):
+            return arg.node
+        if not isinstance(arg, torch.fx.Node) or not isinstance(_val(arg), torch.Tensor):
+            return arg
+        shape = _shape(arg)
+        local = at - (rank - len(shape))
+        if local < 0:
+            return arg
+        if shape[local] != 1:
+            raise Unsupported("a tensor spanning the merged dim (a positional embedding)")
+        return self.make(aten.unsqueeze.default, arg, local + 1)
+
+    def view(self, x: Flat, source: tuple[int, ...], target: tuple[int, ...]):
+        """A view of a region's tensor (``source``, merged dim at ``x.f``) to ``target``: keeping
+        the merged dim whole, or splitting it into (H, W), which ends the region."""
+        height, width = _shape(x.node)[x.f:x.f + 2]
+        before = math.prod(source[:x.f])
+        for g in range(len(target) + 1):
+            if math.prod(target[:g]) != before:
+                continue
+            if g < len(target) and target[g] == height * width:
+                return Flat(self.make(aten.reshape.default, x.node, [*target[:g], height, width, *target[g + 1:]]), g)
+            if tuple(target[g:g + 2]) == (height, width):
+                return self.make(aten.reshape.default, x.node, list(target))
+        raise Unsupported("a view splitting the merged dim otherwise than into rows and columns")
+
+    def reduce(self, node, x: Flat, args: list):
+        """``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` over dims of a region's tensor."""
+        rank = len(_shape(node.args[0]))
+        where, keep_at = REDUCTIONS[node.target._opname]
+        dims = args[where] if len(args) > where else None
+        dims = list(range(rank)) if dims in (None, [], ()) else [d % rank for d in dims]
+        keepdim = bool(args[keep_at]) if len(args) > keep_at else False
+        new_dims = [e for d in dims for e in ((x.f, x.f + 1) if d == x.f else (d + (d > x.f),))]
+        new = self.make(node.target, x.node, new_dims, keepdim, *args[keep_at + 1:])
+        if x.f not in dims:
+            return Flat(new, x.f if keepdim else x.f - sum(d < x.f for d in dims))
+        return self.make(aten.squeeze.dim, new, x.f + 1) if keepdim else new
+
+    def matmul(self, node, args: list):
+        """``a @ b`` with the merged dim in one or both of ``a`` and ``b`` (ranks 2 and more)."""
+        a, b = args[:2]
+        ranks = [len(_shape(n)) for n in node.args[:2]]
+        if min(ranks) < 2:
+            raise Unsupported("a matmul of a vector")
+        if isinstance(a, Flat) and isinstance(b, Flat):
+            if (a.f, b.f) != (ranks[0] - 1, ranks[1] - 2):
+                raise Unsupported("a matrix over the merged dim twice (attention between pixels)")
+            return self.contracted(a, b)
+        if isinstance(a, Flat) and a.f == ranks[0] - 2 and ranks[1] == 2:
+            # a (..., H, W, K) @ b (K, N): a linear layer of weight b^T
+            return Flat(self.make(aten.linear.default, a.node, self.make(aten.t.default, b)), a.f)
+        if isinstance(b, Flat) and b.f == ranks[1] - 1:
+            return self.columns(a, b, max(ranks))
+        raise Unsupported("a matmul holding the merged dim in a batch dim")
+
+    def contracted(self, a: Flat, b: Flat) -> torch.fx.Node:
+        """``a @ b`` contracting the merged dim, ``a`` (..., M, H, W) and ``b`` (..., H, W, N): the sum
+        over H and W of ``a[..., M, H, W, 1] * b[..., 1, H, W, N]``."""
+        product = self.make(aten.mul.Tensor, self.make(aten.unsqueeze.default, a.node, -1),
+                            self.make(aten.unsqueeze.default, b.node, -4))
+        return self.make(aten.sum.dim_IntList, product, [-3, -2], False)
+
+    def columns(self, a, b: Flat, rank: int) -> Flat:
+        """``a @ b`` with the merged dim as the result's columns (of ``rank`` dims), ``a`` (..., M, K)
+        and ``b`` (..., K, H, W): the sum over K of ``a[..., M, K, 1, 1] * b[..., 1, K, H, W]``."""
+        spread = self.make(aten.unsqueeze.default, self.make(aten.unsqueeze.default, a, -1), -1)
+        product = self.make(aten.mul.Tensor, spread, self.make(aten.unsqueeze.default, b.node, -4))
+        return Flat(self.make(aten.sum.dim_IntList, product, [-3], False), rank - 1)
+
+    def softmax(self, x: Flat, log: bool) -> Flat:
+        """A softmax (``log``: log-softmax) over the merged dim: ``exp(x - logsumexp(x, (H, W)))``."""
+        lse = self.make(aten.logsumexp.default, x.node, [x.f, x.f + 1], True)
+        shifted = self.make(aten.sub.Tensor, x.node, lse)
+        return Flat(shifted if log else self.make(aten.exp.default, shifted), x.f)
+
+    def attention(self, node, args: list):
+        """``scaled_dot_product_attention`` of queries ``q`` (..., L, E) over keys and values whose
+        tokens are the merged dim, without a mask, dropout or causality: ``softmax(q @ k^T * scale) @ v``."""
+        q, k, v = args[:3]
+        options = dict(zip(("attn_mask", "dropout_p", "is_causal"), args[3:6], strict=False)) | dict(node.kwargs)
+        rank = len(_shape(node.args[1]))
+        if (isinstance(q, Flat) or not isinstance(k, Flat) or not isinstance(v, Flat) or k.f != rank - 2
+                or v.f != rank - 2 or options.get("attn_mask") is not None or options.get("dropout_p", 0.0)
+                or options.get("is_causal") or options.get("enable_gqa")):
+            raise Unsupported("attention with the merged dim as queries, a mask, dropout or grouped heads")
+        scale = options.get("scale") or _shape(node.args[0])[-1] ** -0.5
+        order = [*range(rank - 2), rank, rank - 2, rank - 1]  # (..., H, W, E) -> (..., E, H, W)
+        keys = Flat(self.make(aten.permute.default, k.node, order), rank - 1)
+        scores = self.columns(q, keys, rank)
+        scaled = Flat(self.make(aten.mul.Tensor, scores.node, scale), scores.f)
+        return self.contracted(self.softmax(scaled, log=False), v)
+
+    # -- the pass --------------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        for node in list(self.graph.nodes):
+            if node.op == "output":
+                self.fail_outputs(node)
+            if node.op != "call_function":
+                continue
+            self.node, self.region = node, None
+            args = [type(a)(self.twin(v) for v in a) if isinstance(a, list | tuple) else self.twin(a)
+                    for a in node.args]
+            inputs = [*node.all_input_nodes]
+            if not any(isinstance(self.result.get(n, (None,))[0], Flat) for n in inputs):
+                self.start(node)
+                continue
+            for n in inputs:
+                if n in self.result:
+                    self.join(self.result[n][1])
+            start = len(self.made)
+            try:
+                if any(isinstance(self.twin(v), Flat) for v in node.kwargs.values()):
+                    raise Unsupported("a keyword argument holding the merged dim")
+                self.result[node] = (self.rewrite(node, args), self.region)
+            except (Unsupported, RuntimeError, IndexError, TypeError, ValueError):
+                self.failed.add(self.find(self.region))
+            for k in range(start, len(self.made)):
+                self.made[k] = (self.made[k][0], self.region)
+        return self.commit()
+
+    def start(self, node: torch.fx.Node) -> None:
+        """A view merging a 4-D tensor's image axes starts a region (reading a twin: joining its)."""
+        if node.target not in VIEWS or not isinstance(_val(node), torch.Tensor):
+            return
+        f = _merged_at(_shape(node.args[0]), _shape(node))
+        if f is None:
+            return
+        self.region = len(self.parent)
+        self.parent[self.region] = self.region
+        source = self.twin(node.args[0])
+        if node.args[0] in self.result:
+            self.join(self.result[node.args[0]][1])
+        self.result[node] = (Flat(source, f), self.find(self.region))
+
+    def fail_outputs(self, output: torch.fx.Node) -> None:
+        """A region one of whose tensors the model returns fails (its twin has another shape)."""
+        for arg in output.all_input_nodes:
+            if arg in self.result and isinstance(self.result[arg][0], Flat):
+                self.failed.add(self.find(self.result[arg][1]))
+
+    def commit(self) -> bool:
+        """Replace the nodes of the regions that succeeded by their twins, drop the failed ones'."""
+        failed = {self.find(r) for r in self.failed}
+        for new, region in reversed(self.made):
+            if self.find(region) in failed:
+                self.graph.erase_node(new)
+        replaced = [n for n, (_, region) in self.result.items() if self.find(region) not in failed]
+        for node in replaced:
+            found = self.result[node][0]
+            if not isinstance(found, Flat):
+                node.replace_all_uses_with(found)
+        for node in reversed(replaced):
+            if not node.users:
+                self.graph.erase_node(node)
+        return bool(replaced)
+
+
+def unflatten(program: torch.export.ExportedProgram) -> bool:
+    """Rewrite ``program``'s regions over merged image axes in place (module docstring); whether
+    any was rewritten."""
+    changed = _Rewrite(program.graph).run()
+    if changed:
+        program.graph.lint()
+        program.graph_module.recompile()
+    return changed
