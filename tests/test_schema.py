@@ -104,7 +104,7 @@ def test_committed_plans_are_current(path):
     """Each committed plan is what the planner now makes of its example at its shape and grid (or
     segments). Regenerate them with::
 
-        for NAME in vgg16 resnet50 darknet19; do
+        for NAME in vgg16 resnet50 darknet19 attention_mil; do
             tilec compile examples/$NAME.py --grid 2x2 --out-dir /tmp/gen --plan-dir plans; done
         tilec compile examples/unet.py --input-shape 1,3,256,256 --grid 4x4 --out-dir /tmp/gen --plan-dir plans
     """
