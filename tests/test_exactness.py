@@ -316,6 +316,28 @@ def test_unsupported_op_is_refused(op, message):
     assert "\n" not in str(error.value)
 
 
+class UnitDims(nn.Module):
+    """``unsqueeze`` and ``squeeze`` of dims other than the image axes: a per-branch scale on a 5-D
+    stack of two maps, summed over the branches, and a unit dim added and removed again."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.scale = nn.Parameter(torch.rand(1, 2, 4, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        branches = torch.cat([y.unsqueeze(1), torch.relu(y).unsqueeze(1)], dim=1) * self.scale
+        return F.max_pool2d(branches.sum(1).unsqueeze(-1).squeeze(-1), 3, 1, 1)
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2)])
+def test_unsqueeze_and_squeeze_of_other_dims_tile(grid):
+    graph = trace(UnitDims(), (1, 3, 13, 11))
+    assert all(node.tileable for node in graph if node.op in ("unsqueeze", "squeeze"))
+    check_exact(UnitDims(), (2, 3, 13, 11), grid=grid)
+
+
 class PositionalEmbedding(nn.Module):
     """Adds a parameter as large as the image, as it is or computed from (scaled)."""
 
