@@ -259,7 +259,7 @@ class Reshape(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
-        if node.spatial is None or node.shape[0] != shapes.shape(source)[0] or shapes.spatial(source)[0] == 0:
+        if node.spatial is None or node.shape[0] != shapes.shape(source)[0]:
             return "nonlocal"
         return super().check(node, shapes)
 
