@@ -19,7 +19,9 @@ saturation of the coarsest level) is made white (``--no-mask`` keeps the slide a
 ``classify``: the ResNet-50 of ``examples/resnet50.py`` (frozen BatchNorm) under a slide-level
 label; the model converts its uint8 input to normalised float itself, pools globally and returns
 its cross-entropy loss against the label, a second, per-sample input. ``--arch resnet18``
-trains the ResNet-18 of ``examples/resnet18.py`` with BatchNorm in training mode instead.
+trains the ResNet-18 of ``examples/resnet18.py`` with BatchNorm in training mode instead,
+``--arch attention_mil`` the attention-MIL classifier of ``examples/attention_mil.py`` (gated
+attention pooling over the feature map's pixels).
 ``segment``: the U-Net of ``examples/unet.py`` returning its per-pixel cross-entropy loss against
 the mask, a second image input: the logits are never materialised.
 
@@ -168,6 +170,8 @@ def model_for(task: str, arch: str) -> nn.Module:
         return SlideSegmenter(load_example("unet").UNet(classes=2).eval())
     if arch == "resnet18":
         return SlideClassifier(load_example("resnet18").ResNet18(num_classes=2).train())
+    if arch == "attention_mil":
+        return SlideClassifier(load_example("attention_mil").attention_mil())
     return SlideClassifier(load_example("resnet50").ResNet50(num_classes=2).eval())
 
 
@@ -191,7 +195,7 @@ def reset_peak() -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=("classify", "segment"), default="classify")
-    parser.add_argument("--arch", choices=("resnet50", "resnet18"), default="resnet50")
+    parser.add_argument("--arch", choices=("resnet50", "resnet18", "attention_mil"), default="resnet50")
     parser.add_argument("--size", type=int, default=8192, help="slide side in pixels")
     parser.add_argument("--budget", default="1GiB", help="memory budget of the plan")
     parser.add_argument("--steps", type=int, default=1)

@@ -142,6 +142,33 @@ def test_training_batch_norm_network_on_a_background_slide_is_exact(grid):
     assert all(reused > 0 for _, reused in tiled.reuse.passes.values()), tiled.reuse.passes
 
 
+class AttentionPooled(nn.Module):
+    """Gated attention pooling over a feature map's flattened pixels (``tilec.unflatten``): the
+    softmax's normaliser and the weighted sum merge a reused tile's partials once per member."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1),
+                                      nn.ReLU())
+        self.v, self.u, self.w, self.head = nn.Linear(6, 4), nn.Linear(6, 4), nn.Linear(4, 1), nn.Linear(6, 2)
+
+    def forward(self, x):
+        tokens = self.features(x).flatten(2).transpose(1, 2)
+        scores = self.w(torch.tanh(self.v(tokens)) * torch.sigmoid(self.u(tokens)))
+        return self.head((torch.softmax(scores, dim=1) * tokens).sum(1))
+
+
+@pytest.mark.parametrize("grid", [(6, 5), (7, 8)])
+def test_attention_pooling_on_a_background_slide_reuses_tiles(grid):
+    """One tiled segment: the normaliser's sweep, the weighted sum's and the backward all reuse."""
+    model = _seeded(Slide(AttentionPooled()))
+    count = len(trace(model, [(SHAPE, "uint8")]))
+    tiled = build(model, [(SHAPE, "uint8")], segments=[(0, count, grid)], dtype="float64")
+    errors = _compare(model, tiled, [_slide()])
+    assert max(errors.values()) <= TOLERANCE, errors
+    assert all(reused > 0 for _, reused in tiled.reuse.passes.values()), tiled.reuse.passes
+
+
 @pytest.mark.parametrize("grid", [(8, 6), (7, 8)])
 def test_unet_loss_against_a_mask_with_a_constant_background_label(grid):
     model = _seeded(SlideLoss())
