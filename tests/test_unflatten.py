@@ -1,6 +1,6 @@
 """Pooling over flattened pixels (``tilec.unflatten``): GCNet's global context, attention-MIL
 pooling, query pooling (written out, by fused attention, timm's SimPool), a spatial softmax,
-means, maxima and minima over tokens.
+means, maxima and minima over tokens, and random token heads (hypothesis).
 
 The rewritten program computes what the model computes (values and gradients, float64); a region
 with an op the pass has no rule for is left as exported; and the tiled step equals plain PyTorch's
@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from tilec.trace import trace
@@ -215,3 +217,95 @@ def test_timm_simpool(gamma):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), pool, nn.Linear(8, 3))
     check_exact(model.train(), (2, 3, 15, 13), grid=(3, 2), eval_after=True)
+
+
+class TokenHead(nn.Module):
+    """A random head over a map's flattened pixels: ``steps`` on the tokens (channels-last, or
+    channel-first for ``"channels_first"``), then ``end``: a pooling over them, or a view back to
+    an image and a convolution."""
+
+    STEPS = ("linear", "tanh", "gelu", "scale", "norm", "gate", "channel_softmax", "transpose_twice", "square")
+    ENDS = ("mean", "amax", "amin", "logsumexp", "sum", "attention", "query", "image", "spatial_softmax")
+
+    def __init__(self, steps: tuple[str, ...], end: str, channels: int = 6):
+        super().__init__()
+        self.steps, self.end = steps, end
+        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+        self.layers = nn.ModuleList(nn.Linear(channels, channels) for _ in steps)
+        self.norms = nn.ModuleList(nn.LayerNorm(channels) for _ in steps)
+        self.scale = nn.Parameter(torch.rand(channels) + 0.5)
+        self.score, self.out = nn.Linear(channels, 1), nn.Conv2d(channels, 2, 3, padding=1)
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        tokens = self.conv(x).flatten(2).transpose(1, 2)  # (N, P, C)
+        for k, step in enumerate(self.steps):
+            if step == "linear":
+                tokens = self.layers[k](tokens)
+            elif step in ("tanh", "gelu", "square"):
+                tokens = {"tanh": torch.tanh, "gelu": F.gelu, "square": torch.square}[step](tokens)
+            elif step == "scale":
+                tokens = tokens * self.scale
+            elif step == "norm":
+                tokens = self.norms[k](tokens)
+            elif step == "gate":
+                tokens = tokens * torch.sigmoid(self.layers[k](tokens))
+            elif step == "channel_softmax":
+                tokens = torch.softmax(tokens, dim=-1)
+            else:
+                tokens = (tokens.transpose(1, 2) * self.scale.view(1, -1, 1)).transpose(1, 2)
+        if self.end in ("mean", "amax", "amin", "logsumexp", "sum"):
+            return getattr(torch, self.end)(tokens, 1)
+        if self.end == "attention":
+            return (torch.softmax(self.score(tokens), dim=1) * tokens).sum(1)
+        if self.end == "query":
+            query = tokens.mean(1, keepdim=True)  # (N, 1, C)
+            return torch.softmax(query @ tokens.transpose(1, 2), -1) @ tokens
+        image = tokens.transpose(1, 2).reshape(n, -1, h, w)
+        if self.end == "spatial_softmax":
+            image = F.softmax(image.flatten(2), -1).view_as(image)
+        return self.out(image)
+
+
+@st.composite
+def token_heads(draw):
+    steps = tuple(draw(st.lists(st.sampled_from(TokenHead.STEPS), max_size=3)))
+    end = draw(st.sampled_from(TokenHead.ENDS))
+    shape = (draw(st.integers(1, 2)), 3, draw(st.integers(2, 9)), draw(st.integers(2, 9)))
+    grid = (draw(st.integers(1, min(4, shape[2]))), draw(st.integers(1, min(4, shape[3]))))
+    return steps, end, shape, grid, draw(st.booleans())
+
+
+RANDOM = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+
+
+@RANDOM
+@given(token_heads())
+def test_random_token_heads_are_rewritten_onto_rows_and_columns_exactly(case):
+    steps, end, shape, _, _ = case
+    torch.manual_seed(0)
+    model = TokenHead(steps, end).double()
+    x = torch.randn(shape, dtype=torch.float64)
+    program = torch.export.export(model, (x,), strict=False)
+    assert unflatten(program)
+    ops = _ops(program)
+    assert not any(op.startswith(("aten.flatten", "aten.matmul")) for op in ops)
+    assert ops.count("aten.softmax.int") == steps.count("channel_softmax")  # over the channels only
+    inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    outs = [f(i) for f, i in zip((model, program.module()), inputs, strict=True)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-13)
+    weight = torch.randn_like(outs[0])
+    grads = [torch.autograd.grad(out, [i, *model.parameters()], weight, allow_unused=True)
+             for out, i in zip(outs, inputs, strict=True)]
+    for got, want in zip(grads[1], grads[0], strict=True):
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-13)
+
+
+@settings(RANDOM, max_examples=12)
+@given(token_heads())
+def test_random_token_heads_tile_exactly(case):
+    steps, end, shape, grid, train = case
+    torch.manual_seed(0)
+    check_exact(TokenHead(steps, end).train(train), shape, grid=grid)
