@@ -6,7 +6,8 @@ arguments of ``forward``, in order, named as there; each is given as ``(shape, d
 of ``None`` meaning the model's own (its first floating parameter's). Nodes are named as export names
 them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
 (``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
-op's result instead).
+op's result instead), and ops on pixels the model flattened into one dim run on rows and columns
+(``tilec.unflatten``).
 
 Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a fake input
 under ``torch.autocast(DEVICE, dtype=DTYPE)``, and every op autocast computes in another dtype
