@@ -51,13 +51,30 @@ class WriteThroughView(Exception):
         self.node = node
 
 
-def _val(node):
+def fake_value(node):
+    """The fake tensor (or tensors) export recorded as ``node``'s value; ``None`` for a non-node."""
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+#: What a node made in another's stead keeps of its metadata: its module path and stack.
+KEPT_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
+
+
+def made_like(graph: torch.fx.Graph, fake, target, args, like: torch.fx.Node, kwargs=None, name=None):
+    """A new node calling ``target(*args, **kwargs)`` at ``graph``'s insertion point, named ``name``
+    (fx's name for ``target`` where ``None``), keeping ``like``'s module path and stack, its value
+    computed on fake tensors under ``fake``."""
+    kwargs = kwargs or {}
+    new = graph.create_node("call_function", target, tuple(args), kwargs, name=name)
+    new.meta = {k: v for k, v in like.meta.items() if k in KEPT_META}
+    with fake:
+        new.meta["val"] = target(*[fake_value(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
+    return new
 
 
 def _shares_storage(a, b) -> bool:
     try:
-        return _val(a).untyped_storage()._cdata == _val(b).untyped_storage()._cdata
+        return fake_value(a).untyped_storage()._cdata == fake_value(b).untyped_storage()._cdata
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
 
@@ -91,14 +108,14 @@ def _step(node):
         return None
     if node.target is SLICE:
         base = node.args[0]
-        size = _val(base).shape
+        size = fake_value(base).shape
         dim = (node.args[1] if len(node.args) > 1 else 0) % len(size)
         start, end, step = (list(node.args[2:5]) + [None, None, None])[:3]
         start, end, _ = slice(start, end, step).indices(int(size[dim]))
         return base, ("slice", dim, start, end, step or 1)
     if node.target is SELECT:
         base, dim, index = node.args[:3]
-        size = _val(base).shape
+        size = fake_value(base).shape
         dim %= len(size)
         return base, ("select", dim, index % int(size[dim]))
     if node.target is aten.alias.default:
@@ -108,8 +125,8 @@ def _step(node):
     if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0].target in SPLITS:
         split, index = node.args
         base = split.args[0]
-        dim = (split.args[2] if len(split.args) > 2 else 0) % _val(base).ndim
-        sizes = [int(v.shape[dim]) for v in _val(split)]
+        dim = (split.args[2] if len(split.args) > 2 else 0) % fake_value(base).ndim
+        sizes = [int(v.shape[dim]) for v in fake_value(split)]
         start = sum(sizes[:index])
         return base, ("slice", dim, start, start + sizes[index], 1)
     return None
@@ -161,11 +178,7 @@ class _Rewrite:
 
     def make(self, after, target, args, like):
         with self.graph.inserting_after(after):
-            new = self.graph.call_function(target, tuple(args))
-        new.meta = {k: v for k, v in like.meta.items() if k in ("nn_module_stack", "stack_trace", "source_fn_stack")}
-        with self.fake:
-            new.meta["val"] = target(*[_val(a) if isinstance(a, torch.fx.Node) else a for a in args])
-        return new
+            return made_like(self.graph, self.fake, target, args, like)
 
     def view_of(self, base, step, after, like):
         if step[0] == "alias":
@@ -238,7 +251,8 @@ class _Rewrite:
                 node.replace_all_uses_with(source)  # writes a view's own current content back: nothing
                 self.graph.erase_node(node)
                 return
-            if _val(source).shape == _val(written).shape and _val(source).dtype == _val(written).dtype:
+            copied, into = fake_value(source), fake_value(written)
+            if copied.shape == into.shape and copied.dtype == into.dtype:
                 value, last, owned = source, node.prev, False  # the value copied is the new content
                 node.replace_all_uses_with(source)
                 self.graph.erase_node(node)

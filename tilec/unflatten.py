@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch._guards import detect_fake_mode
 
+from tilec.functionalize import fake_value, made_like
+
 aten = torch.ops.aten
 #: Views that merge or split dims: a region's start, its views, its end.
 VIEWS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.flatten.using_ints,
@@ -67,12 +69,8 @@ class Flat:
     f: int
 
 
-def _val(node):
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-
-
 def _shape(node) -> tuple[int, ...]:
-    return tuple(int(n) for n in _val(node).shape)
+    return tuple(int(n) for n in fake_value(node).shape)
 
 
 def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> int | None:
@@ -129,12 +127,8 @@ class _Rewrite:
         """A new node computing ``target(*args, **kwargs)`` before the model's node being rewritten,
         with its module path and its value's fake tensor."""
         with self.graph.inserting_before(self.node):
-            new = self.graph.create_node("call_function", target, tuple(args), kwargs,
-                                         name=f"{self.node.name}_{target._opname}")
-        new.meta = {k: v for k, v in self.node.meta.items() if k in ("nn_module_stack", "stack_trace",
-                                                                      "source_fn_stack")}
-        with self.fake:
-            new.meta["val"] = target(*[_val(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
+            new = made_like(self.graph, self.fake, target, args, self.node, kwargs,
+                            name=f"{self.node.name}_{target._opname}")
         self.made.append((new, None))
         return new
 
@@ -145,7 +139,7 @@ class _Rewrite:
         ``node``'s shape (the region ends there)."""
         flats = [a for a in args if isinstance(a, Flat)]
         target, name = node.target, getattr(node.target, "_opname", "")
-        rank = len(_shape(node)) if isinstance(_val(node), torch.Tensor) else None
+        rank = len(_shape(node)) if isinstance(fake_value(node), torch.Tensor) else None
         if any(isinstance(a, list | tuple) and any(isinstance(v, Flat) for v in a) for a in args):
             raise Unsupported("a list of tensors holding the merged dim")
         if target in VIEWS:
@@ -209,7 +203,7 @@ class _Rewrite:
         unit dim for W where it reaches the merged dim (``Unsupported`` where it spans it)."""
         if isinstance(arg, Flat):
             return arg.node
-        if not isinstance(arg, torch.fx.Node) or not isinstance(_val(arg), torch.Tensor):
+        if not isinstance(arg, torch.fx.Node) or not isinstance(fake_value(arg), torch.Tensor):
             return arg
         shape = _shape(arg)
         local = at - (rank - len(shape))
@@ -331,7 +325,7 @@ class _Rewrite:
 
     def start(self, node: torch.fx.Node) -> None:
         """A view merging a 4-D tensor's image axes starts a region (reading a twin: joining its)."""
-        if node.target not in VIEWS or not isinstance(_val(node), torch.Tensor):
+        if node.target not in VIEWS or not isinstance(fake_value(node), torch.Tensor):
             return
         f = _merged_at(_shape(node.args[0]), _shape(node))
         if f is None:
