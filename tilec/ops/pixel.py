@@ -59,6 +59,19 @@ def _spans_image(shape: tuple[int, ...], node: NodeSpec) -> bool:
     return any(0 <= d - offset and shape[d - offset] > 1 for d in node.spatial or ())
 
 
+def after_inserting(axes: tuple[int, int], at: int) -> tuple[int, int]:
+    """The image axes ``axes`` once a dim is inserted at ``at`` (``stack``, ``unsqueeze``)."""
+    return tuple(d + (d >= at) for d in axes)
+
+
+def after_removing(axes: tuple[int, int], removed) -> tuple[int, int] | None:
+    """The image axes ``axes`` once the dims ``removed`` are gone (``unbind``, ``squeeze``, a
+    reduction without keepdim); ``None`` where one of them is an image axis."""
+    if set(removed) & set(axes):
+        return None
+    return tuple(d - sum(r < d for r in removed) for d in axes)
+
+
 def is_batch_norm_module(node: NodeSpec) -> bool:
     """``batch_norm`` run by an ``nn.BatchNorm*`` module: at run time its training flag and
     momentum come from the module (``tilec.runtime.checks.batch_norm_mode``)."""
@@ -207,10 +220,7 @@ class ChannelReduction(Pixel):
 
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
         if not const(node, Statistic.ARGUMENTS[node.op][1], False):
-            removed = set(self.statistic.dims(node, shapes))
-            if removed & {rows, cols}:
-                return None
-            return tuple(d - sum(r < d for r in removed) for d in (rows, cols))
+            return after_removing((rows, cols), self.statistic.dims(node, shapes))
         return super().image_layout(node, shapes, source, rows, cols)
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
@@ -374,10 +384,8 @@ class Stack(Pixel):
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
         ndim = len(shapes.shape(source))
         if node.op == "stack":
-            at = dim(const(node, 1, 0), ndim + 1)
-            return tuple(d + (d >= at) for d in (rows, cols))
-        at = dim(const(node, 1, 0), ndim)
-        return None if at in (rows, cols) else tuple(d - (d > at) for d in (rows, cols))
+            return after_inserting((rows, cols), dim(const(node, 1, 0), ndim + 1))
+        return after_removing((rows, cols), (dim(const(node, 1, 0), ndim),))
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.spatial is None:
@@ -410,11 +418,9 @@ class Squeeze(Pixel):
 
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
         dims = self.dims(node, len(shapes.shape(source)))
-        if dims is None or node.op == "squeeze" and set(dims) & {rows, cols}:
+        if dims is None:
             return None
-        if node.op == "unsqueeze":
-            return tuple(d + (d >= dims[0]) for d in (rows, cols))
-        return tuple(d - sum(s < d for s in dims) for d in (rows, cols))
+        return after_inserting((rows, cols), dims[0]) if node.op == "unsqueeze" else after_removing((rows, cols), dims)
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.spatial is None:
