@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from tilec.errors import UnsupportedLayerError
 from tilec.pipeline import build
+from tilec.trace import trace
 
+from support.published import published
 from support.zoo import SHAPES, ZOO
 
 MODELS = ["resnet_head", "unet_bilinear", "unet_transposed", "convnext", "efficientnet", "densenet"]
@@ -67,3 +71,71 @@ def test_grad_scaler_steps_a_tiled_model_like_an_untiled_one():
         after.append([p.detach().clone() for p in model.parameters()])
     moved = [_relative(a - s, b - s) for a, b, s in zip(after[1], after[0], start, strict=True) if (b - s).any()]
     assert moved and max(moved) <= 0.05
+
+
+class FullPrecisionBlock(nn.Module):
+    """A block of ``forward`` computing in float32 whatever autocast does, as EfficientViT's
+    attention does: ``.float()`` inside ``torch.autocast(..., enabled=False)``; a per-pixel
+    product by a parameter (autocast would run it in bfloat16) and a mean over the image."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.weight = nn.Parameter(torch.randn(8, 5) / 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        with torch.autocast(device_type=y.device.type, enabled=False):
+            pixels = y.float().permute(0, 2, 3, 1) @ self.weight
+            means = pixels.mean((1, 2))
+        return pixels.permute(0, 3, 1, 2), means
+
+
+class AutocastOnBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+            return self.conv(x)
+
+
+def test_a_block_with_autocast_off_computes_with_it_off_in_the_tiles():
+    model = FullPrecisionBlock()
+    graph = trace(model, (1, 3, 13, 11), autocast="cpu:bfloat16")
+    assert {n.op for n in graph if n.autocast_off} >= {"matmul", "mean"}
+    assert all(n.autocast_dtype is None for n in graph if n.autocast_off)
+    assert [n.op for n in graph if n.autocast_dtype] == ["conv2d"]
+    tiled = build(model, (1, 3, 13, 11), (3, 2), autocast="cpu:bfloat16")
+    x = torch.randn(1, 3, 13, 11, generator=torch.Generator().manual_seed(0))
+    plain_out, plain_grads = _step(model, model, x, autocast=True)
+    tiled_out, tiled_grads = _step(tiled, model, x, autocast=True)
+    assert [y.dtype for y in plain_out] == [y.dtype for y in tiled_out] == [torch.float32, torch.float32]
+    for got, want in zip(tiled_out, plain_out, strict=True):
+        assert _relative(got, want) <= 1e-5
+    for got, want in zip(tiled_grads, plain_grads, strict=True):  # bfloat16 convolutions' gradients, tile by tile
+        assert _relative(got, want) <= 5e-3
+
+
+def test_timm_efficientvit_attention_under_autocast_matches_plain():
+    """timm's ``LiteMLA``: its ReLU attention in float32, the convolutions around it in bfloat16
+    (BatchNorm frozen: ``docs/runtime.md`` says how far a training-mode one's gradients drift)."""
+    lite = published("timm.models.efficientvit_mit").LiteMLA
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), lite(16, 16, dim=8)).eval()
+    tiled = build(model, (1, 3, 17, 15), (3, 2))
+    x = torch.randn(1, 3, 17, 15, generator=torch.Generator().manual_seed(0))
+    reference_out, reference_grads = _step(model, model, x, autocast=False)
+    plain_out, plain_grads = _step(model, model, x, autocast=True)
+    tiled_out, tiled_grads = _step(tiled, model, x, autocast=True)
+    assert [y.dtype for y in tiled_out] == [y.dtype for y in plain_out]
+    for got, want in zip(tiled_out, plain_out, strict=True):
+        assert _relative(got, want) <= 2e-3
+    for got, plain, want in zip(tiled_grads, plain_grads, reference_grads, strict=True):
+        assert _relative(got, want) <= 1.5 * _relative(plain, want) + 0.01
+
+
+def test_a_block_turning_autocast_on_is_refused():
+    with pytest.raises(UnsupportedLayerError, match=r"AutocastOnBlock.*turns torch.autocast on inside forward"):
+        trace(AutocastOnBlock(), (1, 3, 8, 8))

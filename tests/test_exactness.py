@@ -338,6 +338,31 @@ def test_unsqueeze_and_squeeze_of_other_dims_tile(grid):
     check_exact(UnitDims(), (2, 3, 13, 11), grid=grid)
 
 
+class PaddedChannels(nn.Module):
+    """Constant padding of dims besides the image axes: the channels of a map along with its rows and
+    columns, and the last dim of a 5-D map whose image axes are dims 2 and 3 (channels-last heads),
+    then matrices per pixel (``matmul``) by a parameter and by a per-sample reduction."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.weight = nn.Parameter(torch.randn(3, 2) / 2)
+
+    def forward(self, x):
+        y = F.pad(self.conv(x), (1, 2, 0, 1, 1, 2), value=0.5)  # 7 channels, one more row, three more columns
+        heads = F.pad(y[:, :6].reshape(y.shape[0], 2, 3, *y.shape[2:]).permute(0, 1, 3, 4, 2), (0, 1), value=1.0)
+        summary = heads.amax((2, 3)).unsqueeze(-2).unsqueeze(-2)  # (N, 2, 1, 1, 4)
+        mixed = (heads[..., :3] @ self.weight) * (heads @ summary.transpose(-1, -2))  # (N, 2, H, W, 2)
+        return F.max_pool2d(mixed.permute(0, 1, 4, 2, 3).flatten(1, 2), 3, 1, 1)
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (5, 4)])
+def test_padding_other_dims_and_matrices_per_pixel_tile(grid):
+    graph = trace(PaddedChannels(), (1, 3, 13, 11))
+    assert all(node.tileable for node in graph if node.op in ("pad", "constant_pad_nd", "matmul"))
+    check_exact(PaddedChannels(), (2, 3, 13, 11), grid=grid)
+
+
 class PositionalEmbedding(nn.Module):
     """Adds a parameter as large as the image, as it is or computed from (scaled)."""
 

@@ -224,8 +224,10 @@ class TokenHead(nn.Module):
     channel-first for ``"channels_first"``), then ``end``: a pooling over them, or a view back to
     an image and a convolution."""
 
-    STEPS = ("linear", "tanh", "gelu", "scale", "norm", "gate", "channel_softmax", "transpose_twice", "square")
-    ENDS = ("mean", "amax", "amin", "logsumexp", "sum", "attention", "query", "image", "spatial_softmax")
+    STEPS = ("linear", "tanh", "gelu", "scale", "norm", "gate", "channel_softmax", "transpose_twice", "square",
+             "chunk_gate", "slice_pad")
+    ENDS = ("mean", "amax", "amin", "logsumexp", "sum", "attention", "query", "image", "spatial_softmax",
+            "linear_attention")
 
     def __init__(self, steps: tuple[str, ...], end: str, channels: int = 6):
         super().__init__()
@@ -252,6 +254,11 @@ class TokenHead(nn.Module):
                 tokens = tokens * torch.sigmoid(self.layers[k](tokens))
             elif step == "channel_softmax":
                 tokens = torch.softmax(tokens, dim=-1)
+            elif step == "chunk_gate":  # half the channels gate the other half, padded back
+                a, b = tokens.chunk(2, dim=-1)
+                tokens = F.pad(a * torch.sigmoid(b), (0, tokens.shape[-1] - a.shape[-1]), value=0.5)
+            elif step == "slice_pad":
+                tokens = F.pad(tokens[..., 1:], (1, 0), value=1.0)
             else:
                 tokens = (tokens.transpose(1, 2) * self.scale.view(1, -1, 1)).transpose(1, 2)
         if self.end in ("mean", "amax", "amin", "logsumexp", "sum"):
@@ -261,6 +268,10 @@ class TokenHead(nn.Module):
         if self.end == "query":
             query = tokens.mean(1, keepdim=True)  # (N, 1, C)
             return torch.softmax(query @ tokens.transpose(1, 2), -1) @ tokens
+        if self.end == "linear_attention":  # EfficientViT's, one head: ReLU kernels, values padded with ones
+            q, k = F.relu(tokens), torch.sigmoid(tokens)
+            out = q @ (k.transpose(1, 2) @ F.pad(tokens, (0, 1), value=1.0))
+            return (out[..., :-1] / (out[..., -1:] + 1.0)).transpose(1, 2).reshape(n, -1, h, w)
         image = tokens.transpose(1, 2).reshape(n, -1, h, w)
         if self.end == "spatial_softmax":
             image = F.softmax(image.flatten(2), -1).view_as(image)
@@ -290,7 +301,8 @@ def test_random_token_heads_are_rewritten_onto_rows_and_columns_exactly(case):
     program = torch.export.export(model, (x,), strict=False)
     assert unflatten(program)
     ops = _ops(program)
-    assert not any(op.startswith(("aten.flatten", "aten.matmul")) for op in ops)
+    assert not any(op.startswith("aten.flatten") for op in ops)
+    assert ops.count("aten.matmul.default") == (end == "linear_attention")  # each query by the summed keys
     assert ops.count("aten.softmax.int") == steps.count("channel_softmax")  # over the channels only
     inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
     outs = [f(i) for f, i in zip((model, program.module()), inputs, strict=True)]

@@ -25,7 +25,7 @@ import jinja2
 
 from tilec import __version__
 from tilec.cost.balance import axis_weights
-from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, local, var
+from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, kept_off, local, var
 from tilec.graph import Graph
 from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.ops import mode_flag, rule, updates_buffer
@@ -252,11 +252,11 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
                 statements.append(Statement(f"c_{name}", f"parts[{k}] if parts else None"))
                 combined = f"c_{name}"
             view.focus(node, None, None, None)
-            expr = rule(node).finish(node, combined, view)
+            expr = kept_off(node, rule(node).finish(node, combined, view))
         elif node.op == "getitem":
             expr = f"{view.var(node.args[0].value)}[{node.args[1].value}]"
         else:
-            expr = rule(node).untiled(node, _mode_args(node, view), graph) or view.whole(node).expr
+            expr = kept_off(node, rule(node).untiled(node, _mode_args(node, view), graph)) or view.whole(node).expr
         if rule(node).draws(node):
             expr = f"{expr} if update else r[{name!r}]"
         statements.append(Statement(f"r[{name!r}]", expr))
@@ -272,7 +272,7 @@ def _direct_function(segment: Segment, graph: Graph, slots: dict[str, int], leve
     partials = []
     for name in level.reductions:
         view.focus(graph.nodes[name], None, None, None)
-        partials.append(rule(graph.nodes[name]).partial(graph.nodes[name], view))
+        partials.append(kept_off(graph.nodes[name], rule(graph.nodes[name]).partial(graph.nodes[name], view)))
     return _tuple(partials)
 
 

@@ -32,6 +32,12 @@ class Statement:
     free: list[str] = field(default_factory=list)
 
 
+def kept_off(node: NodeSpec, expr: str | None) -> str | None:
+    """``expr`` (or none), computing ``node``, with autocast off where the model turns it off for
+    ``node`` (``NodeSpec.autocast_off``; ``tilec.runtime.kernels.without_autocast``)."""
+    return f"without_autocast(lambda: {expr})" if node.autocast_off and expr is not None else expr
+
+
 def index(ndim: int, spatial, rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> str:
     """``[:, :, a:b, c:d]`` selecting ``rows``/``cols`` on the spatial dims (``None``: all)."""
     parts = [":"] * ndim
@@ -180,13 +186,13 @@ class TileView:
         """The statement computing a reduction's partial in one tile (``q_<node>``), where the
         caller wants it (``want``, per reduction), else ``None``."""
         self.focus(node, row, col, None)
-        expr = rule(node).partial(node, self)
+        expr = kept_off(node, rule(node).partial(node, self))
         return Statement(f"q_{node.name}", f"{expr} if want[{self.reductions.index(node.name)}] else None", self.uses)
 
     def applied(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
         """The statement computing a normalisation's image output in one tile from its result."""
         self.focus(node, row, col, None)
-        return Statement(var(node.name), rule(node).apply(node, self), self.uses)
+        return Statement(var(node.name), kept_off(node, rule(node).apply(node, self)), self.uses)
 
     def statement(self, node: NodeSpec, row: AxisStep, col: AxisStep, in_place: bool | None) -> Statement:
         """The statement computing ``node`` in one tile. Where the tile computes none of it, a
@@ -201,15 +207,15 @@ class TileView:
                 shape[0] = f"{source}.shape[0]"  # as many samples as tiles stacked (``tilec.runtime.batches``)
             dtype = f", dtype=torch.{node.autocast_dtype}" if node.autocast_dtype else ""
             return Statement(var(node.name), f"{source}.new_empty(({', '.join(shape)},){dtype})", self.uses)
-        expr = rule(node).emit(node, self)
-        return Statement(var(node.name), expr, self.uses)
+        return Statement(var(node.name), kept_off(node, rule(node).emit(node, self)), self.uses)
 
     def whole(self, node: NodeSpec, args: list[str] | None = None, expr: str | None = None) -> Statement:
         """A stored segment's statement: ``node``'s aten call on whole tensors (``args`` replacing
         its arguments' expressions, or ``expr`` the whole expression, both made through this view
         since ``focus(node, None, None, None)``)."""
         args = [self.arg(a) for a in node.args] if args is None else args
-        return Statement(var(node.name), expr if expr is not None else self.call(node, args), self.uses)
+        expr = expr if expr is not None else self.call(node, args)
+        return Statement(var(node.name), kept_off(node, expr), self.uses)
 
 
 class CombineView(TileView):
@@ -230,8 +236,10 @@ class CombineView(TileView):
 
     def dtype(self, node: NodeSpec) -> str:
         """The dtype ``node`` computes in: where autocast casts it (when compiling), autocast's in this
-        step if it is on (``autocast_dtype``), else the model's."""
-        return "autocast_dtype(like)" if node.autocast_dtype else "like.dtype"
+        step if it is on (``autocast_dtype``), else the one the model casts to (``dtype``), else the model's."""
+        if node.autocast_dtype:
+            return "autocast_dtype(like)"
+        return f"torch.{node.dtype}" if node.dtype else "like.dtype"
 
     def mode(self, path: str) -> str:
         """A BatchNorm module's ``(batch statistics?, momentum)`` in this step."""

@@ -56,8 +56,9 @@ def fake_value(node):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-#: What a node made in another's stead keeps of its metadata: its module path and stack.
-KEPT_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
+#: What a node made in another's stead keeps of its metadata: its module path and stack, and
+#: whether autocast is off for it (``tilec.autocast_blocks``).
+KEPT_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "autocast_off")
 
 
 def made_like(graph: torch.fx.Graph, fake, target, args, like: torch.fx.Node, kwargs=None, name=None):

@@ -120,6 +120,12 @@ class NodeSpec(Frozen):
     autocast_dtype: FloatDtype | None = Field(
         None, description="the dtype torch.autocast computes the op in, where that differs from the model's "
                           "(plans traced for Plan.autocast)")
+    dtype: FloatDtype | None = Field(
+        None, description="the floating dtype of the op's result where the model casts to another than its own "
+                          "(x.float() in a float64 model); None: the model's (or autocast's)")
+    autocast_off: bool = Field(
+        False, description="the model computes the op with torch.autocast turned off (a block of its forward "
+                           "under torch.autocast(..., enabled=False)); the tiles do too")
 
 
 class OutputTree(Frozen):

@@ -7,7 +7,8 @@ of ``None`` meaning the model's own (its first floating parameter's). Nodes are 
 them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
 (``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
 op's result instead), and ops on pixels the model flattened into one dim run on rows and columns
-(``tilec.unflatten``).
+(``tilec.unflatten``). A ``with torch.autocast(..., enabled=False)`` block runs inline, its ops
+marked (``tilec.autocast_blocks``).
 
 Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a fake input
 under ``torch.autocast(DEVICE, dtype=DTYPE)``, and every op autocast computes in another dtype
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tilec.autocast_blocks import OFF, inline_autocast
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import functionalize
 from tilec.graph import Graph, Shapes
@@ -195,10 +197,14 @@ def _autocast_dtypes(program: torch.export.ExportedProgram, inputs: list[tuple[S
                                     f"cannot use: compile on the machine that trains")
     module = program.module().to(device)
     found: dict[str, str] = {}
+    off = {node.name for node in program.graph.nodes if node.meta.get(OFF)}
 
     class _Recorder(torch.fx.Interpreter):
         def run_node(self, node):
-            result = super().run_node(node)
+            if node.op == "call_function" and _op_name(node.target) in METADATA_CHECKS:
+                return None  # a check of the dtypes export saw, which autocast changes
+            with torch.autocast(device, enabled=node.name not in off):
+                result = super().run_node(node)
             if node.op == "call_function" and isinstance(result, torch.Tensor):
                 found[node.name] = str(result.dtype).removeprefix("torch.")
             return result
@@ -271,6 +277,12 @@ def _schema_args(node: torch.fx.Node) -> list[tuple[object, str | None]]:
             raise UnsupportedLayerError(f"op {_target(node.target)} misses argument {argument.name}")
         result.append((value, argument.name if argument.kwarg_only else None))
     return result
+
+
+def _cast_to(value, model_dtype: str) -> str | None:
+    """The floating dtype of a node's ``value`` where it is not the model's ``model_dtype``."""
+    dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
+    return dtype if dtype in FLOATS and dtype != model_dtype else None
 
 
 def _shape(value) -> tuple[int, ...]:
@@ -346,6 +358,9 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     inputs = check_inputs(inputs)
     _check_arity(model, len(inputs))
     program = _export(model, inputs)
+    inline_autocast(program, refuse=lambda node: UnsupportedLayerError(
+        f"{_where(*_module(node))} turns torch.autocast on inside forward, which tilec does not follow: "
+        f"let the step's own torch.autocast choose the dtypes"))
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
     _factories(program)
@@ -402,7 +417,8 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
         node = NodeSpec(
             name=fx_node.name, op=op, target=_target(functional or fx_node.target), path=path,
             module_type=module_type, args=tuple(args), inputs=tuple(dict.fromkeys(inputs)), shape=out_shape,
-            spatial=None, tileable=False, autocast_dtype=lowered,
+            spatial=None, tileable=False, autocast_dtype=lowered, dtype=_cast_to(value, default),
+            autocast_off=bool(fx_node.meta.get(OFF)),
         )
         if all(name in derived for name in node.inputs) and (node.inputs or any(a.kind == "tensor" for a in args)):
             derived.add(node.name)  # no image axes, whatever its shape: a standardised weight, a bias's view

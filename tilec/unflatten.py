@@ -34,6 +34,7 @@ path (``nn_module_stack``); a new node is named after the node it rewrites and i
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -69,19 +70,33 @@ class Flat:
     f: int
 
 
+@dataclass(frozen=True)
+class Parts(Flat):
+    """A region's list of tensors (``chunk``/``split`` along another dim), each a ``Flat`` at ``f``."""
+
+
+#: Ops returning parts of a tensor along a dim, and the argument holding the dim.
+SPLITS = {aten.chunk.default: 2, aten.split.Tensor: 2, aten.split_with_sizes.default: 2}
+PADS = {aten.pad.default, aten.constant_pad_nd.default}
+
+
 def _shape(node) -> tuple[int, ...]:
     return tuple(int(n) for n in fake_value(node).shape)
 
 
-def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> int | None:
-    """The dim ``f`` at which a view from ``source`` (4-D) to ``target`` merges the image axes
-    ``f, f + 1`` (``(2, 3)``, or ``(1, 2)`` channels-last), both longer than 1; else ``None``."""
+def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, list[int]] | None:
+    """Where a view from ``source`` (4-D) to ``target`` merges the image axes ``f, f + 1``
+    (``(2, 3)``, or ``(1, 2)`` channels-last), both longer than 1, into one dim ``g``, the dims
+    before them regrouped or not (EfficientViT splits its channels into heads as it merges):
+    ``(g, target's shape with H and W at g, g + 1)``; else ``None``."""
     if len(source) != 4:
         return None
     for f in (2, 1):
-        if (source[f] > 1 and source[f + 1] > 1
-                and target == (*source[:f], source[f] * source[f + 1], *source[f + 2:])):
-            return f
+        height, width, rest = source[f], source[f + 1], source[f + 2:]
+        g = len(target) - len(rest) - 1
+        if (height > 1 and width > 1 and g >= 0 and target[g] == height * width
+                and tuple(target[g + 1:]) == rest and math.prod(target[:g]) == math.prod(source[:f])):
+            return g, [*target[:g], height, width, *rest]
     return None
 
 
@@ -128,7 +143,7 @@ class _Rewrite:
         with its module path and its value's fake tensor."""
         with self.graph.inserting_before(self.node):
             new = made_like(self.graph, self.fake, target, args, self.node, kwargs,
-                            name=f"{self.node.name}_{target._opname}")
+                            name=f"{self.node.name}_{getattr(target, '_opname', target.__name__)}")
         self.made.append((new, None))
         return new
 
@@ -141,6 +156,12 @@ class _Rewrite:
         target, name = node.target, getattr(node.target, "_opname", "")
         rank = len(_shape(node)) if isinstance(fake_value(node), torch.Tensor) else None
         if any(isinstance(a, list | tuple) and any(isinstance(v, Flat) for v in a) for a in args):
+            raise Unsupported("a list of tensors holding the merged dim")
+        if target == aten._assert_tensor_metadata.default:
+            return args[0]  # a check of dtype and device (before ``x.float()``), as true of the twin: dropped
+        if target is operator.getitem and isinstance(args[0], Parts):
+            return Flat(self.make(target, args[0].node, args[1]), args[0].f)
+        if any(isinstance(a, Parts) for a in args):
             raise Unsupported("a list of tensors holding the merged dim")
         if target in VIEWS:
             return self.view(flats[0], _shape(node.args[0]), _shape(node))
@@ -187,6 +208,21 @@ class _Rewrite:
             if dim == f:
                 raise Unsupported("squeezing the merged dim")
             return Flat(self.make(target, x.node, dim + (dim > f)), f - (dim < f))
+        if target in SPLITS or target in (aten.slice.Tensor, aten.select.int):
+            at = SPLITS.get(target, 1)
+            dim = (args[at] if len(args) > at else 0) % (len(_shape(node.args[0])))
+            if dim == f:
+                raise Unsupported("splitting or slicing the merged dim")
+            new = self.make(target, x.node, *args[1:at], dim + (dim > f), *args[at + 1:])
+            if target == aten.select.int:
+                return Flat(new, f - (dim < f))
+            return (Parts if target in SPLITS else Flat)(new, f)
+        if target in PADS:
+            if len(args) > 2 and args[2] not in ("constant", None) and target == aten.pad.default:
+                raise Unsupported("padding other than constant")
+            if f >= rank - len(args[1]) // 2:
+                raise Unsupported("padding the merged dim")
+            return Flat(self.make(target, x.node, *args[1:]), f)
         if target == aten.linear.default:
             if f == rank - 1:
                 raise Unsupported("a linear layer over the merged dim")
@@ -253,6 +289,9 @@ class _Rewrite:
         if isinstance(a, Flat) and a.f == ranks[0] - 2 and ranks[1] == 2:
             # a (..., H, W, K) @ b (K, N): a linear layer of weight b^T
             return Flat(self.make(aten.linear.default, a.node, self.make(aten.t.default, b)), a.f)
+        if isinstance(a, Flat) and a.f == ranks[0] - 2 and not isinstance(b, Flat):
+            # a (..., H, W, K) @ b (..., K, N), a matrix per batch index: b (..., 1, K, N) broadcast over H
+            return Flat(self.make(aten.matmul.default, a.node, self.make(aten.unsqueeze.default, b, -3)), a.f)
         if isinstance(b, Flat) and b.f == ranks[1] - 1:
             return self.columns(a, b, max(ranks))
         raise Unsupported("a matmul holding the merged dim in a batch dim")
@@ -327,15 +366,19 @@ class _Rewrite:
         """A view merging a 4-D tensor's image axes starts a region (reading a twin: joining its)."""
         if node.target not in VIEWS or not isinstance(fake_value(node), torch.Tensor):
             return
-        f = _merged_at(_shape(node.args[0]), _shape(node))
-        if f is None:
+        merged = _merged_at(_shape(node.args[0]), _shape(node))
+        if merged is None:
             return
         self.region = len(self.parent)
         self.parent[self.region] = self.region
         source = self.twin(node.args[0])
         if node.args[0] in self.result:
             self.join(self.result[node.args[0]][1])
-        self.result[node] = (Flat(source, f), self.find(self.region))
+        g, unmerged = merged
+        if list(_shape(node.args[0])) != unmerged:  # dims before H and W regrouped
+            source = self.make(aten.reshape.default, source, unmerged)
+            self.made[-1] = (source, self.region)
+        self.result[node] = (Flat(source, g), self.find(self.region))
 
     def fail_outputs(self, output: torch.fx.Node) -> None:
         """A region one of whose tensors the model returns fails (its twin has another shape)."""

@@ -25,11 +25,11 @@ import warnings
 from typing import NamedTuple
 from dataclasses import dataclass, replace
 import math
+import contextlib
 import mmap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-import contextlib
 import zlib
 from dataclasses import dataclass
 import torch.distributed as dist
@@ -458,6 +458,7 @@ not a copy) and activations in place (back-propagated in place) stay functions e
 
 
 
+
 aten = torch.ops.aten
 
 CONSTANTS = {}
@@ -469,6 +470,16 @@ def constant(values, like, dtype):
     if key not in CONSTANTS:
         CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=like.device)
     return CONSTANTS[key]
+
+
+def without_autocast(compute):
+    """``compute()`` with autocast off on every device, for the ops the model computes in a block
+    under ``torch.autocast(..., enabled=False)`` (``NodeSpec.autocast_off``); outside autocast, a call."""
+    with contextlib.ExitStack() as off:
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device):
+                off.enter_context(torch.autocast(device, enabled=False))
+        return compute()
 
 
 def divisor(rows, cols, like):
@@ -3493,7 +3504,7 @@ PLAN_NAME = 'small'
 INPUTS = (('x', (1, 3, 13, 11), 'float32'),)
 PLAN = PlanSpec(
     name=PLAN_NAME,
-    digest='b5ebaa285dd87e2688d318cb5fa84c48dcb17d8700d6cc6dd5cf40dd5c95e65a',
+    digest='68cd20dfe24b5279ce4018b78c018559af4742b79b1b7d86e3169cdc87f75748',
     schema_version=12,
     inputs=INPUTS,
     # ranks of the process group the plan shares its tiles among (compile --ranks), or None: any

@@ -112,7 +112,7 @@ class Facts:
         self.nodes: list[NodeFacts] = []
         for p, node in enumerate(order):
             op = rule(node)
-            compute_dtype = node.autocast_dtype or dtype
+            compute_dtype = node.autocast_dtype or node.dtype or dtype
             computes = ELEMENT_BYTES[compute_dtype]
             inputs = tuple(graph.position[i] for i in node.inputs)
             weight = graph.arg_shape(node.args[1]) if op.convolution else None

@@ -9,12 +9,17 @@ from tilec.regions import Interval
 
 
 def pad_amounts(node: NodeSpec, axis: int) -> tuple[int, int]:
-    """``(before, after)`` of ``aten.pad`` / ``constant_pad_nd`` on a spatial axis (negative crops)."""
+    """``(before, after)`` of ``aten.pad`` / ``constant_pad_nd`` on image axis ``axis`` (negative crops)."""
     pad = tuple(node.args[1].value)
-    dim_from_end = 1 - axis  # pad lists the last dim first: columns, then rows
+    dim_from_end = len(node.shape) - 1 - node.spatial[axis]  # pad lists the last dim first
     if 2 * dim_from_end + 1 >= len(pad):
         return 0, 0
     return pad[2 * dim_from_end], pad[2 * dim_from_end + 1]
+
+
+def same_layout(node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+    """The image axes of ``node``'s input, for an op keeping its dims (``None``: it has none)."""
+    return shapes.spatial(node.inputs[0]) if node.inputs else None
 
 
 #: ``pad`` modes that read their border from the input itself: output ``o`` of an axis padded
@@ -34,19 +39,26 @@ class Pad(Op):
     """``pad(x, widths, mode, value)`` / ``constant_pad_nd``, per axis.
 
     Constant: the clipped part of a tile's read is its share of the padding (negative widths
-    crop). Replicate and reflect: each output reads one input index (``INDEX_MODES``); a tile
-    reads the hull of its outputs' indices and gathers them, so a border tile pads itself in the
-    same mode, and a tile that reaches no border (or zero widths) just passes its read on.
+    crop); other dims (the channels of a tensor whose image axes are not its last two) are padded
+    as they are. Replicate and reflect: each output reads one input index (``INDEX_MODES``); a
+    tile reads the hull of its outputs' indices and gathers them, so a border tile pads itself in
+    the same mode, and a tile that reaches no border (or zero widths) just passes its read on.
     """
 
     pass_through = True
     saves = "nothing"
     vectorised = False
 
+    def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+        return same_layout(node, shapes)
+
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         mode = pad_mode(node)
         if mode != "constant" and mode not in INDEX_MODES:
             fail(node, f"padding mode {mode!r} is not supported (only 'constant', 'replicate' and 'reflect')")
+        ndim = len(node.shape)
+        if mode != "constant" and (node.spatial != (ndim - 2, ndim - 1) or len(const(node, 1)) > 4):
+            fail(node, f"{mode} padding of dims other than the image's last two is not supported")
         return None
 
     def index_map(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[int]:
@@ -83,13 +95,16 @@ class Pad(Op):
             rows = rows or tuple(range(tile.row.out.length))
             cols = cols or tuple(range(tile.col.out.length))
             return f"gather({source}, {tile.constant(rows)}, {tile.constant(cols)})"
-        (rb, ra), (cb, ca) = tile.pads[node.inputs[0]]
-        if (rb, ra, cb, ca) == (0, 0, 0, 0):
+        widths = list(const(node, 1))
+        for axis, pads in enumerate(tile.pads[node.inputs[0]]):
+            at = 2 * (len(node.shape) - 1 - node.spatial[axis])
+            widths.extend([0] * (at + 2 - len(widths)))
+            widths[at:at + 2] = pads
+        if not any(widths):
             return source
         value = const(node, 3 if node.op == "pad" else 2, None)
         value = 0.0 if value is None else value
-        rest = tuple(const(node, 1))[4:]
-        return f"aten.constant_pad_nd.default({source}, {(cb, ca, rb, ra, *rest)!r}, {value!r})"
+        return f"aten.constant_pad_nd.default({source}, {tuple(widths)!r}, {value!r})"
 
 
 def slice_start(node: NodeSpec, shapes: Shapes) -> int:
@@ -107,6 +122,9 @@ class Slice(Op):
     view = True
     pass_through = True
     saves = "nothing"
+
+    def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+        return same_layout(node, shapes)
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if const(node, 4, 1) != 1:

@@ -358,6 +358,33 @@ class Linear(Pixel):
         return "conv1x1", shapes.arg_shape(node.args[1])[1]
 
 
+class MatMul(Pixel):
+    """``matmul(a, b)`` of an image ``a`` whose image axes are batch or row dims, not the
+    contracted last one, by a small ``b`` that spans neither image axis: each pixel's row of ``a``
+    times ``b`` (a linear map per sample or head, as linear attention applies its summary)."""
+
+    backward_factor = 2
+    weight_gradient_factor = 1
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        a, b = node.args[:2]
+        if shapes.sliced_inputs(node) != (a.value,):
+            fail(node, "a matmul whose right operand is the image, or whose operands are both images")
+        if len(shapes.shape(a.value)) - 1 in shapes.spatial(a.value):
+            return "nonlocal"
+        rank, shape = len(node.shape), shapes.arg_shape(b)
+        offset = rank - len(shape)
+        if len(shape) < 2 or any(0 <= d - offset < len(shape) - 2 and shape[d - offset] > 1 for d in node.spatial):
+            fail(node, "its right operand spans the image axes")
+        return super().check(node, shapes)
+
+    def flops(self, node: NodeSpec, shapes: Shapes) -> float:
+        return 2 * shapes.shape(node.inputs[0])[-1]
+
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        return "conv1x1", shapes.shape(node.inputs[0])[-1]
+
+
 class Channels(Pixel):
     """``cat`` / ``chunk`` / ``split`` along channels (``dim_arg``: the argument holding the dim)."""
 

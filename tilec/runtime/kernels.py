@@ -10,6 +10,8 @@ some 30 us of the host's time per call forward and back. Border padding (whose g
 not a copy) and activations in place (back-propagated in place) stay functions everywhere.
 """
 
+import contextlib
+
 import torch
 
 from tilec.runtime.device import CONVOLVE_INTO, uses_gemm_weight_grad, uses_onednn
@@ -25,6 +27,16 @@ def constant(values, like, dtype):
     if key not in CONSTANTS:
         CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=like.device)
     return CONSTANTS[key]
+
+
+def without_autocast(compute):
+    """``compute()`` with autocast off on every device, for the ops the model computes in a block
+    under ``torch.autocast(..., enabled=False)`` (``NodeSpec.autocast_off``); outside autocast, a call."""
+    with contextlib.ExitStack() as off:
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device):
+                off.enter_context(torch.autocast(device, enabled=False))
+        return compute()
 
 
 def divisor(rows, cols, like):
