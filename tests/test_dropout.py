@@ -15,7 +15,10 @@ import pytest
 import torch
 from torch import nn
 
+from tilec.codegen import render
+from tilec.ops import rule
 from tilec.pipeline import build
+from tilec.planner import plan
 from tilec.runtime.dropout import counter_dropout, keep_mask, op_key, step_stream
 from tilec.trace import trace
 
@@ -112,6 +115,17 @@ def test_p_zero_and_one_are_pytorchs(p):
     assert torch.equal(got, want) if p == 1 else (got - want).abs().max().item() <= 1e-12
     got.sum().backward()
     assert (x.grad.abs().max().item() == 0) == (p == 1)
+
+
+def test_p_zero_in_training_mode_is_the_identity_inside_the_tiles():
+    """timm's blocks carry ``Dropout(0.0)`` on images: it draws nothing and hashes no element, so it
+    neither sweeps nor cuts a tiled segment."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Dropout2d(0.0), nn.Conv2d(4, 2, 3),
+                          nn.BatchNorm2d(2)).train()
+    graph = trace(model, (1, 3, 13, 11))
+    assert [n.name for n in graph if rule(n).reduces(n, graph)] == ["batch_norm"]
+    assert "= element_dropout(" not in render(plan(graph, name="p0", grid=(3, 2)))
+    check_exact(model, (2, 3, 13, 11), grid=(3, 2))
 
 
 # --- statistics ----------------------------------------------------------------------------------

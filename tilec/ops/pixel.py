@@ -123,9 +123,9 @@ class BatchNorm(Pixel):
 
 
 def is_element_dropout(node: NodeSpec, shapes: Shapes) -> bool:
-    """Element-wise ``dropout`` on a 4-D tensor, traced in training mode: its masks come from the
-    counter-based generator (``tilec.runtime.dropout``), not from PyTorch's stream."""
-    return node.op == "dropout" and bool(const(node, 2, False)) and len(node.shape) == 4
+    """Element-wise ``dropout`` on a 4-D tensor, traced in training mode, with ``p > 0``: its masks
+    come from the counter-based generator (``tilec.runtime.dropout``), not from PyTorch's stream."""
+    return node.op == "dropout" and bool(const(node, 2, False)) and len(node.shape) == 4 and const(node, 1, 0) != 0
 
 
 def dropout_key(node: NodeSpec, shapes: Shapes) -> int:
@@ -166,8 +166,8 @@ class Dropout(Pixel):
         return const(node, 1, 0) != 0  # p = 0 (timm's MLPs' default): the identity
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
-        return node.op in ("feature_dropout", "dropout") and bool(const(node, 2, False)) and image_dims(
-            node, shapes) is not None
+        return (node.op in ("feature_dropout", "dropout") and self.draws(node) and bool(const(node, 2, False))
+                and image_dims(node, shapes) is not None)
 
     def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
         return is_element_dropout(node, shapes)
