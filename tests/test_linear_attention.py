@@ -65,7 +65,7 @@ def _worst(errors: dict[str, float]) -> tuple[str, float]:
 def test_the_attention_becomes_a_sum_over_the_image_and_a_matrix_per_pixel():
     graph = trace(_network().eval(), (1, 3, 15, 13))
     assert all(n.tileable for n in graph)
-    sums = [n for n in graph if n.op == "sum"]
+    sums = [n for n in graph if n.op == "einsum"]
     assert len(sums) == 2 and all(n.spatial is None for n in sums)  # Σ k vᵀ over the pixels, per head
     matmuls = [n for n in graph if n.op == "matmul"]
     assert len(matmuls) == 2 and all(n.spatial == (2, 3) for n in matmuls)  # each query times that sum

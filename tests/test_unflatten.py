@@ -174,12 +174,12 @@ def test_attention_between_pixels_is_left_as_exported_and_runs_untiled():
 
 
 def test_regions_become_ops_on_rows_and_columns():
-    """GCNet's softmax is a logsumexp over the image and its context a sum over it: reductions the
-    tiles compute by sweeps; every op but the small MLP stays tileable."""
+    """GCNet's softmax is a logsumexp over the image and its context an einsum over it: reductions
+    the tiles compute by sweeps; every op but the small MLP stays tileable."""
     graph = trace(_gc_net().eval(), (1, 3, 13, 11))
     nodes = {n.name: n for n in graph}
     assert nodes["softmax_logsumexp"].shape == (1, 1, 1, 1) and nodes["softmax_exp"].spatial == (2, 3)
-    assert nodes["matmul_sum"].op == "sum"
+    assert nodes["matmul_einsum"].op == "einsum" and nodes["matmul_einsum"].spatial is None
     assert all(n.tileable for n in graph)
 
 

@@ -69,7 +69,7 @@ def made_like(graph: torch.fx.Graph, fake, target, args, like: torch.fx.Node, kw
     new = graph.create_node("call_function", target, tuple(args), kwargs, name=name)
     new.meta = {k: v for k, v in like.meta.items() if k in KEPT_META}
     with fake:
-        new.meta["val"] = target(*[fake_value(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
+        new.meta["val"] = target(*torch.fx.node.map_arg(tuple(args), fake_value), **kwargs)
     return new
 
 

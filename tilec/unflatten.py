@@ -11,18 +11,22 @@ tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
 
 * element-wise ops, their other tensor arguments given a unit dim for W where they broadcast over
   the merged dim (one spanning it, a positional embedding, is not rewritten);
-* permutes, transposes, ``unsqueeze``/``squeeze`` of other dims, ``linear`` and ``layer_norm`` over
-  dims after it;
+* permutes, transposes, ``unsqueeze``/``squeeze``, ``chunk``/``split``, slices, ``select`` and
+  constant padding of other dims, ``linear`` and ``layer_norm`` over dims after it (a check of
+  dtypes before a cast is dropped);
 * a softmax over it: ``exp(x - logsumexp(x, (f, f + 1)))`` (log-softmax: without the ``exp``); over
   another dim, the softmax;
 * ``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` over it: over both axes;
-* a ``matmul`` / ``bmm`` contracting it: the product broadcast over both axes and summed over them;
-  one with it as the columns of the result, the product broadcast and summed over the contracted
-  dim; one with it as the rows, by a matrix: a ``linear`` layer;
+* a ``matmul`` / ``bmm`` contracting it: an ``einsum`` over both axes; one with it as the columns
+  of the result, the product broadcast and summed over the contracted dim; one with it as the
+  rows, by a matrix: a ``linear`` layer, by a matrix per batch index: a ``matmul`` broadcasting it
+  over H;
 * ``scaled_dot_product_attention`` of queries over keys and values that are its tokens (one query
   made from the tokens' mean, SimPool's), without mask, dropout or causality: the softmax of the
   scores over it, and their product with the values, as above;
-* a view keeping it whole keeps both axes; one splitting it into (H, W) ends the region.
+* a view keeping it whole keeps both axes; one splitting it into (H, W) ends the region. The view
+  starting a region may regroup the dims before H and W (EfficientViT splits its channels into
+  heads as it flattens).
 
 A region is rewritten only where every op of it has a rule here and no output of the model holds
 the merged dim; else it stays as exported (attention between pixels, a matrix over the merged dim
@@ -78,6 +82,8 @@ class Parts(Flat):
 #: Ops returning parts of a tensor along a dim, and the argument holding the dim.
 SPLITS = {aten.chunk.default: 2, aten.split.Tensor: 2, aten.split_with_sizes.default: 2}
 PADS = {aten.pad.default, aten.constant_pad_nd.default}
+#: A product contracting the two image axes (``tilec.ops.reduce.Contraction``).
+CONTRACTION = "...mhw,...hwn->...mn"
 
 
 def _shape(node) -> tuple[int, ...]:
@@ -297,11 +303,9 @@ class _Rewrite:
         raise Unsupported("a matmul holding the merged dim in a batch dim")
 
     def contracted(self, a: Flat, b: Flat) -> torch.fx.Node:
-        """``a @ b`` contracting the merged dim, ``a`` (..., M, H, W) and ``b`` (..., H, W, N): the sum
-        over H and W of ``a[..., M, H, W, 1] * b[..., 1, H, W, N]``."""
-        product = self.make(aten.mul.Tensor, self.make(aten.unsqueeze.default, a.node, -1),
-                            self.make(aten.unsqueeze.default, b.node, -4))
-        return self.make(aten.sum.dim_IntList, product, [-3, -2], False)
+        """``a @ b`` contracting the merged dim, ``a`` (..., M, H, W) and ``b`` (..., H, W, N): their
+        ``einsum`` over H and W (``CONTRACTION``)."""
+        return self.make(aten.einsum.default, CONTRACTION, [a.node, b.node])
 
     def columns(self, a, b: Flat, rank: int) -> Flat:
         """``a @ b`` with the merged dim as the result's columns (of ``rank`` dims), ``a`` (..., M, K)

@@ -1115,6 +1115,12 @@ def partial_sum(x, dims):
     return (widened(x).sum(dims, keepdim=True),)
 
 
+def partial_contraction(a, b):
+    """``a`` (..., M, H, W) times ``b`` (..., H, W, N) summed over the tile's pixels: its part of a
+    product contracting the image (``tilec.ops.reduce.Contraction``), merged as a sum."""
+    return (torch.einsum("...mhw,...hwn->...mn", widened(a), widened(b)),)
+
+
 def partial_squares(x, dims):
     """The sum of squares of ``x`` over ``dims``: a 2-norm's partial, merged as a sum."""
     return (widened(x).square().sum(dims, keepdim=True),)

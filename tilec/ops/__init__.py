@@ -37,7 +37,7 @@ from tilec.ops.pixel import (
     Stack,
     is_batch_norm_module,
 )
-from tilec.ops.reduce import MaxPool, Normalise, Pool, Statistic
+from tilec.ops.reduce import Contraction, MaxPool, Normalise, Pool, Statistic
 from tilec.ops.resample import Upsample
 from tilec.ops.transpose import ConvTranspose2d
 from tilec.ops.window import AvgPool2d, Conv2d, MaxPool2d
@@ -97,6 +97,7 @@ OPS: tuple[Op, ...] = (
     Pool("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
     MaxPool("adaptive_max_pool2d"),
     Statistic("max", "std", "var", "var_mean"),
+    Contraction("einsum"),
     Normalise("group_norm", "instance_norm"),
     Loss("cross_entropy_loss", "nll_loss_nd", reduction_arg=3, weighted=True),
     Loss("binary_cross_entropy_with_logits", reduction_arg=4),

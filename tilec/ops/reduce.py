@@ -11,7 +11,7 @@ from math import prod
 
 from tilec.graph import Shapes
 from tilec.ir import AxisStep, NodeSpec
-from tilec.ops.base import Need, Op, const, dim
+from tilec.ops.base import Need, Op, const, dim, fail
 from tilec.regions import Interval
 
 
@@ -110,6 +110,56 @@ class Pool(Reduce):
 
     def finish(self, node: NodeSpec, combined: str, view) -> str:
         return f"({combined}[0] / {count(node, view.shapes, (2, 3))}).to({view.dtype(node)})"
+
+
+class Contraction(Reduce):
+    """``einsum("...mhw,...hwn->...mn", a, b)``: a product contracting the image axes, which
+    ``tilec.unflatten`` makes of a ``matmul`` over flattened pixels (GCNet's context, attention's
+    weighted values, linear attention's keys by values). Each tile's partial is the einsum of its
+    own pixels, summed over the tiles."""
+
+    #: The one equation it covers: ``a``'s image axes are its last two, ``b``'s the two before its last.
+    EQUATION = "...mhw,...hwn->...mn"
+    saves = "inputs"
+
+    def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
+        return None
+
+    def operands(self, node: NodeSpec) -> tuple[str, ...]:
+        return tuple(node.args[1].value) if node.args[1].kind == "nodes" else ()
+
+    def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
+        if const(node, 0) != self.EQUATION or len(self.operands(node)) != 2:
+            fail(node, f"an einsum other than {self.EQUATION!r} over an image")
+        return "nonlocal"
+
+    def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
+        a, b = self.operands(node)
+        if not (shapes.is_image(a) and shapes.is_image(b)):
+            return False
+        ranks = len(shapes.shape(a)), len(shapes.shape(b))
+        return (shapes.spatial(a) == (ranks[0] - 2, ranks[0] - 1) and shapes.spatial(b) == (ranks[1] - 3, ranks[1] - 2)
+                and all(shapes.size(a, axis) == shapes.size(b, axis) for axis in (0, 1)))
+
+    def reduced(self, node: NodeSpec, shapes: Shapes) -> tuple[str, ...]:
+        return self.operands(node)
+
+    def partial(self, node: NodeSpec, tile) -> str:
+        a, b = (tile.owned(name) for name in self.operands(node))
+        return f"partial_contraction({a}, {b})"
+
+    def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
+        return (prod(node.shape),)
+
+    def finish(self, node: NodeSpec, combined: str, view) -> str:
+        return f"{combined}[0].reshape({tuple(node.shape)!r}).to({view.dtype(node)})"
+
+    def flops(self, node: NodeSpec, shapes: Shapes) -> float:
+        a = self.operands(node)[0]
+        return 2 * shapes.size(a, 0) * shapes.size(a, 1)
+
+    def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        return "conv1x1", shapes.shape(self.operands(node)[0])[-3]
 
 
 class MaxPool(Reduce):
