@@ -136,6 +136,18 @@ def test_timm_efficientvit_attention_under_autocast_matches_plain():
         assert _relative(got, want) <= 1.5 * _relative(plain, want) + 0.01
 
 
-def test_a_block_turning_autocast_on_is_refused():
-    with pytest.raises(UnsupportedLayerError, match=r"AutocastOnBlock.*turns torch.autocast on inside forward"):
-        trace(AutocastOnBlock(), (1, 3, 8, 8))
+class NestedBlocks(AutocastOnBlock):
+    def forward(self, x):
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            y = self.conv(x).float() * 2
+            with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+                return y + 1
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (AutocastOnBlock, r"AutocastOnBlock\) turns torch.autocast on inside forward"),
+    (NestedBlocks, r"NestedBlocks\) nests another block inside a torch.autocast\(enabled=False\) block"),
+], ids=["on", "nested"])
+def test_other_autocast_blocks_are_refused_in_one_line(model, message):
+    with pytest.raises(UnsupportedLayerError, match=message):
+        trace(model(), (1, 3, 8, 8))

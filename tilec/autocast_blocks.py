@@ -22,19 +22,25 @@ WRAP = torch.ops.higher_order.wrap_with_autocast
 OFF = "autocast_off"
 
 
-def inline_autocast(program: torch.export.ExportedProgram, refuse: Callable[[torch.fx.Node], Exception]) -> None:
+def inline_autocast(program: torch.export.ExportedProgram,
+                    refuse: Callable[[torch.fx.Node, str], Exception]) -> None:
     """Inline ``program``'s ``wrap_with_autocast`` blocks that turn autocast off (module
-    docstring), in place; ``refuse(node)`` is raised for one that turns it on."""
+    docstring), in place; ``refuse(node, why)`` is raised for one that turns it on or holds
+    another block."""
     graph = program.graph
     blocks = [node for node in graph.nodes if node.op == "call_function" and node.target == WRAP]
     for node in blocks:
         _, _, enabled, _, submodule, *operands = node.args
         if enabled:
-            raise refuse(node)
-        results = _copied(graph, getattr(program.graph_module, submodule.target), operands, node)
+            raise refuse(node, "turns torch.autocast on inside forward, which tilec does not follow: let the "
+                               "step's own torch.autocast choose the dtypes")
+        body = getattr(program.graph_module, submodule.target)
+        if (any(sub.op not in ("placeholder", "call_function", "output") for sub in body.graph.nodes)
+                or any(user.target is not operator.getitem for user in node.users)):
+            raise refuse(node, "nests another block inside a torch.autocast(enabled=False) block, which tilec "
+                               "does not inline")
+        results = _copied(graph, body, operands, node)
         for user in list(node.users):
-            if user.target is not operator.getitem:
-                raise refuse(node)
             user.replace_all_uses_with(results[user.args[1]])
             graph.erase_node(user)
         graph.erase_node(node)
@@ -57,6 +63,4 @@ def _copied(graph: torch.fx.Graph, submodule: torch.fx.GraphModule, operands, be
             elif sub.op == "call_function":
                 env[sub] = graph.node_copy(sub, env.__getitem__)
                 env[sub].meta = {**before.meta, **sub.meta, OFF: True}
-            elif sub.op != "placeholder":
-                raise NotImplementedError(f"a {sub.op} node in an autocast block")
     return results

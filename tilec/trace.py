@@ -358,9 +358,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     inputs = check_inputs(inputs)
     _check_arity(model, len(inputs))
     program = _export(model, inputs)
-    inline_autocast(program, refuse=lambda node: UnsupportedLayerError(
-        f"{_where(*_module(node))} turns torch.autocast on inside forward, which tilec does not follow: "
-        f"let the step's own torch.autocast choose the dtypes"))
+    inline_autocast(program, refuse=lambda node, why: UnsupportedLayerError(f"{_where(*_module(node))} {why}"))
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
     _factories(program)

@@ -45,6 +45,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from tilec.functionalize import fake_value, made_like
+from tilec.ops.reduce import Contraction
 
 aten = torch.ops.aten
 #: Views that merge or split dims: a region's start, its views, its end.
@@ -82,8 +83,6 @@ class Parts(Flat):
 #: Ops returning parts of a tensor along a dim, and the argument holding the dim.
 SPLITS = {aten.chunk.default: 2, aten.split.Tensor: 2, aten.split_with_sizes.default: 2}
 PADS = {aten.pad.default, aten.constant_pad_nd.default}
-#: A product contracting the two image axes (``tilec.ops.reduce.Contraction``).
-CONTRACTION = "...mhw,...hwn->...mn"
 
 
 def _shape(node) -> tuple[int, ...]:
@@ -224,7 +223,7 @@ class _Rewrite:
                 return Flat(new, f - (dim < f))
             return (Parts if target in SPLITS else Flat)(new, f)
         if target in PADS:
-            if len(args) > 2 and args[2] not in ("constant", None) and target == aten.pad.default:
+            if target == aten.pad.default and len(args) > 2 and args[2] not in ("constant", None):
                 raise Unsupported("padding other than constant")
             if f >= rank - len(args[1]) // 2:
                 raise Unsupported("padding the merged dim")
@@ -304,8 +303,8 @@ class _Rewrite:
 
     def contracted(self, a: Flat, b: Flat) -> torch.fx.Node:
         """``a @ b`` contracting the merged dim, ``a`` (..., M, H, W) and ``b`` (..., H, W, N): their
-        ``einsum`` over H and W (``CONTRACTION``)."""
-        return self.make(aten.einsum.default, CONTRACTION, [a.node, b.node])
+        ``einsum`` over H and W (``tilec.ops.reduce.Contraction``)."""
+        return self.make(aten.einsum.default, Contraction.EQUATION, [a.node, b.node])
 
     def columns(self, a, b: Flat, rank: int) -> Flat:
         """``a @ b`` with the merged dim as the result's columns (of ``rank`` dims), ``a`` (..., M, K)

@@ -1,0 +1,27 @@
+"""timm's models as its package builds them (random weights, 10 classes, training mode), as model
+files for ``benchmarks/run.py`` and ``benchmarks/step.py``:
+
+    python benchmarks/run.py --model benchmarks/timm_models.py --attr efficientvit_b0 ...
+
+timm is imported as ``tests/support/published.py`` does (from ``.venv/published`` where
+``scripts/setup.sh`` installs it).
+"""
+
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from support.published import load  # noqa: E402
+
+
+def efficientvit_b0():
+    """EfficientViT-B0 (MIT): its multi-scale linear attention in the last two stages."""
+    return load("timm").create_model("efficientvit_b0", pretrained=False, num_classes=10)
+
+
+def convnext_atto():
+    """ConvNeXt-Atto: a ``Dropout(0.0)`` in every block's channels-last MLP."""
+    return load("timm").create_model("convnext_atto", pretrained=False, num_classes=10)
