@@ -307,8 +307,10 @@ class Lambda(nn.Module):
          r"op aten\.pad from module stage\.op \(Lambda\) is not supported: padding mode 'circular'"),
         (lambda x: torch.cat([x, x], dim=2), r"op aten\.cat from module stage\.op \(Lambda\).*image axis"),
         (lambda x: x[:, :, ::2], r"aten\.slice from module stage\.op.*step"),
+        (lambda x: torch.einsum("bchw,bchw->bchw", x, x),
+         r"op aten\.einsum from module stage\.op \(Lambda\) is not supported: an einsum other than"),
     ],
-    ids=["flip", "roll", "circular_pad", "cat_rows", "strided_slice"],
+    ids=["flip", "roll", "circular_pad", "cat_rows", "strided_slice", "einsum"],
 )
 def test_unsupported_op_is_refused(op, message):
     with pytest.raises(UnsupportedLayerError, match=message) as error:
@@ -361,6 +363,25 @@ def test_padding_other_dims_and_matrices_per_pixel_tile(grid):
     graph = trace(PaddedChannels(), (1, 3, 13, 11))
     assert all(node.tileable for node in graph if node.op in ("pad", "constant_pad_nd", "matmul"))
     check_exact(PaddedChannels(), (2, 3, 13, 11), grid=grid)
+
+
+class ListedTensors(nn.Module):
+    """Model tensors inside list arguments: a stack of two parameters and a buffer, an einsum of
+    two parameters (small ops, computed once per step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.a, self.b = nn.Parameter(torch.rand(4) + 0.5), nn.Parameter(torch.rand(4))
+        self.register_buffer("c", torch.rand(4))
+
+    def forward(self, x):
+        scale = torch.stack([self.a, self.b, self.c]).sum(0) * torch.einsum("i,i->", self.a, self.b)
+        return F.max_pool2d(self.conv(x) * scale.view(1, -1, 1, 1), 3, 1, 1)
+
+
+def test_model_tensors_in_list_arguments():
+    check_exact(ListedTensors(), (2, 3, 13, 11), grid=(3, 2))
 
 
 class PositionalEmbedding(nn.Module):

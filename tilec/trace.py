@@ -30,15 +30,16 @@ import math
 import operator
 import sys
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager, redirect_stderr
+from contextlib import contextmanager, nullcontext, redirect_stderr
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch._guards import detect_fake_mode
 
 from tilec.autocast_blocks import OFF, inline_autocast
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
-from tilec.functionalize import functionalize
+from tilec.functionalize import functionalize, made_like
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, mode_flag, rule, tileable, updates_buffer
@@ -203,7 +204,7 @@ def _autocast_dtypes(program: torch.export.ExportedProgram, inputs: list[tuple[S
         def run_node(self, node):
             if node.op == "call_function" and _op_name(node.target) in METADATA_CHECKS:
                 return None  # a check of the dtypes export saw, which autocast changes
-            with torch.autocast(device, enabled=node.name not in off):
+            with torch.autocast(device, enabled=False) if node.name in off else nullcontext():
                 result = super().run_node(node)
             if node.op == "call_function" and isinstance(result, torch.Tensor):
                 found[node.name] = str(result.dtype).removeprefix("torch.")
@@ -348,6 +349,22 @@ def _factories(program: torch.export.ExportedProgram) -> None:
     program.graph_module.recompile()
 
 
+def _listed_tensors(program: torch.export.ExportedProgram) -> None:
+    """A model tensor in a list argument (``torch.stack([self.a, self.b])``, an ``einsum`` of
+    parameters) is read through an ``alias`` node, so that a list argument holds nodes only."""
+    signature = program.graph_signature
+    tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    fake = detect_fake_mode([n.meta["val"] for n in program.graph.nodes if n.op == "placeholder"])
+    for node in list(program.graph.nodes):
+        for k, arg in enumerate(node.args if node.op == "call_function" else ()):
+            if isinstance(arg, list | tuple) and any(isinstance(v, torch.fx.Node) and v.name in tensors for v in arg):
+                with program.graph.inserting_before(node):
+                    listed = [made_like(program.graph, fake, torch.ops.aten.alias.default, [v], node)
+                              if isinstance(v, torch.fx.Node) and v.name in tensors else v for v in arg]
+                node.update_arg(k, type(arg)(listed))
+    program.graph_module.recompile()
+
+
 def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     """Build the op graph of ``model`` for ``inputs`` (per tensor argument of its ``forward``, in
     order: ``(shape, dtype)``, ``None`` for the model's dtype; or one shape (N, C, H, W) for a
@@ -362,6 +379,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
     _factories(program)
+    _listed_tensors(program)
     unflatten(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature

@@ -134,9 +134,10 @@ class Contraction(Reduce):
         return "nonlocal"
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
-        a, b = self.operands(node)
-        if not (shapes.is_image(a) and shapes.is_image(b)):
+        operands = self.operands(node)
+        if const(node, 0) != self.EQUATION or len(operands) != 2 or not all(map(shapes.is_image, operands)):
             return False
+        a, b = operands
         ranks = len(shapes.shape(a)), len(shapes.shape(b))
         return (shapes.spatial(a) == (ranks[0] - 2, ranks[0] - 1) and shapes.spatial(b) == (ranks[1] - 3, ranks[1] - 2)
                 and all(shapes.size(a, axis) == shapes.size(b, axis) for axis in (0, 1)))
@@ -155,10 +156,14 @@ class Contraction(Reduce):
         return f"{combined}[0].reshape({tuple(node.shape)!r}).to({view.dtype(node)})"
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
+        if not self.reduces(node, shapes):  # an einsum of small tensors
+            return super().flops(node, shapes)
         a = self.operands(node)[0]
         return 2 * shapes.size(a, 0) * shapes.size(a, 1)
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
+        if not self.reduces(node, shapes):
+            return super().time_class(node, shapes)
         return "conv1x1", shapes.shape(self.operands(node)[0])[-3]
 
 
