@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tilec.regions import Interval
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 #: How a segment runs: tile by tile, or stored (untiled, through autograd).
 SegmentMode = Literal["tiled", "stored"]
