@@ -56,6 +56,11 @@ def fake_value(node):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
+def fake_mode(graph: torch.fx.Graph):
+    """The fake mode export traced ``graph`` under (its placeholders' values'), for new nodes' values."""
+    return detect_fake_mode([n.meta["val"] for n in graph.nodes if n.op == "placeholder"])
+
+
 #: What a node made in another's stead keeps of its metadata: its module path and stack, and
 #: whether autocast is off for it (``tilec.autocast_blocks``).
 KEPT_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "autocast_off")
@@ -162,7 +167,7 @@ class _Rewrite:
     def __init__(self, program: torch.export.ExportedProgram):
         self.graph = program.graph
         self.nodes = list(self.graph.nodes)
-        self.fake = detect_fake_mode([n.meta["val"] for n in self.nodes if n.op == "placeholder"])
+        self.fake = fake_mode(self.graph)
         self.alias: dict = {}
         self.version: dict = {}
         self.current: dict = {}

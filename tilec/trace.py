@@ -35,11 +35,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch._guards import detect_fake_mode
 
 from tilec.autocast_blocks import OFF, inline_autocast
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
-from tilec.functionalize import functionalize, made_like
+from tilec.functionalize import fake_mode, functionalize, made_like
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, mode_flag, rule, tileable, updates_buffer
@@ -280,10 +279,9 @@ def _schema_args(node: torch.fx.Node) -> list[tuple[object, str | None]]:
     return result
 
 
-def _cast_to(value, model_dtype: str) -> str | None:
-    """The floating dtype of a node's ``value`` where it is not the model's ``model_dtype``."""
-    dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
-    return dtype if dtype in FLOATS and dtype != model_dtype else None
+def _other_float(dtype: str | None, than: str) -> str | None:
+    """``dtype`` where it is a floating dtype other than ``than``, else ``None``."""
+    return dtype if dtype in FLOATS and dtype != than else None
 
 
 def _shape(value) -> tuple[int, ...]:
@@ -354,7 +352,7 @@ def _listed_tensors(program: torch.export.ExportedProgram) -> None:
     parameters) is read through an ``alias`` node, so that a list argument holds nodes only."""
     signature = program.graph_signature
     tensors = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
-    fake = detect_fake_mode([n.meta["val"] for n in program.graph.nodes if n.op == "placeholder"])
+    fake = fake_mode(program.graph)
     for node in list(program.graph.nodes):
         for k, arg in enumerate(node.args if node.op == "call_function" else ()):
             if isinstance(arg, list | tuple) and any(isinstance(v, torch.fx.Node) and v.name in tensors for v in arg):
@@ -427,13 +425,12 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
         path, module_type = _module(fx_node)
         value = fx_node.meta.get("val")
         out_shape = _shape(value)
-        lowered = autocast_dtypes.get(fx_node.name)
-        if lowered not in FLOATS or lowered == str(getattr(value, "dtype", "")).removeprefix("torch."):
-            lowered = None
+        value_dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
         node = NodeSpec(
             name=fx_node.name, op=op, target=_target(functional or fx_node.target), path=path,
             module_type=module_type, args=tuple(args), inputs=tuple(dict.fromkeys(inputs)), shape=out_shape,
-            spatial=None, tileable=False, autocast_dtype=lowered, dtype=_cast_to(value, default),
+            spatial=None, tileable=False, autocast_dtype=_other_float(autocast_dtypes.get(fx_node.name), value_dtype),
+            dtype=_other_float(value_dtype, default),
             autocast_off=bool(fx_node.meta.get(OFF)),
         )
         if all(name in derived for name in node.inputs) and (node.inputs or any(a.kind == "tensor" for a in args)):

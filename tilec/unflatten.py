@@ -42,9 +42,8 @@ import operator
 from dataclasses import dataclass
 
 import torch
-from torch._guards import detect_fake_mode
 
-from tilec.functionalize import fake_value, made_like
+from tilec.functionalize import fake_mode, fake_value, made_like
 from tilec.ops.reduce import Contraction
 
 aten = torch.ops.aten
@@ -111,7 +110,7 @@ class _Rewrite:
 
     def __init__(self, graph: torch.fx.Graph):
         self.graph = graph
-        self.fake = detect_fake_mode([n.meta["val"] for n in graph.nodes if n.op == "placeholder"])
+        self.fake = fake_mode(graph)
         self.parent: dict[int, int] = {}
         self.failed: set[int] = set()
         self.made: list[tuple[torch.fx.Node, int]] = []  # (new node, region)
@@ -160,13 +159,12 @@ class _Rewrite:
         flats = [a for a in args if isinstance(a, Flat)]
         target, name = node.target, getattr(node.target, "_opname", "")
         rank = len(_shape(node)) if isinstance(fake_value(node), torch.Tensor) else None
-        if any(isinstance(a, list | tuple) and any(isinstance(v, Flat) for v in a) for a in args):
-            raise Unsupported("a list of tensors holding the merged dim")
         if target == aten._assert_tensor_metadata.default:
             return args[0]  # a check of dtype and device (before ``x.float()``), as true of the twin: dropped
         if target is operator.getitem and isinstance(args[0], Parts):
             return Flat(self.make(target, args[0].node, args[1]), args[0].f)
-        if any(isinstance(a, Parts) for a in args):
+        if any(isinstance(a, Parts) or isinstance(a, list | tuple) and any(isinstance(v, Flat) for v in a)
+               for a in args):
             raise Unsupported("a list of tensors holding the merged dim")
         if target in VIEWS:
             return self.view(flats[0], _shape(node.args[0]), _shape(node))
