@@ -173,7 +173,10 @@ def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], const
         node = graph.nodes[row.node]
         kind = role(graph, node.name)
         if kind == "reduction":
-            if rule(node).reduced(node, graph) and node.name not in direct:
+            partial = rule(node).reduced(node, graph) and node.name not in direct
+            if partial and graph.is_image(node.name) and rule(node).widens_input:
+                statements.append(view.widen(node))
+            if partial:
                 statements.append(view.partial(node, row, col))
                 computed.add(node.name)
             if graph.is_image(node.name):

@@ -101,6 +101,7 @@ class TileView:
         self.pads: dict[str, tuple] = {}
         self.in_place: bool | None = None
         self.uses: set[str] = set()
+        self.widened: dict[str, str] = {}
 
     def focus(self, node: NodeSpec, row: AxisStep | None, col: AxisStep | None, in_place: bool | None) -> None:
         self.node, self.row, self.col, self.in_place, self.uses = node, row, col, in_place, set()
@@ -109,8 +110,9 @@ class TileView:
     def var(self, name: str) -> str:
         if name in self.leaves:
             return self.leaf(name)
-        self.uses.add(var(name))
-        return var(name)
+        name = self.widened.get(name, var(name))
+        self.uses.add(name)
+        return name
 
     def leaf(self, name: str) -> str:
         """A result of the segment's reductions or small ops, read from ``r``."""
@@ -121,8 +123,7 @@ class TileView:
         k = self.reductions.index(self.node.name)
         held_r, held_c = self.region[name]
         rows, cols = (local(owned[k], held) for owned, held in zip(self.partials, (held_r, held_c), strict=True))
-        self.uses.add(var(name))
-        return var(name) + index(len(self.shapes.shape(name)), self.shapes.spatial(name), rows, cols)
+        return self.var(name) + index(len(self.shapes.shape(name)), self.shapes.spatial(name), rows, cols)
 
     def origin(self, name: str) -> str:
         """The first row and column of the current reduction's owned part (``o``, per tile)."""
@@ -182,6 +183,13 @@ class TileView:
             source = f"pad_border(arena, {source}, {tuple(explicit)!r}, {value})"
         return source, tuple(native)
 
+    def widen(self, node: NodeSpec) -> Statement:
+        """The statement widening a normalisation's input to float32 where it is half or bfloat16
+        (``w_<node>``, ``Op.widens_input``), which its partial and apply then read, until ``applied``."""
+        source = var(node.inputs[0])
+        self.widened = {node.inputs[0]: f"w_{node.name}"}
+        return Statement(f"w_{node.name}", f"widened({source})", {source})
+
     def partial(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
         """The statement computing a reduction's partial in one tile (``q_<node>``), where the
         caller wants it (``want``, per reduction), else ``None``."""
@@ -190,9 +198,15 @@ class TileView:
         return Statement(f"q_{node.name}", f"{expr} if want[{self.reductions.index(node.name)}] else None", self.uses)
 
     def applied(self, node: NodeSpec, row: AxisStep, col: AxisStep) -> Statement:
-        """The statement computing a normalisation's image output in one tile from its result."""
+        """The statement computing a normalisation's image output in one tile from its result, in
+        its input's dtype where it read the input widened (``widen``)."""
         self.focus(node, row, col, None)
-        return Statement(var(node.name), kept_off(node, rule(node).apply(node, self)), self.uses)
+        expr = kept_off(node, rule(node).apply(node, self))
+        if self.widened:
+            source, self.widened = var(node.inputs[0]), {}
+            expr = f"{expr}.to({source}.dtype)"
+            self.uses.add(source)
+        return Statement(var(node.name), expr, self.uses)
 
     def statement(self, node: NodeSpec, row: AxisStep, col: AxisStep, in_place: bool | None) -> Statement:
         """The statement computing ``node`` in one tile. Where the tile computes none of it, a

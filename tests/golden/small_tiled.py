@@ -2169,13 +2169,15 @@ class TiledSegment:
             dist.get_world_size(group), dist.get_rank(group)))
 
     def owned(self, xs, row, col, needs=None):
-        """Per reduction of the direct level, the owned slices of its reduced inputs in one tile
-        (requiring grad where ``needs`` says so for their input: of detached ``xs``)."""
+        """Per reduction of the direct level, the owned slices of its reduced inputs in one tile.
+        With ``needs`` (per input, whether it wants a gradient), leaves of detached ``xs`` widened to
+        float32 where they are half or bfloat16: their gradients, the partials' shares, then round
+        once, as they are added to the input gradient the tiles hold in the input's dtype."""
         found = []
         for k, inputs in self.reduced:
             rows, cols = row[3][k], col[3][k]
             found.append(tuple(region(xs[i], self.sliced[i], rows, cols) if needs is None
-                               else region(xs[i], self.sliced[i], rows, cols).requires_grad_(needs[i])
+                               else widened(region(xs[i], self.sliced[i], rows, cols)).requires_grad_(needs[i])
                                for i in inputs))
         return found
 

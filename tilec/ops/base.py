@@ -120,6 +120,10 @@ class Op:
     random = False
     #: Index of the argument that switches it between training and eval behaviour.
     training_flag: int | None = None
+    #: A normalisation whose partial and apply read its first input from one copy widened to
+    #: float32 (where it is half or bfloat16), so that their input gradients add in float32 and
+    #: round once, as PyTorch's fused kernel does (``tilec.codegen``).
+    widens_input = False
     def __init__(self, *names: str, **attributes):
         self.names = names
         for key, value in attributes.items():

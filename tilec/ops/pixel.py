@@ -87,6 +87,7 @@ class BatchNorm(Pixel):
 
     fresh_result = True
     channels_last_backward_copy = True  # in a tile, its scale's gradient: the output gradient times the input
+    widens_input = True
     flop_count = 5
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:

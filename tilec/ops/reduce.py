@@ -284,6 +284,7 @@ class Normalise(Op):
 
     fresh_result = True
     channels_last_backward_copy = True  # in a tile, its scale's gradient: the output gradient times the input
+    widens_input = True
     flop_count = 5
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
