@@ -25,3 +25,8 @@ def efficientvit_b0():
 def convnext_atto():
     """ConvNeXt-Atto: a ``Dropout(0.0)`` in every block's channels-last MLP."""
     return load("timm").create_model("convnext_atto", pretrained=False, num_classes=10)
+
+
+def tresnet_m():
+    """TResNet-M: a space-to-depth stem written with views, and anti-aliased downsampling."""
+    return load("timm").create_model("tresnet_m", pretrained=False, num_classes=10)

@@ -162,6 +162,27 @@ def _upsample_conv(draw, channels: int) -> nn.Module:
     return nn.Sequential(Upsample(**options), nn.Conv2d(channels, draw(st.integers(1, 4)), 3, padding=1))
 
 
+class Shuffle(nn.Module):
+    """Sub-pixel upsampling (a 1x1 convolution to ``r²`` times the channels, ``pixel_shuffle``), or
+    space to depth (``pixel_unshuffle`` of the image cropped to multiples of ``r``, a 1x1 convolution)."""
+
+    def __init__(self, channels: int, out: int, r: int, up: bool):
+        super().__init__()
+        self.r, self.up = r, up
+        self.conv = nn.Conv2d(channels, out * r * r, 1) if up else nn.Conv2d(channels * r * r, out, 1)
+
+    def forward(self, x):
+        if self.up:
+            return F.pixel_shuffle(self.conv(x), self.r)
+        rows, cols = x.shape[2] // self.r * self.r, x.shape[3] // self.r * self.r
+        return self.conv(F.pixel_unshuffle(x[:, :, :rows, :cols], self.r))
+
+
+@st.composite
+def _shuffle(draw, channels: int) -> nn.Module:
+    return Shuffle(channels, draw(st.integers(1, 3)), draw(st.integers(2, 3)), draw(st.booleans()))
+
+
 class StdConv2d(nn.Conv2d):
     """A convolution whose weights its forward standardises per output channel (timm's
     ``StdConv2d``, BiT's): ``batch_norm`` with the weights' batch statistics, in either mode."""
@@ -250,7 +271,7 @@ POINTWISE = ("relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "elu", "lea
 WINDOWS = {"conv": _conv, "conv_relu_": _conv_relu_inplace, "pool": _pool, "transpose": _transpose,
            "upsample": _upsample_conv}
 #: Drawn only for ``programs(extras=True)``: the suite's older properties keep their examples.
-EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d)}
+EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d), "shuffle": _shuffle}
 
 
 @st.composite
@@ -258,7 +279,7 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
              extras: bool = False) -> Program:
     """A random program over an input of ``shape``; each step's output has at least 2x2 pixels.
     ``reductions``: also reductions over the image (module docstring) and maybe a pooled head;
-    ``extras``: also weight-standardised convolutions and global response norms."""
+    ``extras``: also weight-standardised convolutions, pixel shuffles and global response norms."""
     values = [torch.zeros(shape)]
     steps, modules = [], []
 
@@ -312,7 +333,7 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
                 module = draw(_reduction(channels, extras))
             else:
                 name = draw(st.sampled_from(sorted(WINDOWS) + sorted(EXTRA_WINDOWS) * extras))
-                if name in ("transpose", "upsample") and max(values[index].shape[2:]) > 24:
+                if name in ("transpose", "upsample", "shuffle") and max(values[index].shape[2:]) > 24:
                     name = "conv"
                 module = draw({**WINDOWS, **EXTRA_WINDOWS}[name](channels))
             extend([Step("module", (index,))], [module])

@@ -6,8 +6,9 @@ arguments of ``forward``, in order, named as there; each is given as ``(shape, d
 of ``None`` meaning the model's own (its first floating parameter's). Nodes are named as export names
 them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
 (``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
-op's result instead), and ops on pixels the model flattened into one dim run on rows and columns
-(``tilec.unflatten``). A ``with torch.autocast(..., enabled=False)`` block runs inline, its ops
+op's result instead), space to depth and depth to space written with views become pixel
+(un)shuffles (``tilec.blocks``), and ops on pixels the model flattened into one dim run on rows and
+columns (``tilec.unflatten``). A ``with torch.autocast(..., enabled=False)`` block runs inline, its ops
 marked (``tilec.autocast_blocks``).
 
 Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a fake input
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from tilec.autocast_blocks import OFF, inline_autocast
+from tilec.blocks import blocks
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import fake_mode, functionalize, made_like
 from tilec.graph import Graph, Shapes
@@ -378,6 +380,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
     _factories(program)
     _listed_tensors(program)
+    blocks(program)
     unflatten(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature

@@ -6,9 +6,10 @@ the local constants and the expression a tile computes it with, its FLOPs, and w
 backward keeps. Adding an op is one entry here (or one class beside the family it joins).
 
 Families: window ops (``window``), transposed convolution (``transpose``), upsampling
-(``resample``), padding and slicing (``crop``), per-pixel ops (``pixel``), reductions over the
-image (``reduce``, ``loss``: computed by sweeps inside tiled segments), and ops that read the whole
-map otherwise (``Whole``: they and what is computed only from their results run untiled).
+(``resample``), pixel shuffles (``shuffle``), padding and slicing (``crop``), per-pixel ops
+(``pixel``), reductions over the image (``reduce``, ``loss``: computed by sweeps inside tiled
+segments), and ops that read the whole map otherwise (``Whole``: they and what is computed only
+from their results run untiled).
 An op with no entry has no tiling rule (``UNKNOWN``): it runs in untiled segments only.
 """
 
@@ -39,6 +40,7 @@ from tilec.ops.pixel import (
 )
 from tilec.ops.reduce import Contraction, MaxPool, Normalise, Pool, Statistic
 from tilec.ops.resample import Upsample
+from tilec.ops.shuffle import PixelShuffle, PixelUnshuffle
 from tilec.ops.transpose import ConvTranspose2d
 from tilec.ops.window import AvgPool2d, Conv2d, MaxPool2d
 
@@ -49,6 +51,8 @@ OPS: tuple[Op, ...] = (
     AvgPool2d("avg_pool2d"),
     ConvTranspose2d("conv_transpose2d"),
     Upsample("upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_bilinear2d"),
+    PixelShuffle("pixel_shuffle"),
+    PixelUnshuffle("pixel_unshuffle"),
     Pad("pad", "constant_pad_nd"),
     Slice("slice"),
     # activations whose backward reads their result, run in place by tiles where that is safe
