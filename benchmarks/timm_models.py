@@ -30,3 +30,13 @@ def convnext_atto():
 def tresnet_m():
     """TResNet-M: a space-to-depth stem written with views, and anti-aliased downsampling."""
     return load("timm").create_model("tresnet_m", pretrained=False, num_classes=10)
+
+
+def skresnet18():
+    """SK-ResNet-18: selective kernels, a training-mode BatchNorm in every block's pooled attention."""
+    return load("timm").create_model("skresnet18", pretrained=False, num_classes=10)
+
+
+def rexnet_100():
+    """ReXNet-1.0: squeeze-and-excitation with a BatchNorm between its convolutions."""
+    return load("timm").create_model("rexnet_100", pretrained=False, num_classes=10)

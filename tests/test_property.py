@@ -222,13 +222,31 @@ class TrainingBatchNorm(nn.BatchNorm2d):
 
 
 class SqueezeExcite(nn.Module):
-    def __init__(self, channels: int, squeeze: int):
+    """``norm``: a training-mode BatchNorm between its convolutions (ReXNet's, SK's)."""
+
+    def __init__(self, channels: int, squeeze: int, norm: bool = False):
         super().__init__()
         self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.norm = TrainingBatchNorm(squeeze) if norm else nn.Identity()
         self.fc2 = nn.Conv2d(squeeze, channels, 1)
 
     def forward(self, x):
-        return x * torch.sigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
+        return x * torch.sigmoid(self.fc2(F.relu(self.norm(self.fc1(F.adaptive_avg_pool2d(x, 1))))))
+
+
+class ImagePooling(nn.Module):
+    """DeepLab's image pooling: pooled, a 1x1 convolution, training-mode BatchNorm, upsampled back
+    (bilinear or nearest) to the image's size and concatenated with it."""
+
+    def __init__(self, channels: int, out: int, mode: str):
+        super().__init__()
+        self.mode = mode
+        self.conv, self.norm = nn.Conv2d(channels, out, 1), TrainingBatchNorm(out)
+
+    def forward(self, x):
+        pooled = self.norm(self.conv(F.adaptive_avg_pool2d(x, 1)))
+        options = {"align_corners": False} if self.mode == "bilinear" else {}
+        return torch.cat([x, F.interpolate(pooled, size=x.shape[-2:], mode=self.mode, **options)], 1)
 
 
 class PooledHead(nn.Module):
@@ -245,7 +263,8 @@ class PooledHead(nn.Module):
 
 @st.composite
 def _reduction(draw, channels: int, extras: bool) -> nn.Module:
-    kind = draw(st.sampled_from(["batch_norm", "batch_norm", "batch_stats", "group_norm", "se"] + ["grn"] * extras))
+    kind = draw(st.sampled_from(["batch_norm", "batch_norm", "batch_stats", "group_norm", "se"]
+                                + ["grn", "se_norm", "image_pooling"] * extras))
     if kind == "batch_norm":
         return TrainingBatchNorm(channels, momentum=draw(st.sampled_from([0.1, 0.5, None])))
     if kind == "batch_stats":
@@ -254,6 +273,10 @@ def _reduction(draw, channels: int, extras: bool) -> nn.Module:
         return nn.GroupNorm(draw(st.sampled_from(_divisors(channels))), channels)
     if kind == "grn":
         return GlobalResponseNorm(channels, draw(st.booleans()))
+    if kind == "image_pooling":
+        return ImagePooling(channels, draw(st.integers(1, 3)), draw(st.sampled_from(["bilinear", "nearest"])))
+    if kind == "se_norm":
+        return SqueezeExcite(channels, draw(st.integers(1, 3)), norm=True)
     return SqueezeExcite(channels, draw(st.integers(1, 3)))
 
 
@@ -279,7 +302,8 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
              extras: bool = False) -> Program:
     """A random program over an input of ``shape``; each step's output has at least 2x2 pixels.
     ``reductions``: also reductions over the image (module docstring) and maybe a pooled head;
-    ``extras``: also weight-standardised convolutions, pixel shuffles and global response norms."""
+    ``extras``: also weight-standardised convolutions, pixel shuffles, global response norms,
+    squeeze-and-excitation with a BatchNorm and DeepLab's image pooling."""
     values = [torch.zeros(shape)]
     steps, modules = [], []
 
@@ -293,8 +317,8 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
             with torch.no_grad():
                 outs = [Program([*steps, *new_steps[:k + 1]], [*modules, *new_modules[:k + 1]], (len(values) + k,),
                                 "tensor").eval()(values[0]) for k in range(len(new_steps))]
-        except RuntimeError:
-            return False  # the input is too small for this op
+        except (RuntimeError, ValueError):
+            return False  # the input is too small for this op (a batch of one for a pooled BatchNorm)
         if any(min(out.shape[2:]) < 2 for out in outs):
             return False
         steps.extend(new_steps)

@@ -259,7 +259,10 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
         elif node.op == "getitem":
             expr = f"{view.var(node.args[0].value)}[{node.args[1].value}]"
         else:
-            expr = kept_off(node, rule(node).untiled(node, _mode_args(node, view), graph)) or view.whole(node).expr
+            args = _mode_args(node, view)
+            if node.op == "batch_norm" and node.args[3].kind != "const":  # running statistics: updated once
+                args[3], args[4] = (f"({a} if update or not {args[5]} else None)" for a in args[3:5])
+            expr = kept_off(node, rule(node).untiled(node, args, graph)) or view.whole(node, args).expr
         if rule(node).draws(node):
             expr = f"{expr} if update else r[{name!r}]"
         statements.append(Statement(f"r[{name!r}]", expr))
@@ -455,8 +458,8 @@ def _program(plan: Plan, prefix: str, constants: Constants) -> ProgramView:
     views = [_segment_view(segment, graph, all_tensors, constants, in_place, channels_last, prefix)
              for segment in plan.segments]
     tiled_nodes = [node for s in plan.segments if s.mode == "tiled" for node in graph.members(s.first, s.stop)]
-    eval_only = tuple(sorted({n.path for n in tiled_nodes if mode_flag(n) is not None
-                              and role(graph, n.name) != "reduction"}))
+    eval_only = tuple(sorted({n.path for n in tiled_nodes if mode_flag(n) is not None and not (
+        role(graph, n.name) == "reduction" or role(graph, n.name) == "small" and n.op == "batch_norm")}))
     batch_norm_paths = tuple(sorted({n.path for n in plan.model.nodes if is_batch_norm_module(n)}))
     train_paths = tuple(sorted({n.path for n in plan.model.nodes
                                 if mode_flag(n) is not None or updates_buffer(n)} - set(batch_norm_paths)))

@@ -29,7 +29,7 @@ from tilec.ops import rule
 def role(graph: Graph, name: str) -> str:
     """``"tile"``, ``"reduction"`` or ``"small"`` (module docstring)."""
     node = graph.nodes[name]
-    if not graph.sliced_inputs(node):
+    if not graph.sliced_inputs(node) and not graph.is_image(name):
         return "small"
     return "reduction" if rule(node).reduces(node, graph) else "tile"
 

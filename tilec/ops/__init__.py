@@ -156,14 +156,17 @@ def _after_reduction(name: str, shapes: Shapes, seen: dict[str, bool]) -> bool:
 def tileable(node: NodeSpec, shapes: Shapes) -> bool:
     """Whether ``node`` may run in a tiled segment: tile by tile (it reads an image, its rule has
     no objection, ``Op.check``, which raises for what tilec cannot compute at all, and it outputs
-    an image), as a reduction by sweeps (``Op.reduces``), or once per sweep as a *small* op (no
-    image in or out) that is deterministic and writes into no buffer; a random small op only where
-    no reduction precedes it, so that it is drawn once per step."""
+    an image; or it makes an image of small inputs, ``Op.spreads``), as a reduction by sweeps
+    (``Op.reduces``), or once per sweep as a *small* op (no image in or out) that writes into no
+    buffer (a training-mode BatchNorm updates its running statistics in the forward pass alone,
+    ``tilec.codegen``); a random small op only where no reduction precedes it, so that it is drawn
+    once per step."""
     op = rule(node)
     image = node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
     if not shapes.sliced_inputs(node):
-        if image or updates_buffer(node) or (node.op == "batch_norm" and const(node, 5, False)
-                                              and node.args[3].kind != "const"):
+        if image:
+            return op.spreads(node, shapes)
+        if updates_buffer(node):
             return False
         return not op.draws(node) or not any(_after_reduction(i, shapes, {}) for i in node.inputs)
     if op.reduces(node, shapes):

@@ -175,6 +175,11 @@ class Op:
         """Whether ``node`` is a reduction a tiled segment computes by sweeps (module docstring)."""
         return False
 
+    def spreads(self, node: NodeSpec, shapes: Shapes) -> bool:
+        """Whether ``node`` makes an image of inputs that are not images (a pooled map upsampled back
+        to the image's size): each tile computes its own part from them, read whole."""
+        return False
+
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         """Elements of each tensor of a partial (``partial``): a step keeps the tiles' merged one
         from the forward sweep that computes it until the segment's backward ends."""

@@ -82,8 +82,15 @@ class Upsample(Op):
             fail(node, "upsampling needs an NCHW input")
         return None
 
+    def spreads(self, node: NodeSpec, shapes: Shapes) -> bool:
+        """One pixel upsampled: every output is it (DeepLab's image pooling branch)."""
+        source = shapes.shape(node.inputs[0])
+        return len(source) == 4 and source[2] == source[3] == 1 and shapes.spatial(node.inputs[0]) == (2, 3)
+
     def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
         source = node.inputs[0]
+        if self.spreads(node, shapes):
+            return []
         if not out.length:
             return [Need(source, Interval(0, 0), False)]
         mapping = resample_map(node, axis, shapes.size(source, axis), node.shape[2 + axis])
@@ -91,7 +98,7 @@ class Upsample(Op):
 
     def extras(self, node: NodeSpec, step: AxisStep, axis: int, shapes: Shapes):
         """Local ``(low, high, frac)`` index maps of upsampling over the tile's output."""
-        if step.out.length == 0:
+        if step.out.length == 0 or self.spreads(node, shapes):
             return None
         source = node.inputs[0]
         mapping = resample_map(node, axis, shapes.size(source, axis), node.shape[2 + axis])
@@ -101,6 +108,9 @@ class Upsample(Op):
         return low, high, None if mapping.frac is None else mapping.frac[start:stop]
 
     def emit(self, node: NodeSpec, tile) -> str:
+        if self.spreads(node, tile.shapes):
+            rows, cols = ((0,) * step.out.length for step in (tile.row, tile.col))
+            return f"gather({tile.var(node.inputs[0])}, {tile.constant(rows)}, {tile.constant(cols)})"
         low_r, high_r, frac_r = self.extras(node, tile.row, 0, tile.shapes)
         low_c, high_c, frac_c = self.extras(node, tile.col, 1, tile.shapes)
         source = tile.read(node.inputs[0])
