@@ -51,7 +51,8 @@ def budget_bytes(budget: str, measured: dict) -> int | None:
 
 def point(args, size: int, variant: str, **options) -> Point:
     """One point of this run: the run's model, step options and allocator unless overridden."""
-    extra = (*(("--attr", args.attr) if args.attr != "model" else ()), "--grad", args.grad,
+    extra = (*(("--attr", args.attr) if args.attr != "model" else ()), *(("--batch", str(args.batch)) if args.batch != 1
+                                                                         else ()), "--grad", args.grad,
              "--repeats", str(args.repeats), *(("--busy",) if args.busy else ()),
              *(("--autocast", args.autocast) if args.autocast else ()),
              *(("--tile-size", str(args.tile_size)) if variant == "lightstream" else ()))
@@ -217,6 +218,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", default="auto",
                         help=f"tilec's and auto's tile kernels, comma-separated of {', '.join(KERNEL_CHOICES)} "
                              "(TiledModel(kernels=...); default auto)")
+    parser.add_argument("--batch", type=int, default=1, help="images per step (a training-mode BatchNorm of a "
+                        "pooled map needs two)")
     parser.add_argument("--grad", choices=("sum", "randn"), default="sum")
     parser.add_argument("--repeats", type=int, default=1, help="steps timed per process (best is shown)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
