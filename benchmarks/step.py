@@ -428,11 +428,11 @@ def gpu_busy(step) -> tuple[float, float]:
 
 
 def warm_up(model: nn.Module, shape, device, autocast: str | None = None) -> None:
-    """A tiny forward+backward of the plain model (loads kernels, starts threads), under
+    """A tiny forward+backward of the plain model (its batch at a small side: loads kernels, starts threads), under
     ``torch.autocast`` with dtype ``autocast`` if given (the measured steps' kernels); grads reset."""
     pools = [m for m in model.modules() if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))]
     side = max(64, 2 ** len(pools)) if type(model) is not nn.Sequential else max(32, 2 ** len(pools))
-    x = torch.randn((1, shape[1], side, side), device=device)
+    x = torch.randn((shape[0], shape[1], side, side), device=device)
     with _autocast(device, autocast):
         outs = _leaves(model(x))
     torch.autograd.backward([out.sum() for out in outs])
