@@ -1,6 +1,7 @@
 """Published models as their packages build them, tiled against plain PyTorch in float64.
 
     python benchmarks/published.py [NAME ...]
+    python benchmarks/published.py --untiled [NAME ...]
 
 For each of torchvision's and timm's classifiers, backbones and segmentation models in ``MODELS``
 (random weights, 10 classes, a (2, 3, 64, 64) input, a 2x2 grid), in a process of its own with one
@@ -150,9 +151,34 @@ def row(record: dict) -> str:
     return f"| {record['model']} | {record['mode']} | {record['worst']:.1e} | {relative} | {plain} |"
 
 
+def untiled(names: list[str]) -> None:
+    """``--untiled``: per model and mode, traced at (2, 3, 128, 128), the nodes before its last
+    image op that run untiled (in stored segments, where the maps around them are kept whole)."""
+    from tilec.errors import TilecError
+    from tilec.trace import trace
+
+    print("| model | traced in | untiled before its last image op |")
+    print("|---|---|---|")
+    for name in names:
+        for mode in ("eval", "train"):
+            try:
+                graph = trace(build(name).train(mode == "train"), (2, 3, 128, 128))
+            except TilecError as error:
+                print(f"| {name} | {mode} | refused: {str(error)[:100]} |", flush=True)
+                continue
+            nodes = list(graph)
+            last = max(k for k, node in enumerate(nodes) if graph.sliced_inputs(node))
+            found = [f"{node.op} ({node.path})" for node in nodes[:last] if not node.tileable]
+            print(f"| {name} | {mode} | {', '.join(found[:3]) or 'none'}{' ...' if len(found) > 3 else ''} |",
+                  flush=True)
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--one"]:
         print(json.dumps(one(argv[1], argv[2])))
+        return
+    if argv[:1] == ["--untiled"]:
+        untiled(argv[1:] or list(MODELS))
         return
     print("| model | compiled in | worst absolute | worst relative, where the absolute is above 1e-10 "
           "| plain's own, same tensor |")
