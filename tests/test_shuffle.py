@@ -99,3 +99,21 @@ def test_a_shuffle_reads_the_blocks_its_outputs_come_from(out, read):
     node = next(node for node in graph if node.op == "pixel_shuffle")
     (need,) = PixelShuffle("pixel_shuffle").need(node, 0, Interval(*out), graph)
     assert need.interval == Interval(*read)
+
+
+class ShuffledChannelsLast(nn.Module):
+    """``pixel_unshuffle`` of a channels-last map: its blocks are of columns and channels, not of
+    the image's rows and columns; it runs untiled, not refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.out = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.out(F.pixel_unshuffle(self.conv(x).permute(0, 2, 3, 1), 2).permute(0, 3, 1, 2))
+
+
+def test_a_shuffle_of_other_dims_runs_untiled():
+    graph = trace(ShuffledChannelsLast(), (1, 3, 8, 10))
+    assert not next(node for node in graph if node.op == "pixel_unshuffle").tileable
+    check_exact(ShuffledChannelsLast(), (1, 3, 8, 10), grid=(2, 2))
