@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_value, made_like
+from tilec.functionalize import fake_mode, fake_shape, made_like
 
 aten = torch.ops.aten
 VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
@@ -33,10 +33,6 @@ COPIES = {aten.contiguous.default, aten.clone.default}
 TO_VIEW = (0, 1, 4, 2, 5, 3)
 #: The permute taking the view's (N, C, h, r, w, r) to ``pixel_shuffle``'s blocks (N, C, r, r, h, w).
 TO_BLOCKS = (0, 1, 3, 5, 2, 4)
-
-
-def _shape(node) -> tuple[int, ...]:
-    return tuple(fake_value(node).shape)
 
 
 def _split(source: tuple[int, ...], target: tuple[int, ...]) -> int | None:
@@ -65,17 +61,17 @@ class _Rewrite:
         for node in list(self.graph.nodes):
             if node.op != "call_function" or node.target not in VIEWS or not isinstance(node.args[0], torch.fx.Node):
                 continue
-            source, target = _shape(node.args[0]), _shape(node)
-            if _split(source, target):
-                self.space_to_depth(node, _split(source, target))
+            source, target = fake_shape(node.args[0]), fake_shape(node)
+            if r := _split(source, target):
+                self.space_to_depth(node, r)
                 changed = True
-            elif _split(target, source):
-                self.depth_to_space(node, _split(target, source))
+            elif r := _split(target, source):
+                self.depth_to_space(node, r)
                 changed = True
         return changed
 
     def space_to_depth(self, view, r: int):
-        n, c, rows, cols = _shape(view.args[0])
+        n, c, rows, cols = fake_shape(view.args[0])
         with self.graph.inserting_before(view):
             unshuffled = self.new(aten.pixel_unshuffle.default, [view.args[0], r], view, f"{view.name}_unshuffle")
             blocks = self.new(aten.view.default, [unshuffled, [n, c, r, r, rows // r, cols // r]], view,
@@ -94,7 +90,7 @@ class _Rewrite:
 
     def depth_to_space(self, view, r: int):
         source, passed = view.args[0], [view]
-        n, c, rows, _, cols, _ = _shape(source)
+        n, c, rows, _, cols, _ = fake_shape(source)
         order = list(TO_BLOCKS)
         while source.target in COPIES and len(source.users) == 1:
             passed.append(source)

@@ -56,6 +56,11 @@ def fake_value(node):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
+def fake_shape(node) -> tuple[int, ...]:
+    """The shape export recorded for ``node``'s tensor value."""
+    return tuple(int(n) for n in fake_value(node).shape)
+
+
 def fake_mode(graph: torch.fx.Graph):
     """The fake mode export traced ``graph`` under (its placeholders' values'), for new nodes' values."""
     return detect_fake_mode([n.meta["val"] for n in graph.nodes if n.op == "placeholder"])

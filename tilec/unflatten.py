@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_value, made_like
+from tilec.functionalize import fake_mode, fake_shape, fake_value, made_like
 from tilec.ops.reduce import Contraction
 
 aten = torch.ops.aten
@@ -82,10 +82,6 @@ class Parts(Flat):
 #: Ops returning parts of a tensor along a dim, and the argument holding the dim.
 SPLITS = {aten.chunk.default: 2, aten.split.Tensor: 2, aten.split_with_sizes.default: 2}
 PADS = {aten.pad.default, aten.constant_pad_nd.default}
-
-
-def _shape(node) -> tuple[int, ...]:
-    return tuple(int(n) for n in fake_value(node).shape)
 
 
 def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, list[int]] | None:
@@ -158,7 +154,7 @@ class _Rewrite:
         ``node``'s shape (the region ends there)."""
         flats = [a for a in args if isinstance(a, Flat)]
         target, name = node.target, getattr(node.target, "_opname", "")
-        rank = len(_shape(node)) if isinstance(fake_value(node), torch.Tensor) else None
+        rank = len(fake_shape(node)) if isinstance(fake_value(node), torch.Tensor) else None
         if target == aten._assert_tensor_metadata.default:
             return args[0]  # a check of dtype and device (before ``x.float()``), as true of the twin: dropped
         if target is operator.getitem and isinstance(args[0], Parts):
@@ -167,12 +163,12 @@ class _Rewrite:
                for a in args):
             raise Unsupported("a list of tensors holding the merged dim")
         if target in VIEWS:
-            return self.view(flats[0], _shape(node.args[0]), _shape(node))
+            return self.view(flats[0], fake_shape(node.args[0]), fake_shape(node))
         if name in ELEMENTWISE:
-            at = next(rank - len(_shape(n)) + a.f for a, n in zip(args, node.args, strict=False)
+            at = next(rank - len(fake_shape(n)) + a.f for a, n in zip(args, node.args, strict=False)
                       if isinstance(a, Flat))
             for a, n in zip(args, node.args, strict=False):
-                if isinstance(a, Flat) and rank - len(_shape(n)) + a.f != at:
+                if isinstance(a, Flat) and rank - len(fake_shape(n)) + a.f != at:
                     raise Unsupported("its inputs hold the merged dim in different places")
             return Flat(self.make(target, *[self.broadcast(a, at, rank) for a in args], **node.kwargs), at)
         if target in (aten.matmul.default, aten.bmm.default):
@@ -213,7 +209,7 @@ class _Rewrite:
             return Flat(self.make(target, x.node, dim + (dim > f)), f - (dim < f))
         if target in SPLITS or target in (aten.slice.Tensor, aten.select.int):
             at = SPLITS.get(target, 1)
-            dim = (args[at] if len(args) > at else 0) % (len(_shape(node.args[0])))
+            dim = (args[at] if len(args) > at else 0) % (len(fake_shape(node.args[0])))
             if dim == f:
                 raise Unsupported("splitting or slicing the merged dim")
             new = self.make(target, x.node, *args[1:at], dim + (dim > f), *args[at + 1:])
@@ -244,7 +240,7 @@ class _Rewrite:
             return arg.node
         if not isinstance(arg, torch.fx.Node) or not isinstance(fake_value(arg), torch.Tensor):
             return arg
-        shape = _shape(arg)
+        shape = fake_shape(arg)
         local = at - (rank - len(shape))
         if local < 0:
             return arg
@@ -255,7 +251,7 @@ class _Rewrite:
     def view(self, x: Flat, source: tuple[int, ...], target: tuple[int, ...]):
         """A view of a region's tensor (``source``, merged dim at ``x.f``) to ``target``: keeping
         the merged dim whole, or splitting it into (H, W), which ends the region."""
-        height, width = _shape(x.node)[x.f:x.f + 2]
+        height, width = fake_shape(x.node)[x.f:x.f + 2]
         before = math.prod(source[:x.f])
         for g in range(len(target) + 1):
             if math.prod(target[:g]) != before:
@@ -268,7 +264,7 @@ class _Rewrite:
 
     def reduce(self, node, x: Flat, args: list):
         """``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` over dims of a region's tensor."""
-        rank = len(_shape(node.args[0]))
+        rank = len(fake_shape(node.args[0]))
         where, keep_at = REDUCTIONS[node.target._opname]
         dims = args[where] if len(args) > where else None
         dims = list(range(rank)) if dims in (None, [], ()) else [d % rank for d in dims]
@@ -282,7 +278,7 @@ class _Rewrite:
     def matmul(self, node, args: list):
         """``a @ b`` with the merged dim in one or both of ``a`` and ``b`` (ranks 2 and more)."""
         a, b = args[:2]
-        ranks = [len(_shape(n)) for n in node.args[:2]]
+        ranks = [len(fake_shape(n)) for n in node.args[:2]]
         if min(ranks) < 2:
             raise Unsupported("a matmul of a vector")
         if isinstance(a, Flat) and isinstance(b, Flat):
@@ -322,12 +318,12 @@ class _Rewrite:
         tokens are the merged dim, without a mask, dropout or causality: ``softmax(q @ k^T * scale) @ v``."""
         q, k, v = args[:3]
         options = dict(zip(("attn_mask", "dropout_p", "is_causal"), args[3:6], strict=False)) | dict(node.kwargs)
-        rank = len(_shape(node.args[1]))
+        rank = len(fake_shape(node.args[1]))
         if (isinstance(q, Flat) or not isinstance(k, Flat) or not isinstance(v, Flat) or k.f != rank - 2
                 or v.f != rank - 2 or options.get("attn_mask") is not None or options.get("dropout_p", 0.0)
                 or options.get("is_causal") or options.get("enable_gqa")):
             raise Unsupported("attention with the merged dim as queries, a mask, dropout or grouped heads")
-        scale = options.get("scale") or _shape(node.args[0])[-1] ** -0.5
+        scale = options.get("scale") or fake_shape(node.args[0])[-1] ** -0.5
         order = [*range(rank - 2), rank, rank - 2, rank - 1]  # (..., H, W, E) -> (..., E, H, W)
         keys = Flat(self.make(aten.permute.default, k.node, order), rank - 1)
         scores = self.columns(q, keys, rank)
@@ -367,7 +363,7 @@ class _Rewrite:
         """A view merging a 4-D tensor's image axes starts a region (reading a twin: joining its)."""
         if node.target not in VIEWS or not isinstance(fake_value(node), torch.Tensor):
             return
-        merged = _merged_at(_shape(node.args[0]), _shape(node))
+        merged = _merged_at(fake_shape(node.args[0]), fake_shape(node))
         if merged is None:
             return
         self.region = len(self.parent)
@@ -376,7 +372,7 @@ class _Rewrite:
         if node.args[0] in self.result:
             self.join(self.result[node.args[0]][1])
         g, unmerged = merged
-        if list(_shape(node.args[0])) != unmerged:  # dims before H and W regrouped
+        if list(fake_shape(node.args[0])) != unmerged:  # dims before H and W regrouped
             source = self.make(aten.reshape.default, source, unmerged)
             self.made[-1] = (source, self.region)
         self.result[node] = (Flat(source, g), self.find(self.region))
