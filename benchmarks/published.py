@@ -115,8 +115,9 @@ def draws_masks(model: nn.Module) -> bool:
 
 
 class ChannelsLast(nn.Module):
-    """``model`` run plain but channels-last, sharing its parameters (converted on the first forward,
-    after ``max_errors`` has made them float64), drawing tilec's dropout masks as the reference does."""
+    """``model`` run plain but channels-last, sharing its parameters (their 4-D ones converted on the
+    first forward, after ``max_errors`` has made them float64; a Conv3d's weight stays as it is),
+    drawing tilec's dropout masks as the reference does."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -125,7 +126,9 @@ class ChannelsLast(nn.Module):
     def forward(self, x):
         from support.exactness import counted
 
-        self.model.to(memory_format=torch.channels_last)
+        for tensor in (*self.model.parameters(), *self.model.buffers()):
+            if tensor.dim() == 4:
+                tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
         return counted(self.model)(x.contiguous(memory_format=torch.channels_last))
 
 
@@ -153,8 +156,10 @@ def row(record: dict) -> str:
 
 def untiled(names: list[str]) -> None:
     """``--untiled``: per model and mode, traced at (2, 3, 128, 128), the nodes before its last
-    image op that run untiled (in stored segments, where the maps around them are kept whole)."""
+    image op that run untiled (in stored segments, where the maps around them are kept whole:
+    ``tilec.report.untiled_nodes``), the first three with why."""
     from tilec.errors import TilecError
+    from tilec.report import untiled_nodes
     from tilec.trace import trace
 
     print("| model | traced in | untiled before its last image op |")
@@ -166,11 +171,10 @@ def untiled(names: list[str]) -> None:
             except TilecError as error:
                 print(f"| {name} | {mode} | refused: {str(error)[:100]} |", flush=True)
                 continue
-            nodes = list(graph)
-            last = max(k for k, node in enumerate(nodes) if graph.sliced_inputs(node))
-            found = [f"{node.op} ({node.path})" for node in nodes[:last] if not node.tileable]
-            print(f"| {name} | {mode} | {', '.join(found[:3]) or 'none'}{' ...' if len(found) > 3 else ''} |",
-                  flush=True)
+            found = untiled_nodes(graph)
+            named = ", ".join(f"{node.op} ({node.path}: {why})" for node, why in found[:3])
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            print(f"| {name} | {mode} | {named or 'none'}{more} |", flush=True)
 
 
 def main(argv: list[str]) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilec.codegen import render
-from tilec.errors import GridError, UnsupportedLayerError
+from tilec.errors import GridError
 from tilec.pipeline import build, plan_for
 from tilec.planner import default_segments
 from tilec.target import REFERENCE
@@ -246,18 +246,6 @@ def test_one_training_mode_batch_norm_in_an_eval_body_is_exact(grid):
     assert "buffer layer1.bn2.running_var" in errors and "buffer layer1.bn2.num_batches_tracked" in errors
 
 
-def test_alpha_dropout_in_training_mode_in_the_body_is_refused():
-    """Alpha dropout draws a mask over the whole image from PyTorch's stream, which no tile can
-    reproduce (element-wise Dropout draws tilec's counter-based masks: ``tests/test_dropout.py``)."""
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AlphaDropout(0.3), nn.Conv2d(4, 2, 3)).train()
-    with pytest.raises(UnsupportedLayerError) as error:
-        build(model, (1, 3, 11, 9), (2, 2))
-    message = str(error.value)
-    assert "\n" not in message
-    assert "aten.alpha_dropout" in message and "module 2 (AlphaDropout)" in message and "training mode" in message
-    assert ".eval()" in message and "Dropout2d" in message
-
-
 def test_body_batch_norm_switched_to_training_after_compiling_is_refused():
     name = "resnet_basic"
     model = ZOO[name]()
@@ -272,7 +260,7 @@ def test_body_batch_norm_switched_to_training_after_compiling_is_refused():
     tiled(x)
 
 
-# --- unsupported ops ------------------------------------------------------------------------------
+# --- ops in other layouts ------------------------------------------------------------------------
 
 
 class Body(nn.Module):
@@ -296,26 +284,6 @@ class Lambda(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
-
-
-@pytest.mark.parametrize(
-    ("op", "message"),
-    [
-        (lambda x: torch.flip(x, [2]), r"op aten\.flip from module stage\.op \(Lambda\) is not supported"),
-        (lambda x: torch.roll(x, 1, 3), r"op aten\.roll from module stage\.op \(Lambda\)"),
-        (lambda x: F.pad(x, (1, 1, 1, 1), mode="circular"),
-         r"op aten\.pad from module stage\.op \(Lambda\) is not supported: padding mode 'circular'"),
-        (lambda x: torch.cat([x, x], dim=2), r"op aten\.cat from module stage\.op \(Lambda\).*image axis"),
-        (lambda x: x[:, :, ::2], r"aten\.slice from module stage\.op.*step"),
-        (lambda x: torch.einsum("bchw,bchw->bchw", x, x),
-         r"op aten\.einsum from module stage\.op \(Lambda\) is not supported: an einsum other than"),
-    ],
-    ids=["flip", "roll", "circular_pad", "cat_rows", "strided_slice", "einsum"],
-)
-def test_unsupported_op_is_refused(op, message):
-    with pytest.raises(UnsupportedLayerError, match=message) as error:
-        build(Body(op).eval(), (1, 3, 11, 9), (2, 2))
-    assert "\n" not in str(error.value)
 
 
 class UnitDims(nn.Module):
@@ -384,25 +352,6 @@ def test_model_tensors_in_list_arguments():
     check_exact(ListedTensors(), (2, 3, 13, 11), grid=(3, 2))
 
 
-class PositionalEmbedding(nn.Module):
-    """Adds a parameter as large as the image, as it is or computed from (scaled)."""
-
-    def __init__(self, scaled: bool):
-        super().__init__()
-        self.conv, self.scaled = nn.Conv2d(3, 4, 3, padding=1), scaled
-        self.position = nn.Parameter(torch.randn(1, 4, 11, 9))
-
-    def forward(self, x):
-        return self.conv(x) + (self.position * 2 if self.scaled else self.position)
-
-
-@pytest.mark.parametrize("scaled", [False, True], ids=["parameter", "computed"])
-def test_a_positional_embedding_is_refused_in_one_line(scaled):
-    with pytest.raises(UnsupportedLayerError, match=r"op aten\.add from the model's forward \(PositionalEmbedding\) is "
-                                                    r"not supported: it combines the image with a tensor spanning"):
-        build(PositionalEmbedding(scaled), (1, 3, 11, 9), (2, 2))
-
-
 @pytest.mark.parametrize("swap", [lambda x: x.transpose(2, 3), lambda x: x.permute(0, 1, 3, 2)],
                          ids=["transpose", "permute"])
 def test_swapping_height_and_width_runs_untiled_and_exact(swap):
@@ -411,12 +360,6 @@ def test_swapping_height_and_width_runs_untiled_and_exact(swap):
     segments = plan_for(trace(Body(swap).eval(), (1, 3, 11, 9)), REFERENCE, "m", grid=(2, 3)).segments
     assert [s.mode for s in segments] == ["tiled", "stored"]
     check_exact(Body(swap).eval(), (1, 3, 11, 9), grid=(2, 3))
-
-
-def test_conv_with_circular_padding_mode_is_refused():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1, padding_mode="circular"))
-    with pytest.raises(UnsupportedLayerError, match=r"aten\.pad from module 1 \(Conv2d\).*'circular'"):
-        build(model, (1, 3, 11, 9), (2, 2))
 
 
 # --- the generated TiledModel refuses a model its plan does not fit -------------------------------

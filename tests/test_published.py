@@ -102,13 +102,22 @@ def test_stack_and_unbind_along_non_image_dims_tile(grid):
     check_exact(Unbound(), (2, 3, 13, 11), grid=grid)
 
 
-def test_unbinding_an_image_axis_is_refused_in_one_line():
-    class Rows(nn.Module):
-        def forward(self, x):
-            return torch.stack(x.unbind(2), dim=2) * 2
+class Rows(nn.Module):
+    """Unbinds the rows of a map and stacks them again."""
 
-    with pytest.raises(UnsupportedLayerError, match=r"aten.unbind .*unbinding an image axis is not supported"):
-        trace(Rows(), (1, 3, 5, 7))
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.stack(self.conv(x)[:, :3].unbind(2), dim=2) * 2)
+
+
+def test_unbinding_an_image_axis_runs_untiled_and_exact():
+    """The rows, without image axes, run untiled up to the stack that makes an image of them again."""
+    untiled = [node.op for node in trace(Rows(), (1, 3, 5, 7)) if not node.tileable]
+    assert untiled == ["unbind", *["getitem"] * 5, "stack"]
+    check_exact(Rows(), (1, 3, 5, 7), grid=(2, 3))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from tilec.config import segments_text
 from tilec.errors import TilecError
 from tilec.graph import Graph
 from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment
-from tilec.ops import rule
+from tilec.ops import rule, why_untiled
 from tilec.regions import Interval
 
 
@@ -114,6 +114,7 @@ def describe_plan(plan: Plan) -> Table:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
             f"{cone[-1]} ({len(cone)} nodes)" for cone in groups.values()))
     captions += clipped_grids(plan)
+    captions += untiled(plan)
     if plan.backgrounds:
         captions.append(f"background of {', '.join(plan.backgrounds)} known when compiling: the estimate leaves "
                         "out the tiles that reuse an identical one, " + "; ".join(
@@ -192,6 +193,25 @@ def _level(level) -> str:
     names = ", ".join([*level.reductions, *(f"{name} (small)" for name in level.small)])
     how = "direct" if level.direct else "swept" if level.swept else "combined"
     return f"level {level.index} ({how}): {names}"
+
+
+def untiled_nodes(graph: Graph) -> list[tuple[NodeSpec, str]]:
+    """The nodes before ``graph``'s last image op that run untiled, whatever the plan (in stored
+    segments, where the maps around them are kept whole), each with why (``tilec.ops.why_untiled``)."""
+    nodes = list(graph)
+    last = max((k for k, node in enumerate(nodes) if graph.sliced_inputs(node)), default=0)
+    return [(node, why_untiled(node, graph)) for node in nodes[:last] if not node.tileable]
+
+
+def untiled(plan: Plan) -> list[str]:
+    """A line naming the nodes that run untiled before the last image op (``untiled_nodes``), at
+    most five, where there are any."""
+    found = untiled_nodes(Graph.of_plan(plan))
+    if not found:
+        return []
+    named = "; ".join(f"{node.name} (aten.{node.op}, {node.path or 'forward'}): {why}" for node, why in found[:5])
+    more = f"; and {len(found) - 5} more (tilec inspect --nodes)" if len(found) > 5 else ""
+    return [f"{len(found)} node(s) run untiled, the maps around them kept whole: {named}{more}"]
 
 
 def clipped_grids(plan: Plan) -> list[str]:

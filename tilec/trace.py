@@ -43,7 +43,7 @@ from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import fake_mode, functionalize, made_like
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
-from tilec.ops import const, mode_flag, rule, tileable, updates_buffer
+from tilec.ops import const, lost, mode_flag, rule, tileable, updates_buffer
 from tilec.runtime.checks import follows_mode, named_tensors
 from tilec.unflatten import unflatten
 
@@ -439,7 +439,10 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
         if all(name in derived for name in node.inputs) and (node.inputs or any(a.kind == "tensor" for a in args)):
             derived.add(node.name)  # no image axes, whatever its shape: a standardised weight, a bias's view
         else:
-            node = node.model_copy(update={"spatial": rule(node).layout(node, shapes)})
+            spatial = rule(node).layout(node, shapes)
+            if spatial is None and len(out_shape) == 4 and any(lost(name, shapes) for name in node.inputs):
+                spatial = (2, 3)  # an image again, of values that had left the image axes
+            node = node.model_copy(update={"spatial": spatial})
         if mutated is not None and functional is not None:
             names[mutated.name] = fx_node.name  # later readers of the mutated tensor read this result
         names[fx_node.name] = fx_node.name

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
-from tilec.ops.base import Need, Op, Whole, const, fail
+from tilec.ops.base import WHOLE_MAP, Need, Op, Whole, const
 from tilec.ops.crop import Pad, Slice
 from tilec.ops.loss import Loss
 from tilec.ops.pixel import (
@@ -153,26 +153,55 @@ def _after_reduction(name: str, shapes: Shapes, seen: dict[str, bool]) -> bool:
     return seen[name]
 
 
-def tileable(node: NodeSpec, shapes: Shapes) -> bool:
-    """Whether ``node`` may run in a tiled segment: tile by tile (it reads an image, its rule has
-    no objection, ``Op.check``, which raises for what tilec cannot compute at all, and it outputs
-    an image; or it makes an image of small inputs, ``Op.spreads``), as a reduction by sweeps
-    (``Op.reduces``), or once per sweep as a *small* op (no image in or out) that writes into no
-    buffer (a training-mode BatchNorm updates its running statistics in the forward pass alone,
+def lost(name: str, shapes: Shapes, seen: dict[str, bool] | None = None) -> bool:
+    """Whether tensor ``name`` holds an image's values without its image axes: the result of an op
+    that runs untiled on an image for another reason than reading the whole map (an ``unbind`` of
+    its rows, an op with no rule on a 5-D view), or computed from such a result without image axes.
+    What computes on it runs untiled too, up to the first op that makes an image of it again
+    (``tilec.trace`` gives a 4-D result image axes 2 and 3), so that no small op of a tiled segment
+    holds an image's worth of values."""
+    seen = {} if seen is None else seen
+    if name not in shapes.nodes or shapes.is_image(name):
+        return False
+    if name not in seen:
+        node = shapes.nodes[name]
+        op = rule(node)
+        if shapes.sliced_inputs(node):
+            seen[name] = not op.reduces(node, shapes) and op.check(node, shapes) not in (None, WHOLE_MAP)
+        else:
+            seen[name] = any(lost(i, shapes, seen) for i in node.inputs)
+    return seen[name]
+
+
+def why_untiled(node: NodeSpec, shapes: Shapes) -> str | None:
+    """Why ``node`` runs untiled, in a stored segment, in a few words; ``None``: it may run in a
+    tiled segment, tile by tile (it reads an image, its rule has no objection, ``Op.check``, and it
+    outputs an image; or it makes an image of small inputs, ``Op.spreads``), as a reduction by
+    sweeps (``Op.reduces``), or once per sweep as a *small* op (no image in or out) that writes into
+    no buffer (a training-mode BatchNorm updates its running statistics in the forward pass alone,
     ``tilec.codegen``); a random small op only where no reduction precedes it, so that it is drawn
     once per step."""
     op = rule(node)
     image = node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
     if not shapes.sliced_inputs(node):
         if image:
-            return op.spreads(node, shapes)
+            return None if op.spreads(node, shapes) else "it makes an image of tensors that are not images"
         if updates_buffer(node):
-            return False
-        return not op.draws(node) or not any(_after_reduction(i, shapes, {}) for i in node.inputs)
+            return "it writes into a buffer"
+        if any(lost(i, shapes) for i in node.inputs):
+            return "it computes on an image's values without its image axes"
+        if op.draws(node) and any(_after_reduction(i, shapes, {}) for i in node.inputs):
+            return "it draws random numbers from a reduction's result"
+        return None
     if op.reduces(node, shapes):
-        return True
-    return op.check(node, shapes) is None and image
+        return None
+    return op.check(node, shapes) or (None if image else "it makes a tensor without image axes of an image")
 
 
-__all__ = ["OPS", "RULES", "UNKNOWN", "Need", "Op", "const", "fail", "mode_flag", "rule", "tileable",
+def tileable(node: NodeSpec, shapes: Shapes) -> bool:
+    """Whether ``node`` may run in a tiled segment (``why_untiled``)."""
+    return why_untiled(node, shapes) is None
+
+
+__all__ = ["OPS", "RULES", "UNKNOWN", "Need", "Op", "const", "lost", "mode_flag", "rule", "tileable", "why_untiled",
            "updates_buffer"]

@@ -3,8 +3,8 @@
 A rule object answers, for a node of its op (a ``NodeSpec``) and the graph's shapes:
 
 * ``layout``: the dims of the output's image axes (``tilec.trace``);
-* ``check``: why the node cannot run tile by tile: ``None`` (it can), ``"nonlocal"`` (it reads
-  the whole map and runs untiled), or a one-line ``UnsupportedLayerError``;
+* ``check``: why the node cannot run tile by tile, in a few words (``WHOLE_MAP``, or "tilec has
+  no tiling rule for it"): it then runs untiled, in a stored segment; ``None``: it can;
 * ``need``: the halo rule. For an output interval ``out`` on one axis, the *unclipped* interval
   it needs of each sliced input, and whether clipping that interval means border padding the
   tile applies (conv, pooling, constant pad) or simply nothing to read. Rules are 1-D; the 2-D
@@ -34,10 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilec.errors import UnsupportedLayerError
 from tilec.graph import Shapes
 from tilec.ir import AxisStep, NodeSpec
 from tilec.regions import Interval
+
+#: Why a node that reads the whole map (global pooling, flatten, a softmax over an image axis) runs
+#: untiled, where it is no reduction a tiled segment computes by sweeps.
+WHOLE_MAP = "it reads the whole map"
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,6 @@ def pair(value) -> tuple[int, int]:
 def dim(value: int, ndim: int) -> int:
     """A possibly negative dim as a non-negative one."""
     return value + ndim if value < 0 else value
-
-
-def fail(node: NodeSpec, why: str):
-    """Refuse ``node`` with one line naming its op and the module it came from."""
-    where = f"module {node.path} ({node.module_type})" if node.path else f"the model's forward ({node.module_type})"
-    raise UnsupportedLayerError(f"op aten.{node.op} from {where} is not supported: {why}")
 
 
 class Op:
@@ -135,12 +132,18 @@ class Op:
         return f"{type(self).__name__}{self.names!r}"
 
     def layout(self, node: NodeSpec, shapes: Shapes) -> tuple[int, int] | None:
-        """Dims of the output's image axes (``node.spatial`` is not set yet)."""
+        """Dims of the output's image axes (``node.spatial`` is not set yet): by default those of its
+        first image input where the output has that input's rank and image sizes (an op with no
+        rule, as ``flip``, keeps its image an image), else dims 2 and 3 of a 4-D output."""
+        for name in shapes.sliced_inputs(node):
+            source, axes = shapes.shape(name), shapes.spatial(name)
+            if len(source) == len(node.shape) and all(source[d] == node.shape[d] for d in axes):
+                return axes
         return (2, 3) if len(node.shape) == 4 else None
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         """Why ``node`` (which reads an image) cannot run tile by tile (module docstring)."""
-        fail(node, "tilec has no tiling rule for it")
+        return "tilec has no tiling rule for it"
 
     def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
         raise NotImplementedError(f"{self!r} has no halo rule")
@@ -240,4 +243,4 @@ class Whole(Op):
     what is computed only from their results run untiled."""
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        return WHOLE_MAP

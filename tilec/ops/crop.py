@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
-from tilec.ops.base import Need, Op, const, dim, fail
+from tilec.ops.base import Need, Op, const, dim
 from tilec.regions import Interval
 
 
@@ -55,10 +55,10 @@ class Pad(Op):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         mode = pad_mode(node)
         if mode != "constant" and mode not in INDEX_MODES:
-            fail(node, f"padding mode {mode!r} is not supported (only 'constant', 'replicate' and 'reflect')")
+            return f"padding mode {mode!r} is not supported (only 'constant', 'replicate' and 'reflect')"
         ndim = len(node.shape)
         if mode != "constant" and (node.spatial != (ndim - 2, ndim - 1) or len(const(node, 1)) > 4):
-            fail(node, f"{mode} padding of dims other than the image's last two is not supported")
+            return f"{mode} padding of dims other than the image's last two is not supported"
         return None
 
     def index_map(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[int]:
@@ -128,7 +128,7 @@ class Slice(Op):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if const(node, 4, 1) != 1:
-            fail(node, "slicing with a step other than 1 is not supported")
+            return "slicing with a step other than 1 is not supported"
         return None
 
     def _offset(self, node: NodeSpec, axis: int, shapes: Shapes) -> int:

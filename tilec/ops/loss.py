@@ -14,7 +14,7 @@ from math import prod
 
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
-from tilec.ops.base import Op, const
+from tilec.ops.base import WHOLE_MAP, Op, const
 from tilec.ops.reduce import image_dims
 
 #: reduction argument values of aten's losses
@@ -33,7 +33,7 @@ class Loss(Op):
         self.reduction_arg, self.weighted = reduction_arg, weighted
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        return WHOLE_MAP
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         if const(node, self.reduction_arg) not in (MEAN, SUM) or image_dims(node, shapes) is None:

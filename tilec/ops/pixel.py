@@ -12,7 +12,7 @@ from math import prod
 
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
-from tilec.ops.base import Need, Op, const, dim, fail
+from tilec.ops.base import WHOLE_MAP, Need, Op, const, dim
 from tilec.ops.reduce import Normalise, Statistic, image_dims
 from tilec.regions import Interval
 from tilec.runtime.dropout import op_key
@@ -38,14 +38,14 @@ class Pixel(Op):
         images = shapes.sliced_inputs(node)
         layout = shapes.spatial(images[0])
         if len(images) > 1 and any(shapes.spatial(name) != layout for name in images):
-            fail(node, "its inputs hold the image axes in different dims")
+            return "its inputs hold the image axes in different dims"
         for name in images:
             if tuple(shapes.shape(name)[d] for d in layout) != tuple(node.shape[d] for d in node.spatial or ()):
-                fail(node, "it broadcasts one image over another of a different size")
+                return "it broadcasts one image over another of a different size"
         if self.broadcasts and any(_spans_image(shapes.arg_shape(arg), node) for arg in node.args
                                    if arg.kind == "tensor" or arg.kind == "node" and arg.value not in images):
-            fail(node, "it combines the image with a tensor spanning its image axes that the model does not compute "
-                       "from its input (a positional embedding)")
+            return ("it combines the image with a tensor spanning its image axes that the model does not compute "
+                    "from its input (a positional embedding)")
         return None
 
     def need(self, node: NodeSpec, axis: int, out: Interval, shapes: Shapes) -> list[Need]:
@@ -95,7 +95,7 @@ class BatchNorm(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.op == "batch_norm" and const(node, 5, False):
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
@@ -159,8 +159,7 @@ class Dropout(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if const(node, 2, False) and const(node, 1, 0) and not self.reduces(node, shapes):
             what = "alpha dropout" if "alpha" in node.op else "element-wise Dropout on a 3-D image"
-            fail(node, f"{what} in training mode draws a mask over the whole image, which no tile can reproduce; "
-                       "call .eval() on it (Dropout on (N, C, H, W) images and Dropout2d tile exactly)")
+            return f"{what} in training mode draws a mask over the whole image, which no tile can reproduce"
         return super().check(node, shapes)
 
     def draws(self, node: NodeSpec) -> bool:
@@ -227,7 +226,7 @@ class ChannelReduction(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
         if set(self.statistic.dims(node, shapes)) & set(shapes.spatial(source)):
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
 
@@ -246,7 +245,7 @@ class Softmax(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
         if dim(const(node, 1, 0), len(shapes.shape(source))) in shapes.spatial(source):
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
 
@@ -271,7 +270,7 @@ class Reshape(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
         if node.spatial is None or node.shape[0] != shapes.shape(source)[0]:
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
     def emit(self, node: NodeSpec, tile) -> str:
@@ -302,7 +301,7 @@ class Move(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.spatial is None:
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
 
@@ -335,7 +334,7 @@ class LayerNorm(Pixel):
         source = shapes.sliced_inputs(node)[0]
         ndim = len(shapes.shape(source))
         if set(range(ndim - len(const(node, 1, ())), ndim)) & set(shapes.spatial(source)):
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
 
@@ -349,7 +348,7 @@ class Linear(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
         if len(shapes.shape(source)) - 1 in shapes.spatial(source):
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
@@ -370,13 +369,13 @@ class MatMul(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         a, b = node.args[:2]
         if shapes.sliced_inputs(node) != (a.value,):
-            fail(node, "a matmul whose right operand is the image, or whose operands are both images")
+            return "a matmul whose right operand is the image, or whose operands are both images"
         if len(shapes.shape(a.value)) - 1 in shapes.spatial(a.value):
-            return "nonlocal"
+            return WHOLE_MAP
         rank, shape = len(node.shape), shapes.arg_shape(b)
         offset = rank - len(shape)
         if len(shape) < 2 or any(0 <= d - offset < len(shape) - 2 and shape[d - offset] > 1 for d in node.spatial):
-            fail(node, "its right operand spans the image axes")
+            return "its right operand spans the image axes"
         return super().check(node, shapes)
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
@@ -396,7 +395,7 @@ class Channels(Pixel):
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         source = shapes.sliced_inputs(node)[0]
         if dim(const(node, self.dim_arg, 0), len(shapes.shape(source))) in shapes.spatial(source):
-            fail(node, "concatenating or splitting along an image axis is not supported")
+            return "concatenating or splitting along an image axis is not supported"
         return super().check(node, shapes)
 
 
@@ -417,7 +416,7 @@ class Stack(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.spatial is None:
-            fail(node, "unbinding an image axis is not supported")
+            return "unbinding an image axis is not supported"
         return super().check(node, shapes)
 
     def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
@@ -452,7 +451,7 @@ class Squeeze(Pixel):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if node.spatial is None:
-            return "nonlocal"
+            return WHOLE_MAP
         return super().check(node, shapes)
 
     def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:

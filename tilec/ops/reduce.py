@@ -11,7 +11,7 @@ from math import prod
 
 from tilec.graph import Shapes
 from tilec.ir import AxisStep, NodeSpec
-from tilec.ops.base import Need, Op, const, dim, fail
+from tilec.ops.base import WHOLE_MAP, Need, Op, const, dim
 from tilec.regions import Interval
 
 
@@ -73,7 +73,7 @@ class Pool(Reduce):
         return (value[0], value[0]) if len(value) == 1 else value
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal" if image_dims(node, shapes) is None or self.sizes(node) == (1, 1) else None
+        return WHOLE_MAP if image_dims(node, shapes) is None or self.sizes(node) == (1, 1) else None
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         return image_dims(node, shapes) is not None and self.sizes(node) == (1, 1)
@@ -130,8 +130,8 @@ class Contraction(Reduce):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if const(node, 0) != self.EQUATION or len(self.operands(node)) != 2:
-            fail(node, f"an einsum other than {self.EQUATION!r} over an image")
-        return "nonlocal"
+            return f"an einsum other than {self.EQUATION!r} over an image"
+        return WHOLE_MAP
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         operands = self.operands(node)
@@ -173,7 +173,7 @@ class MaxPool(Reduce):
     saves = "input"
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        return WHOLE_MAP
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         return image_dims(node, shapes) is not None and tuple(const(node, 1)) in ((1, 1), (1,))
@@ -208,7 +208,7 @@ class Statistic(Reduce):
                  "amin": (1, 2)}
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        return WHOLE_MAP
 
     def dims(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         """The dims it reduces: all of them without a dims argument (``mean.default``, ``max()``)."""
@@ -288,7 +288,7 @@ class Normalise(Op):
     flop_count = 5
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        return "nonlocal"
+        return WHOLE_MAP
 
     def time_class(self, node: NodeSpec, shapes: Shapes) -> tuple[str, int]:
         return "norm", node.shape[1] if len(node.shape) > 1 else 1

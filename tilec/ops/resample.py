@@ -16,7 +16,7 @@ import torch
 
 from tilec.graph import Shapes
 from tilec.ir import AxisStep, NodeSpec
-from tilec.ops.base import Need, Op, fail
+from tilec.ops.base import Need, Op
 from tilec.regions import Interval
 
 
@@ -79,7 +79,7 @@ class Upsample(Op):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         if shapes.spatial(shapes.sliced_inputs(node)[0]) != (2, 3) or len(node.shape) != 4:
-            fail(node, "upsampling needs an NCHW input")
+            return "upsampling needs an NCHW input"
         return None
 
     def spreads(self, node: NodeSpec, shapes: Shapes) -> bool:

@@ -22,7 +22,9 @@ class _Shuffle(Op):
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         """Blocks of other dims than an NCHW image's rows and columns run untiled."""
-        return None if shapes.spatial(shapes.sliced_inputs(node)[0]) == (2, 3) and len(node.shape) == 4 else "nonlocal"
+        if shapes.spatial(shapes.sliced_inputs(node)[0]) == (2, 3) and len(node.shape) == 4:
+            return None
+        return "it shuffles other dims than an NCHW image's"
 
     def emit(self, node: NodeSpec, tile) -> str:
         return f"aten.{node.op}.default({tile.read(node.inputs[0])}, {const(node, 1)})"

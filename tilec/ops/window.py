@@ -101,7 +101,9 @@ def weight_check(node: NodeSpec, shapes: Shapes) -> str | None:
     convolution) runs untiled; one computed from the model's tensors alone (weight
     standardisation: ``tilec.trace`` gives those no image axes) tiles."""
     weight = node.args[1]
-    return "nonlocal" if weight.kind == "node" and shapes.spatial(weight.value) is not None else None
+    if weight.kind == "node" and shapes.spatial(weight.value) is not None:
+        return "its weight is sliced from the image"
+    return None
 
 
 class Conv2d(_WindowOp):
