@@ -40,3 +40,8 @@ def skresnet18():
 def rexnet_100():
     """ReXNet-1.0: squeeze-and-excitation with a BatchNorm between its convolutions."""
     return load("timm").create_model("rexnet_100", pretrained=False, num_classes=10)
+
+
+def mobilevitv2_050():
+    """MobileViT-v2-0.5: patch unfolding and linear attention over the patches, run untiled."""
+    return load("timm").create_model("mobilevitv2_050", pretrained=False, num_classes=10)

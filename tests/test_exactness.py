@@ -496,9 +496,35 @@ class UpsampleThenPad(nn.Module):
         return F.pad(F.interpolate(x, scale_factor=2, mode=self.mode), (8, 0, 0, 0))
 
 
-@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
 def test_upsample_with_an_empty_tile_region(mode):
     check_exact(UpsampleThenPad(mode), (1, 1, 4, 4), grid=(1, 2))
+
+
+class Bicubic(nn.Module):
+    """Bicubic resampling between convolutions (by scale or to a size, up or down), and a skip
+    resampled bilinearly to the same size."""
+
+    def __init__(self, **options):
+        super().__init__()
+        self.options = options
+        self.first, self.last = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 2, 3, padding=1)
+
+    def forward(self, x):
+        y = F.interpolate(self.first(x), mode="bicubic", **self.options)
+        skip = F.interpolate(x[:, :1], size=y.shape[-2:], mode="bilinear", align_corners=False)
+        return self.last(y * torch.sigmoid(skip))
+
+
+@pytest.mark.parametrize("grid", [(2, 3), (4, 4), (7, 5)], ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("options", [{"scale_factor": 2}, {"scale_factor": 1.7, "align_corners": True},
+                                     {"size": (29, 17)}, {"size": (8, 5)}, {"scale_factor": (3, 0.6)}],
+                         ids=["x2", "x1.7_corners", "to_29x17", "down_to_8x5", "x3_x0.6"])
+def test_bicubic_resampling_tiles_exactly(options, grid):
+    """Each output reads PyTorch's own four taps with its weights (``tilec.ops.resample``)."""
+    graph = trace(Bicubic(**options), (2, 3, 13, 11))
+    assert all(node.tileable for node in graph)
+    check_exact(Bicubic(**options), (2, 3, 13, 11), grid=grid)
 
 
 def test_max_errors_reports_every_tensor():

@@ -183,6 +183,32 @@ def _shuffle(draw, channels: int) -> nn.Module:
     return Shuffle(channels, draw(st.integers(1, 3)), draw(st.integers(2, 3)), draw(st.booleans()))
 
 
+class Untiled(nn.Module):
+    """An op tilec runs untiled, in a stored segment between tiled ones: a flip, a roll or a
+    running sum along an image axis, or the rows unbound (they leave the image axes) and stacked."""
+
+    def __init__(self, kind: str, axis: int):
+        super().__init__()
+        self.kind, self.axis = kind, axis
+
+    def forward(self, x):
+        if self.kind == "flip":
+            return x.flip(self.axis)
+        if self.kind == "roll":
+            return x.roll(1, self.axis)
+        if self.kind == "cumsum":
+            return x.cumsum(self.axis) / x.shape[self.axis]
+        return torch.stack([row * (k + 1) for k, row in enumerate(x.unbind(self.axis))], self.axis)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, axis={self.axis}"
+
+
+@st.composite
+def _untiled(draw, channels: int) -> nn.Module:
+    return Untiled(draw(st.sampled_from(["flip", "roll", "cumsum", "unbind"])), draw(st.sampled_from([2, 3])))
+
+
 class StdConv2d(nn.Conv2d):
     """A convolution whose weights its forward standardises per output channel (timm's
     ``StdConv2d``, BiT's): ``batch_norm`` with the weights' batch statistics, in either mode."""
@@ -294,7 +320,7 @@ POINTWISE = ("relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "elu", "lea
 WINDOWS = {"conv": _conv, "conv_relu_": _conv_relu_inplace, "pool": _pool, "transpose": _transpose,
            "upsample": _upsample_conv}
 #: Drawn only for ``programs(extras=True)``: the suite's older properties keep their examples.
-EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d), "shuffle": _shuffle}
+EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d), "shuffle": _shuffle, "untiled": _untiled}
 
 
 @st.composite
@@ -302,8 +328,8 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
              extras: bool = False) -> Program:
     """A random program over an input of ``shape``; each step's output has at least 2x2 pixels.
     ``reductions``: also reductions over the image (module docstring) and maybe a pooled head;
-    ``extras``: also weight-standardised convolutions, pixel shuffles, global response norms,
-    squeeze-and-excitation with a BatchNorm and DeepLab's image pooling."""
+    ``extras``: also weight-standardised convolutions, pixel shuffles, ops that run untiled,
+    global response norms, squeeze-and-excitation with a BatchNorm and DeepLab's image pooling."""
     values = [torch.zeros(shape)]
     steps, modules = [], []
 
@@ -372,11 +398,13 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
     last = len(values) - 1
     tree = draw(st.sampled_from(["tensor", "tensor", "tuple", "dict"]))
     outputs = (last,) if tree == "tensor" else (last, draw(st.integers(1, last)))
+    live = set(outputs)  # the values the outputs read; 0 is the input
+    for k in range(len(steps), 0, -1):
+        if k in live:
+            live.update(steps[k - 1].inputs)
+    assume(any(not isinstance(modules[k - 1], nn.Identity | nn.Dropout) or steps[k - 1].kind != "module"
+               for k in live if k))  # an output computed by an op: not the input itself
     if reductions:  # a BatchNorm whose result nothing reads is traced away: its buffers would not update
-        live = set(outputs)
-        for k in range(len(steps), 0, -1):
-            if k in live:
-                live.update(steps[k - 1].inputs)
         modules = [module if k + 1 in live or not isinstance(module, TrainingBatchNorm) else nn.Identity()
                    for k, module in enumerate(modules)]
     return Program(steps, modules, outputs, tree).eval()

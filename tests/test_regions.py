@@ -526,10 +526,13 @@ MODES = [
     ("nearest-exact", {}),
     ("bilinear", {"align_corners": False}),
     ("bilinear", {"align_corners": True}),
+    ("bicubic", {"align_corners": False}),
+    ("bicubic", {"align_corners": True}),
 ]
 
 
-@pytest.mark.parametrize(("mode", "extra"), MODES, ids=["nearest", "nearest_exact", "bilinear", "bilinear_corners"])
+@pytest.mark.parametrize(("mode", "extra"), MODES, ids=["nearest", "nearest_exact", "bilinear", "bilinear_corners",
+                                                        "bicubic", "bicubic_corners"])
 @pytest.mark.parametrize("options", UPSAMPLING, ids=lambda o: "_".join(f"{k}={v}" for k, v in o.items()))
 def test_upsample_rule(mode, extra, options):
     # a bilinear output whose upper weight is exactly 0 still names the upper input: one more read

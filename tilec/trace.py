@@ -447,13 +447,14 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
             names[mutated.name] = fx_node.name  # later readers of the mutated tensor read this result
         names[fx_node.name] = fx_node.name
         shapes.nodes[node.name] = node.model_copy(update={"tileable": tileable(node, shapes)})
-    if not shapes.nodes:
-        raise UnsupportedLayerError("the model has no ops")
     outputs = [names[n.name] if isinstance(n, torch.fx.Node) else n
                for n in program.graph.output_node().args[0]]
     if any(not isinstance(name, str) or name not in shapes.nodes and not shapes.is_input(name) for name in outputs):
         raise UnsupportedLayerError("the model returns something other than tensors computed from its inputs")
-    return Graph(_live(list(shapes.nodes.values()), outputs), tensors=tensor_specs,
+    live = _live(list(shapes.nodes.values()), outputs)
+    if not live:
+        raise UnsupportedLayerError("the model has no ops (none that its outputs read)")
+    return Graph(live, tensors=tensor_specs,
                  output=_output_tree(program.call_spec.out_spec, list(outputs)), inputs=input_specs, autocast=autocast)
 
 

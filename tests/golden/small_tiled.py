@@ -505,6 +505,21 @@ def lerp(x, low_rows, high_rows, frac_rows, low_cols, high_cols, frac_cols):
     return lerp_axis(lerp_axis(x, 3, low_cols, high_cols, frac_cols), 2, low_rows, high_rows, frac_rows)
 
 
+def taps_axis(x, dim, taps, weights):
+    """Per output along ``dim``, the sum of its taps' inputs times their weights, tap by tap."""
+    index, weight = constant(taps, x, torch.int64), constant(weights, x, x.dtype)
+    shape = [-1] + [1] * (x.dim() - 1 - dim)
+    out = x.index_select(dim, index[0]) * weight[0].reshape(shape)
+    for k in range(1, len(index)):
+        out = out + x.index_select(dim, index[k]) * weight[k].reshape(shape)
+    return out
+
+
+def cubic(x, row_taps, row_weights, col_taps, col_weights):
+    """Bicubic upsampling of a tile with PyTorch's taps and weights, columns first, as its kernel."""
+    return taps_axis(taps_axis(x, 3, col_taps, col_weights), 2, row_taps, row_weights)
+
+
 def narrow(t, spatial, rows, cols):
     """The block ``rows`` x ``cols`` (half-open) of ``t`` over its image dims ``spatial``, as one view
     (one call, where narrowing each dim is two). For the runtime's tensors outside autograd only: a
