@@ -140,7 +140,7 @@ def test_a_budget_plan_stores_only_the_untiled_node():
     assert plan.predicted_peak_bytes <= 0.9 * 16 * 2**20
 
 
-def test_compile_names_the_untiled_nodes(tmp_path):
+def test_compile_and_inspect_name_the_untiled_nodes(tmp_path):
     (tmp_path / "m.py").write_text(
         "import torch\nfrom torch import nn\n"
         "class M(nn.Module):\n"
@@ -160,6 +160,9 @@ def test_compile_names_the_untiled_nodes(tmp_path):
     line = " ".join(result.output.split())
     assert "1 node(s) run untiled, the maps around them kept whole: roll (aten.roll, shift): tilec has no tiling " \
            "rule for it" in line
+    nodes = CliRunner().invoke(main, ["inspect", str(tmp_path / "m.plan.json"), "--nodes"], terminal_width=400)
+    (row,) = [line for line in nodes.output.splitlines() if "│ roll " in line]
+    assert "no: tilec has no tiling rule for it" in row and "stored" in row
 
 
 def test_untiled_lists_five_nodes_and_counts_the_rest():

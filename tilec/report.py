@@ -330,13 +330,15 @@ def tile_table(plan: Plan, tile: tuple[int, int] | None, node: str | None, segme
 
 
 def node_table(plan: Plan) -> Table:
-    """Every node: position (for ``--segments FIRST:STOP@RxC``), name, op, module, shape, tileable, segment,
-    and the node it is a recomputed copy of."""
+    """Every node: position (for ``--segments FIRST:STOP@RxC``), name, op, module, shape, tileable (or
+    why not, ``tilec.ops.why_untiled``), segment, and the node it is a recomputed copy of."""
     table = Table(title=f"nodes of plan {plan.name} (positions for --segments FIRST:STOP@RxC, STOP exclusive)")
     for column in ("position", "node", "op", "module", "output", "tileable", "segment", "recomputes"):
         table.add_column(column, justify="right" if column == "position" else "left")
+    graph = Graph.of_plan(plan)
     for position, node in enumerate(plan.model.nodes):
         segment = plan.segment_of(position)
-        table.add_row(str(position), node.name, node.op, node.path or "-", _shape(node.shape),
-                      "yes" if node.tileable else "no", f"{segment.index} ({segment.mode})", node.recomputes or "-")
+        tileable = "yes" if node.tileable else f"no: {why_untiled(node, graph)}"
+        table.add_row(str(position), node.name, node.op, node.path or "-", _shape(node.shape), tileable,
+                      f"{segment.index} ({segment.mode})", node.recomputes or "-")
     return table
