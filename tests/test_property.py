@@ -204,6 +204,26 @@ class Untiled(nn.Module):
         return f"{self.kind}, axis={self.axis}"
 
 
+class PoolUnpool(nn.Module):
+    """SegNet's pair: max pooling with indices, a convolution, unpooling to the indices at the
+    input's size (tiled where the windows do not overlap, untiled where they do)."""
+
+    def __init__(self, channels: int, kernel: int, stride: int, padding: int, ceil_mode: bool):
+        super().__init__()
+        self.pool = {"kernel_size": kernel, "stride": stride, "padding": padding}
+        self.ceil_mode, self.conv = ceil_mode, nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        pooled, indices = F.max_pool2d(x, **self.pool, ceil_mode=self.ceil_mode, return_indices=True)
+        return F.max_unpool2d(self.conv(pooled), indices, **self.pool, output_size=x.shape[2:])
+
+
+@st.composite
+def _pool_unpool(draw, channels: int) -> nn.Module:
+    kernel, stride, padding = draw(st.sampled_from([(2, 2, 0), (3, 3, 1), (2, 3, 0), (3, 2, 1)]))
+    return PoolUnpool(channels, kernel, stride, padding, draw(st.booleans()))
+
+
 @st.composite
 def _untiled(draw, channels: int) -> nn.Module:
     return Untiled(draw(st.sampled_from(["flip", "roll", "cumsum", "unbind"])), draw(st.sampled_from([2, 3])))
@@ -320,7 +340,8 @@ POINTWISE = ("relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "elu", "lea
 WINDOWS = {"conv": _conv, "conv_relu_": _conv_relu_inplace, "pool": _pool, "transpose": _transpose,
            "upsample": _upsample_conv}
 #: Drawn only for ``programs(extras=True)``: the suite's older properties keep their examples.
-EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d), "shuffle": _shuffle, "untiled": _untiled}
+EXTRA_WINDOWS = {"std_conv": lambda channels: _conv(channels, StdConv2d), "shuffle": _shuffle, "untiled": _untiled,
+                 "pool_unpool": _pool_unpool}
 
 
 @st.composite
@@ -328,8 +349,9 @@ def programs(draw, shape: tuple[int, int, int, int], max_steps: int = 12, reduct
              extras: bool = False) -> Program:
     """A random program over an input of ``shape``; each step's output has at least 2x2 pixels.
     ``reductions``: also reductions over the image (module docstring) and maybe a pooled head;
-    ``extras``: also weight-standardised convolutions, pixel shuffles, ops that run untiled,
-    global response norms, squeeze-and-excitation with a BatchNorm and DeepLab's image pooling."""
+    ``extras``: also weight-standardised convolutions, pixel shuffles, ops that run untiled, pooling
+    with indices and unpooling to them, global response norms, squeeze-and-excitation with a
+    BatchNorm and DeepLab's image pooling."""
     values = [torch.zeros(shape)]
     steps, modules = [], []
 

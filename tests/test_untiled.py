@@ -1,5 +1,5 @@
 """An op tilec cannot run tile by tile (no tiling rule: ``flip``, ``roll``, ``cumsum`` over an
-image axis, ``im2col``, ``max_unpool2d``; or one its rule sees mixing the image: circular padding,
+image axis, ``im2col``; or one its rule sees mixing the image: circular padding,
 a concatenation of rows, a positional embedding, alpha dropout in training mode) runs untiled, in a
 stored segment between tiled ones, and the step stays exact; ``tilec compile`` names each such node
 and why. Uneven sizes, odd grids, eval and training mode, a budget plan."""
@@ -57,9 +57,9 @@ def _unfolded(x):
 
 
 def _unpooled(x):
-    """SegNet's pooling with indices and unpooling to them."""
-    pooled, indices = F.max_pool2d(x, 2, return_indices=True)
-    return F.max_unpool2d(pooled * 2, indices, 2, output_size=x.shape[2:]) + x
+    """Pooling with indices in overlapping windows, and unpooling to them."""
+    pooled, indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    return F.max_unpool2d(pooled * 2, indices, 3, 2, 1, output_size=x.shape[2:]) + x
 
 
 #: name: (op, the aten op that runs untiled, why it does)
@@ -69,7 +69,7 @@ OPS = {
     "cumsum": (lambda x: x.cumsum(2) / 4, "cumsum", "no tiling rule"),
     "sort": (lambda x: x.sort(1).values, "sort", "no tiling rule"),
     "unfold": (_unfolded, "im2col", "no tiling rule"),
-    "unpool": (_unpooled, "max_pool2d_with_indices", "no tiling rule"),
+    "unpool": (_unpooled, "max_unpool2d", "windows overlap"),
     "circular": (lambda x: F.pad(x, (1, 1, 1, 1), mode="circular"), "pad", "padding mode 'circular'"),
     "cat_rows": (lambda x: torch.cat([x, x * 2], dim=2), "cat", "along an image axis"),
     "strided": (lambda x: x[:, :, ::2], "slice", "step other than 1"),

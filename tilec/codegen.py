@@ -134,14 +134,23 @@ def _first_of_class(tiles: tuple[AxisTile, ...]) -> list[AxisTile]:
     return list(seen.values())
 
 
-def _table(tiles: tuple[AxisTile, ...]) -> str:
+def anchored(segment: Segment, graph: Graph) -> tuple[str, ...]:
+    """The tile ops of ``segment`` that read their tile's position (``Op.anchor``), in node order."""
+    return tuple(node.name for node in graph.members(segment.first, segment.stop)
+                 if role(graph, node.name) == "tile" and rule(node).positional(node, graph))
+
+
+def _table(tiles: tuple[AxisTile, ...], graph: Graph, anchors: tuple[str, ...]) -> str:
     """Per axis tile: ((start, stop) per sliced input), ((start, stop) per image output), class,
-    ((start, stop) per reduction's partial)."""
+    ((start, stop) per reduction's partial, then (anchor, anchor) per node of ``anchors``: the
+    origins ``o`` a tile reads)."""
     rows = []
     for tile in tiles:
         inputs = tuple((i.start, i.stop) for i in tile.inputs)
         owned = tuple((o.start, o.stop) for o in tile.owned)
-        partials = tuple((p.start, p.stop) for p in tile.partials)
+        steps = {step.node: step for step in tile.steps}
+        positions = tuple((a, a) for a in (rule(graph.nodes[name]).anchor(steps[name]) for name in anchors))
+        partials = tuple((p.start, p.stop) for p in tile.partials) + positions
         rows.append(repr((inputs, owned, tile.shape_class, partials)))
     return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
 
@@ -167,7 +176,7 @@ def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], const
     reductions = segment.reductions
     direct = {name for level in segment.levels if level.direct for name in level.reductions}
     view = TileView(graph, slots, constants, region, _leaves(segment, graph), reductions,
-                    (rows.partials, cols.partials))
+                    (rows.partials, cols.partials), anchored(segment, graph))
     statements, computed = [], set()
     for row, col in zip(rows.steps, cols.steps, strict=True):
         node = graph.nodes[row.node]
@@ -351,6 +360,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                if graph.is_image(name) else repr(("leaf", name)) for name in segment.outputs]
     functions, prefixes, costs, reuse = [], [], "", False
     combines, levels, direct, reduced = [], [], None, "()"
+    anchors = anchored(segment, graph) if segment.mode == "tiled" else ()
     if segment.mode == "tiled":
         overwriting = _overwriting(segment, graph, in_place)
         for rows in _first_of_class(segment.rows):
@@ -381,9 +391,10 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
                     graph.nodes[name], graph))) for k, name in enumerate(level.reductions)))
     stored = _stored_statements(segment, graph, slots, in_place) if segment.mode == "stored" else []
     rolled = tuple(name in segment.rolled for name, _ in sliced)
-    return SegmentView(f"{prefix}_S{segment.index}", segment, tensors, sliced, broadcast, outputs,
-                       _table(segment.rows), _table(segment.cols), costs, repr(segment.shares), repr(rolled), functions,
-                       stored, prefixes, combines, levels, direct, reduced, reuse)
+    tables = (_table(segment.rows, graph, anchors), _table(segment.cols, graph, anchors))
+    return SegmentView(f"{prefix}_S{segment.index}", segment, tensors, sliced, broadcast, outputs, *tables, costs,
+                       repr(segment.shares), repr(rolled), functions, stored, prefixes, combines, levels, direct,
+                       reduced, reuse)
 
 
 def _tree(tree: OutputTree) -> str:

@@ -90,12 +90,13 @@ class TileView:
 
     def __init__(self, shapes: Shapes, slots: dict[str, int], constants: Constants,
                  region: dict[str, tuple[Interval, Interval]], leaves: frozenset[str] = frozenset(),
-                 reductions: tuple[str, ...] = (), partials: tuple = ((), ())):
+                 reductions: tuple[str, ...] = (), partials: tuple = ((), ()), anchors: tuple[str, ...] = ()):
         """``leaves``: names read from ``r`` (results of the segment's reductions and small ops);
         ``reductions``: the segment's (``AxisTile.partials`` order); ``partials``: the row and column
-        tile's owned intervals of each."""
+        tile's owned intervals of each; ``anchors``: the tile ops reading their tile's position
+        (``tilec.codegen.anchored``), whose origins follow the reductions' in ``o``."""
         self.shapes, self.slots, self.constants, self.region = shapes, slots, constants, region
-        self.leaves, self.reductions, self.partials = leaves, reductions, partials
+        self.leaves, self.reductions, self.partials, self.anchors = leaves, reductions, partials, anchors
         self.node: NodeSpec | None = None
         self.row = self.col = None
         self.pads: dict[str, tuple] = {}
@@ -126,7 +127,10 @@ class TileView:
         return self.var(name) + index(len(self.shapes.shape(name)), self.shapes.spatial(name), rows, cols)
 
     def origin(self, name: str) -> str:
-        """The first row and column of the current reduction's owned part (``o``, per tile)."""
+        """The first row and column of reduction ``name``'s owned part, or of what tile op ``name``
+        anchors to (``Op.anchor``): ``o``, per tile."""
+        if name in self.anchors:
+            return f"o[{len(self.reductions) + self.anchors.index(name)}]"
         return f"o[{self.reductions.index(name)}]"
 
     def local(self, name: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:

@@ -520,6 +520,27 @@ def cubic(x, row_taps, row_weights, col_taps, col_weights):
     return taps_axis(taps_axis(x, 3, col_taps, col_weights), 2, row_taps, row_weights)
 
 
+def max_pool_indices(x, kernel, stride, padding, dilation, origin, shift, width):
+    """``max_pool2d_with_indices`` of a tile: its values, and its indices flat over the whole input
+    (``width`` columns), where ``x``'s first row and column are ``origin`` less ``shift`` (the
+    border a padded copy put before the tile's read)."""
+    values, local = aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation)
+    columns = x.shape[3]
+    return values, (local // columns + (origin[0] - shift[0])) * width + local % columns + (origin[1] - shift[1])
+
+
+def unpool(x, indices, origin, size, width):
+    """``max_unpool2d`` of a tile: each value of ``x`` to its flat ``indices`` over the whole output
+    (``width`` columns), in the block of ``size`` whose first row and column are ``origin``; values
+    whose place lies outside the block are left out, places no value reaches are 0."""
+    rows, cols = indices // width - origin[0], indices % width - origin[1]
+    inside = (rows >= 0) & (rows < size[0]) & (cols >= 0) & (cols < size[1])
+    area = size[0] * size[1]
+    place = torch.where(inside, rows * size[1] + cols, area).flatten(2)
+    out = x.new_zeros(*x.shape[:2], area + 1).scatter(2, place, x.flatten(2))
+    return out[..., :area].view(*x.shape[:2], *size)
+
+
 def narrow(t, spatial, rows, cols):
     """The block ``rows`` x ``cols`` (half-open) of ``t`` over its image dims ``spatial``, as one view
     (one call, where narrowing each dim is two). For the runtime's tensors outside autograd only: a

@@ -42,6 +42,7 @@ from tilec.ops.reduce import Contraction, MaxPool, Normalise, Pool, Statistic
 from tilec.ops.resample import Upsample
 from tilec.ops.shuffle import PixelShuffle, PixelUnshuffle
 from tilec.ops.transpose import ConvTranspose2d
+from tilec.ops.unpool import MaxPoolIndices, MaxUnpool2d
 from tilec.ops.window import AvgPool2d, Conv2d, MaxPool2d
 
 #: Every op family, one entry per group of aten ops that share their rules.
@@ -49,6 +50,8 @@ OPS: tuple[Op, ...] = (
     Conv2d("conv2d"),
     MaxPool2d("max_pool2d"),
     AvgPool2d("avg_pool2d"),
+    MaxPoolIndices("max_pool2d_with_indices"),
+    MaxUnpool2d("max_unpool2d"),
     ConvTranspose2d("conv_transpose2d"),
     Upsample("upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_bilinear2d", "upsample_bicubic2d"),
     PixelShuffle("pixel_shuffle"),

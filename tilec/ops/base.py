@@ -205,9 +205,14 @@ class Op:
 
     def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
         """Whether ``node`` reads absolute positions (a reduction of nothing drawing by position,
-        module docstring): identical tiles of its segment are then never computed once
-        (``tilec.runtime.reuse``)."""
+        module docstring; a tile op computing indices over the whole image, ``anchor``): identical
+        tiles of its segment are then never computed once (``tilec.runtime.reuse``), nor stacked."""
         return False
+
+    def anchor(self, step: AxisStep) -> int:
+        """A positional tile op's origin on one axis, absolute, from its step in a tile: what its
+        tile reads at run time as ``o`` (``tilec.emit.TileView.origin``)."""
+        raise NotImplementedError(f"{self!r} reads no position")
 
     def untiled(self, node: NodeSpec, args: list[str], shapes: Shapes) -> str | None:
         """The expression computing ``node`` on whole tensors from its arguments' expressions

@@ -44,7 +44,7 @@ def window_args(node: NodeSpec, weight_shape: tuple[int, ...] | None = None) -> 
     stride_value = const(node, 2, ())
     stride = pair(stride_value) if stride_value not in ((), None) else kernel
     padding = pair(const(node, 3, 0))
-    if node.op == "max_pool2d":
+    if node.op in ("max_pool2d", "max_pool2d_with_indices"):
         return WindowArgs(kernel, stride, padding, pair(const(node, 4, 1)), bool(const(node, 5, False)))
     return WindowArgs(kernel, stride, padding, (1, 1), bool(const(node, 4, False)))
 
