@@ -5,12 +5,13 @@ result, whether and how it tiles (its per-axis halo rule), the output size the r
 the local constants and the expression a tile computes it with, its FLOPs, and what its
 backward keeps. Adding an op is one entry here (or one class beside the family it joins).
 
-Families: window ops (``window``), transposed convolution (``transpose``), upsampling
-(``resample``), pixel shuffles (``shuffle``), padding and slicing (``crop``), per-pixel ops
-(``pixel``), reductions over the image (``reduce``, ``loss``: computed by sweeps inside tiled
-segments), and ops that read the whole map otherwise (``Whole``: they and what is computed only
-from their results run untiled).
-An op with no entry has no tiling rule (``UNKNOWN``): it runs in untiled segments only.
+Families: window ops (``window``), max pooling's indices and unpooling to them (``unpool``),
+transposed convolution (``transpose``), upsampling (``resample``), pixel shuffles (``shuffle``),
+padding and slicing (``crop``), per-pixel ops (``pixel``), reductions over the image (``reduce``,
+``loss``: computed by sweeps inside tiled segments), and ops that read the whole map otherwise
+(``Whole``: they and what is computed only from their results run untiled).
+An op with no entry has no tiling rule (``UNKNOWN``): it runs untiled, in stored segments
+(``why_untiled`` says so for each node).
 """
 
 from __future__ import annotations
