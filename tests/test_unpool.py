@@ -5,10 +5,13 @@ windows run the unpooling untiled."""
 
 from __future__ import annotations
 
+from math import prod
+
 import pytest
 import torch.nn.functional as F
 from torch import nn
 
+from tilec.cost.facts import Facts
 from tilec.ops import rule
 from tilec.pipeline import plan_for
 from tilec.regions import Interval
@@ -106,3 +109,10 @@ def test_the_unpool_rule_reads_the_windows_that_overlap(out, pooled):
     node = next(node for node in graph if node.op == "max_unpool2d")
     needs = rule(node).need(node, 0, Interval(*out), graph)
     assert [(n.interval.start, n.interval.stop) for n in needs] == [pooled, pooled]
+
+
+def test_the_memory_estimate_counts_the_indices_beside_the_values():
+    """A pooling's result is its float32 values and its int64 indices, which live until the unpooling."""
+    graph = trace(SegNet().eval(), SHAPE)
+    pooling = next(node for node in graph if node.op == "max_pool2d_with_indices")
+    assert Facts(graph, REFERENCE, "float32").full[pooling.name] == prod(pooling.shape) * (4 + 8)

@@ -150,8 +150,8 @@ class Facts:
         #: Per cut, the bytes of the parameters read by the nodes from there on (their gradients).
         self.later_weights = suffix_sums([n.weights for n in self.nodes])
         self.full = {**{spec.name: prod(spec.shape) * ELEMENT_BYTES[spec.dtype] for spec in graph.inputs},
-                     **{node.name: prod(node.shape) * facts.computes for node, facts in zip(order, self.nodes,
-                                                                                          strict=True)}}
+                     **{node.name: prod(node.shape) * facts.rule.element_bytes(node, graph, facts.computes)
+                        for node, facts in zip(order, self.nodes, strict=True)}}
         self.flops = np.array([rule(n).flops(n, graph) * prod(n.shape) for n in order])
         areas = np.array([self.area(name) for name in graph.order])
         #: Per node, its kind's rates (``tilec.target.Speed.points``): the logarithms of the smallest

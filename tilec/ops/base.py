@@ -38,6 +38,9 @@ from tilec.graph import Shapes
 from tilec.ir import AxisStep, NodeSpec
 from tilec.regions import Interval
 
+#: Bytes of an int64 index.
+INDEX_BYTES = 8
+
 #: Why a node that reads the whole map (global pooling, flatten, a softmax over an image axis) runs
 #: untiled, where it is no reduction a tiled segment computes by sweeps.
 WHOLE_MAP = "it reads the whole map"
@@ -94,6 +97,9 @@ class Op:
     padded_copy = False
     #: It makes indices for its backward (max pooling).
     keeps_indices = False
+    #: Its result is a pair of its values and int64 indices of as many elements, which later ops
+    #: read (``max_pool2d_with_indices``): its result's bytes are both's (``element_bytes``).
+    index_output = False
     #: Autocast casts its parameters to its lower precision.
     casts_parameters = False
     #: Its channels-last backward takes a temporary the size of its input.
@@ -164,6 +170,12 @@ class Op:
                 return f"in_place({', '.join([args[0], self.in_place, self.in_place_grad, *args[1:]])})"
             return tile.call(node, args, self.in_place)
         return tile.call(node, args)
+
+    def element_bytes(self, node: NodeSpec, shapes: Shapes, floating: int) -> int:
+        """Bytes per element of ``node``'s result, where a floating one takes ``floating`` (the plan
+        records floating dtypes only): int64 indices take 8, beside the values they come with
+        (``index_output``)."""
+        return floating + INDEX_BYTES * self.index_output
 
     def flops(self, node: NodeSpec, shapes: Shapes) -> float:
         """Forward FLOPs per output element."""

@@ -12,7 +12,7 @@ from math import prod
 
 from tilec.graph import Shapes
 from tilec.ir import NodeSpec
-from tilec.ops.base import WHOLE_MAP, Need, Op, const, dim
+from tilec.ops.base import INDEX_BYTES, WHOLE_MAP, Need, Op, const, dim
 from tilec.ops.reduce import Normalise, Statistic, image_dims
 from tilec.regions import Interval
 from tilec.runtime.dropout import op_key
@@ -232,6 +232,9 @@ class ChannelReduction(Pixel):
 
 class ChannelArgMax(ChannelReduction):
     """``argmax`` over channels (a segmentation's predicted class per pixel)."""
+
+    def element_bytes(self, node: NodeSpec, shapes: Shapes, floating: int) -> int:
+        return INDEX_BYTES
 
     def reduces(self, node: NodeSpec, shapes: Shapes) -> bool:
         return False
@@ -464,6 +467,14 @@ class GetItem(Pixel):
     view = True
     pass_through = True
     saves = "nothing"
+
+    def element_bytes(self, node: NodeSpec, shapes: Shapes, floating: int) -> int:
+        """The indices of a pair of values and indices (``Op.index_output``) take 8 bytes each."""
+        from tilec.ops import rule  # the op table imports this module
+
+        source = shapes.nodes.get(node.args[0].value)
+        paired = source is not None and rule(source).index_output and node.args[1].value == 1
+        return INDEX_BYTES if paired else floating
 
     def emit(self, node: NodeSpec, tile) -> str:
         source = node.args[0].value

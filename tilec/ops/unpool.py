@@ -21,6 +21,8 @@ from tilec.regions import Interval
 class MaxPoolIndices(MaxPool2d):
     """``max_pool2d_with_indices``: max pooling's window rule; its indices PyTorch's."""
 
+    index_output = True
+
     def positional(self, node: NodeSpec, shapes: Shapes) -> bool:
         return True
 

@@ -94,7 +94,9 @@ def unpool(x, indices, origin, size, width):
     inside = (rows >= 0) & (rows < size[0]) & (cols >= 0) & (cols < size[1])
     area = size[0] * size[1]
     place = torch.where(inside, rows * size[1] + cols, area).flatten(2)
-    out = x.new_zeros(*x.shape[:2], area + 1).scatter(2, place, x.flatten(2))
+    del rows, cols, inside
+    out = x.new_zeros(*x.shape[:2], area + 1)
+    out.scatter_(2, place, x.flatten(2))
     return out[..., :area].view(*x.shape[:2], *size)
 
 
