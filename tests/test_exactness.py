@@ -23,6 +23,7 @@ from tilec.target import REFERENCE
 from tilec.trace import trace, trace_modes
 
 from support.exactness import TOLERANCE, check_close, check_exact, max_errors
+from support.models import Lambda
 from support.zoo import SHAPES, ZOO
 
 #: 1x1 (stored, plain autograd), coarse and uneven grids, a fine one, and the finest: the planner
@@ -275,15 +276,6 @@ class Body(nn.Module):
 
     def forward(self, x):
         return self.last(self.stage(self.conv(x)))
-
-
-class Lambda(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 class UnitDims(nn.Module):

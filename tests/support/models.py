@@ -24,6 +24,17 @@ from tilec.trace import trace
 SHAPE = (1, 3, 23, 19)
 
 
+class Lambda(nn.Module):
+    """A module calling ``fn``: an op at a module path of the test's choosing."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 class Residual(nn.Module):
     """conv-bn-relu, a residual block (conv + skip add), a ceil-mode pool, a 1x1 head."""
 
