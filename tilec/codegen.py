@@ -164,8 +164,10 @@ def _overwriting(segment: Segment, graph: Graph, in_place: dict[str, str | None]
 
 
 def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], constants: Constants,
-                    in_place: dict[str, bool], rows: AxisTile, cols: AxisTile, prefix: str) -> list[TileFunction]:
-    """The full tile function of one shape class and its levels' prefixes (``TileFunction``)."""
+                    in_place: dict[str, bool], rows: AxisTile, cols: AxisTile, prefix: str,
+                    anchors: tuple[str, ...]) -> list[TileFunction]:
+    """The full tile function of one shape class and its levels' prefixes (``TileFunction``);
+    ``anchors``: the segment's ``anchored`` tile ops."""
     sliced = [i.name for i in segment.inputs if i.sliced]
     broadcast = [i.name for i in segment.inputs if not i.sliced]
     region = {name: (r, c) for name, r, c in zip(sliced, rows.inputs, cols.inputs, strict=True)}
@@ -176,7 +178,7 @@ def _tile_functions(segment: Segment, graph: Graph, slots: dict[str, int], const
     reductions = segment.reductions
     direct = {name for level in segment.levels if level.direct for name in level.reductions}
     view = TileView(graph, slots, constants, region, _leaves(segment, graph), reductions,
-                    (rows.partials, cols.partials), anchored(segment, graph))
+                    (rows.partials, cols.partials), anchors)
     statements, computed = [], set()
     for row, col in zip(rows.steps, cols.steps, strict=True):
         node = graph.nodes[row.node]
@@ -366,7 +368,7 @@ def _segment_view(segment: Segment, graph: Graph, all_tensors: list[str], consta
         for rows in _first_of_class(segment.rows):
             for cols in _first_of_class(segment.cols):
                 full, *level_functions = _tile_functions(segment, graph, slots, constants, overwriting, rows, cols,
-                                                             prefix)
+                                                             prefix, anchors)
                 functions.append(full)
                 prefixes += level_functions
         members = graph.members(segment.first, segment.stop)

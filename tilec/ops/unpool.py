@@ -33,9 +33,7 @@ class MaxPoolIndices(MaxPool2d):
         return step.reads[0].read.start
 
     def emit(self, node: NodeSpec, tile) -> str:
-        args = window_args(node)
-        limit = (args.kernel[0] // 2, args.kernel[1] // 2)
-        source, native = tile.padded(node.inputs[0], "float('-inf')", limit)
+        args, source, native = self.pooled(node, tile)
         (rows, _), (cols, _) = tile.pads[node.inputs[0]]
         shift = (rows - native[0], cols - native[1])  # the rows and columns a padded copy put before the read
         width = tile.shapes.size(node.inputs[0], 1)

@@ -143,10 +143,15 @@ class Conv2d(_WindowOp):
 class MaxPool2d(_WindowOp):
     keeps_indices = True
 
-    def emit(self, node: NodeSpec, tile) -> str:
+    def pooled(self, node: NodeSpec, tile) -> tuple[WindowArgs, str, tuple[int, int]]:
+        """The node's window arguments, the tile's read of its input padded with ``-inf`` where the
+        padding is asymmetric, and the symmetric padding left to the op itself."""
         args = window_args(node)
-        limit = (args.kernel[0] // 2, args.kernel[1] // 2)
-        source, native = tile.padded(node.inputs[0], "float('-inf')", limit)
+        source, native = tile.padded(node.inputs[0], "float('-inf')", (args.kernel[0] // 2, args.kernel[1] // 2))
+        return args, source, native
+
+    def emit(self, node: NodeSpec, tile) -> str:
+        args, source, native = self.pooled(node, tile)
         return f"max_pool(arena, {source}, {args.kernel!r}, {args.stride!r}, {native!r}, {args.dilation!r})"
 
 
