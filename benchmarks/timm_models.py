@@ -45,3 +45,9 @@ def rexnet_100():
 def mobilevitv2_050():
     """MobileViT-v2-0.5: patch unfolding and linear attention over the patches, run untiled."""
     return load("timm").create_model("mobilevitv2_050", pretrained=False, num_classes=10)
+
+
+def edgenext_xx_small():
+    """EdgeNeXt-XX-Small: cross-covariance attention over flattened pixels in its last three
+    stages, a Fourier positional encoding in one block."""
+    return load("timm").create_model("edgenext_xx_small", pretrained=False, num_classes=10)

@@ -219,6 +219,56 @@ def test_timm_simpool(gamma):
     check_exact(model.train(), (2, 3, 15, 13), grid=(3, 2), eval_after=True)
 
 
+class CrossCovariance(nn.Module):
+    """EdgeNeXt's block as timm writes it: the map's pixels flattened into channels-last tokens, a
+    LayerNorm, cross-covariance attention (queries and keys split off by ``unbind``, each channel's
+    2-norm over the tokens by ``F.normalize``, a channels x channels softmax, its product with the
+    values), scaled and added back, the tokens viewed as an image again."""
+
+    def __init__(self, dim: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads, self.temperature = heads, nn.Parameter(torch.rand(heads, 1, 1) + 0.5)
+        self.conv, self.norm = nn.Conv2d(dim, dim, 3, padding=1), nn.LayerNorm(dim)
+        self.qkv, self.proj, self.gamma = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), nn.Parameter(torch.rand(dim))
+
+    def attention(self, x):
+        n, p, c = x.shape
+        q, k, v = self.qkv(x).reshape(n, p, 3, self.heads, -1).permute(2, 0, 3, 4, 1).unbind(0)
+        attn = (F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)) * self.temperature
+        return self.proj((attn.softmax(dim=-1) @ v).permute(0, 3, 1, 2).reshape(n, p, c))
+
+    def forward(self, x):
+        x = self.conv(x)
+        n, c, h, w = x.shape
+        tokens = x.reshape(n, c, h * w).permute(0, 2, 1)
+        tokens = tokens + self.gamma * self.attention(self.norm(tokens))
+        return tokens.reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (5, 4)], ids=lambda g: f"{g[0]}x{g[1]}")
+def test_cross_covariance_attention_tiles_exactly(grid, train):
+    """Its norms over the tokens are 2-norms over rows and columns and its channels x channels
+    matrix an einsum over them: reductions by sweeps; no node runs untiled."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(), CrossCovariance())
+    assert all(node.tileable for node in trace(model, (2, 3, 15, 13)))
+    check_exact(model.train(train), (2, 3, 15, 13), grid=grid, eval_after=train)
+
+
+@pytest.mark.parametrize("positions", [False, True], ids=["plain", "fourier_positions"])
+def test_timm_edgenext_block(positions):
+    """timm's ``SplitTransposeBlock``; with its Fourier positional encoding (cumulative sums over
+    the image axes, sines and cosines), which runs untiled, the map around it kept whole."""
+    block = published("timm.models.edgenext").SplitTransposeBlock(8, num_scales=2, num_heads=2,
+                                                                   use_pos_emb=positions, ls_init_value=1.0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), block)
+    untiled = {node.path for node in trace(model, (2, 3, 15, 13)) if not node.tileable}
+    assert untiled == ({"2.pos_embd", "2.pos_embd.token_projection"} if positions else set())
+    check_exact(model.train(), (2, 3, 15, 13), grid=(3, 2), eval_after=True)
+
+
 class TokenHead(nn.Module):
     """A random head over a map's flattened pixels: ``steps`` on the tokens (channels-last, or
     channel-first for ``"channels_first"``), then ``end``: a pooling over them, or a view back to

@@ -11,12 +11,14 @@ tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
 
 * element-wise ops, their other tensor arguments given a unit dim for W where they broadcast over
   the merged dim (one spanning it, a positional embedding, is not rewritten);
-* permutes, transposes, ``unsqueeze``/``squeeze``, ``chunk``/``split``, slices, ``select`` and
+* permutes, transposes, ``unsqueeze``/``squeeze``, ``chunk``/``split``/``unbind``, slices, ``select`` and
   constant padding of other dims, ``linear`` and ``layer_norm`` over dims after it (a check of
   dtypes before a cast is dropped);
 * a softmax over it: ``exp(x - logsumexp(x, (f, f + 1)))`` (log-softmax: without the ``exp``); over
   another dim, the softmax;
-* ``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` over it: over both axes;
+* ``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` and vector norms over it: over both axes
+  (``F.normalize`` over the tokens, EdgeNeXt's cross-covariance attention: its norm expanded to
+  the tensor, ``expand_as``, on the unmerged one);
 * a ``matmul`` / ``bmm`` contracting it: an ``einsum`` over both axes; one with it as the columns
   of the result, the product broadcast and summed over the contracted dim; one with it as the
   rows, by a matrix: a ``linear`` layer, by a matrix per batch index: a ``matmul`` broadcasting it
@@ -55,8 +57,9 @@ ELEMENTWISE = {"add", "sub", "mul", "div", "rsub", "pow", "exp", "log", "tanh", 
                "neg", "sqrt", "rsqrt", "abs", "square", "clamp", "clamp_min", "clamp_max", "softplus", "hardtanh",
                "leaky_relu", "elu", "mish", "hardswish", "hardsigmoid", "where", "maximum", "minimum", "to",
                "_to_copy", "clone", "contiguous", "alias", "dropout", "reciprocal"}
-#: Reductions over dims: the argument holding them, and the keepdim argument.
-REDUCTIONS = {"sum": (1, 2), "mean": (1, 2), "amax": (1, 2), "amin": (1, 2), "logsumexp": (1, 2)}
+#: Reductions over dims: the argument holding them, and the keepdim argument (a norm's order before them).
+REDUCTIONS = {"sum": (1, 2), "mean": (1, 2), "amax": (1, 2), "amin": (1, 2), "logsumexp": (1, 2),
+              "linalg_vector_norm": (2, 3)}
 SOFTMAXES = {aten.softmax.int: False, aten._softmax.default: False, aten.log_softmax.int: True,
              aten._log_softmax.default: True}
 
@@ -80,7 +83,7 @@ class Parts(Flat):
 
 
 #: Ops returning parts of a tensor along a dim, and the argument holding the dim.
-SPLITS = {aten.chunk.default: 2, aten.split.Tensor: 2, aten.split_with_sizes.default: 2}
+SPLITS = {aten.chunk.default: 2, aten.split.Tensor: 2, aten.split_with_sizes.default: 2, aten.unbind.int: 1}
 PADS = {aten.pad.default, aten.constant_pad_nd.default}
 
 
@@ -175,6 +178,8 @@ class _Rewrite:
             return self.matmul(node, args)
         if target == aten.scaled_dot_product_attention.default:
             return self.attention(node, args)
+        if target == aten.expand_as.default and isinstance(args[1], Flat):  # F.normalize's norm, to the tensor
+            return Flat(self.make(target, self.broadcast(args[0], args[1].f, rank), args[1].node), args[1].f)
         x = args[0]
         if not isinstance(x, Flat) or any(isinstance(a, Flat) for a in args[1:]):
             raise Unsupported(f"aten.{name} reading the merged dim in another argument than its first")
@@ -215,6 +220,8 @@ class _Rewrite:
             new = self.make(target, x.node, *args[1:at], dim + (dim > f), *args[at + 1:])
             if target == aten.select.int:
                 return Flat(new, f - (dim < f))
+            if target == aten.unbind.int:
+                return Parts(new, f - (dim < f))
             return (Parts if target in SPLITS else Flat)(new, f)
         if target in PADS:
             if target == aten.pad.default and len(args) > 2 and args[2] not in ("constant", None):
@@ -263,14 +270,16 @@ class _Rewrite:
         raise Unsupported("a view splitting the merged dim otherwise than into rows and columns")
 
     def reduce(self, node, x: Flat, args: list):
-        """``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` over dims of a region's tensor."""
+        """``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` and a vector norm (its order 2 where
+        not given) over dims of a region's tensor."""
         rank = len(fake_shape(node.args[0]))
         where, keep_at = REDUCTIONS[node.target._opname]
+        order = [*args[1:where], *[2] * (where - max(len(args), 1))]
         dims = args[where] if len(args) > where else None
         dims = list(range(rank)) if dims in (None, [], ()) else [d % rank for d in dims]
         keepdim = bool(args[keep_at]) if len(args) > keep_at else False
         new_dims = [e for d in dims for e in ((x.f, x.f + 1) if d == x.f else (d + (d > x.f),))]
-        new = self.make(node.target, x.node, new_dims, keepdim, *args[keep_at + 1:])
+        new = self.make(node.target, x.node, *order, new_dims, keepdim, *args[keep_at + 1:], **node.kwargs)
         if x.f not in dims:
             return Flat(new, x.f if keepdim else x.f - sum(d < x.f for d in dims))
         return self.make(aten.squeeze.dim, new, x.f + 1) if keepdim else new
