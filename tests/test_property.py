@@ -36,6 +36,7 @@ from tilec.regions import Interval, Period
 from tilec.sweeps import owned_sizes, role
 from tilec.target import REFERENCE
 from tilec.trace import trace
+from tilec.validate import validate
 
 from support.exactness import check_exact
 
@@ -538,6 +539,7 @@ def test_planned_regions_are_consistent(case, data):
     graph = trace(model, shape)
     segments = data.draw(segmentations(model, shape), label="segments")
     the_plan = plan_for(graph, REFERENCE, "m", segments=segments)
+    assert validate(the_plan, "m") is the_plan  # what the planner writes, loading it accepts
     for segment in the_plan.segments:
         if segment.mode == "stored":
             assert segment.grid == (1, 1) and not segment.rows and not segment.cols

@@ -57,6 +57,26 @@ def test_tiles_that_read_only_padding_are_valid(grid):
     assert loads(dumps(plan)) == plan
 
 
+class RowPositions(nn.Module):
+    """A positional map made in ``forward`` from the image's shape, as EdgeNeXt's Fourier encoding
+    makes it: a running count over the rows of a (N, H, W) mask (not an image: no channels),
+    divided by its last row (a slice of that count), added to the image."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+
+    def forward(self, x):
+        count = torch.ones(x.shape[0], *x.shape[2:]).cumsum(1)
+        return self.conv(x) + (count / count[:, -1:, :]).unsqueeze(1)
+
+
+def test_slices_of_tensors_that_are_not_images_are_valid():
+    plan = plan_for(trace(RowPositions(), (1, 2, 9, 7)), REFERENCE, "rows", grid=(2, 2))
+    assert any(node.op == "slice" and node.spatial is None for node in plan.model.nodes)
+    assert validate(plan, "p") is plan and loads(dumps(plan)) == plan
+
+
 # -- versions -----------------------------------------------------------------------------------
 
 #: The start of a schema-1 plan: a chain of layers.

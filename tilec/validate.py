@@ -298,7 +298,8 @@ def _check_tileable(plan: Plan, graph: Graph) -> None:
     for node in plan.model.nodes:
         with _evaluating(f"node {node.name} (aten.{node.op})"):
             flag = tileable(node, graph)
-            sizes = [rule(node).output_size(node, axis, graph) for axis in range(2)] if flag else []
+            on_images = node.spatial is not None and node.inputs and graph.spatial(node.inputs[0]) is not None
+            sizes = [rule(node).output_size(node, axis, graph) for axis in range(2)] if flag and on_images else []
         if node.tileable != flag:
             _fail(f"node {node.name} (aten.{node.op}) is marked tileable={node.tileable}, but its op and "
                   f"shapes make it {flag}")
