@@ -151,7 +151,9 @@ def test_the_rewritten_program_computes_what_the_model_computes(name):
     program = torch.export.export(model, (x,), strict=False)
     assert unflatten(program)
     ops = _ops(program)
-    assert not any(op.startswith(("aten.matmul", "aten.softmax", "aten.log_softmax", "aten.scaled_dot")) for op in ops)
+    assert not any(op.startswith(("aten.softmax", "aten.log_softmax", "aten.scaled_dot")) for op in ops)
+    values = [n.meta.get("val") for n in program.graph.nodes]
+    assert not any(11 * 9 in v.shape for v in values if isinstance(v, torch.Tensor))  # no tensor merges H and W
     module = program.module()
     inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
     outs = [torch.utils._pytree.tree_flatten(f(i))[0] for f, i in zip((model, module), inputs, strict=True)]
@@ -267,6 +269,51 @@ def test_timm_edgenext_block(positions):
     untiled = {node.path for node in trace(model, (2, 3, 15, 13)) if not node.tileable}
     assert untiled == ({"2.pos_embd", "2.pos_embd.token_projection"} if positions else set())
     check_exact(model.train(), (2, 3, 15, 13), grid=(3, 2), eval_after=True)
+
+
+class PatchAttention(nn.Module):
+    """MobileViT-v2's block as its paper writes it: the map cut into 2x2 patches, (N, C, H, W) ->
+    (N, C, P, patches) by views, normalised over all of it (``GroupNorm(1, C)``), 1x1 convolutions on
+    the patch tensor, a softmax over the patches per pixel of a patch, the context it weighs summed
+    over them, broadcast back over the patches, and the patches folded back into the map."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.norm, self.qkv, self.out = nn.GroupNorm(1, dim), nn.Conv2d(dim, 1 + 2 * dim, 1), nn.Conv2d(dim, dim, 1)
+        self.dim = dim
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        patches = x.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(n, c, 4, -1)
+        query, key, value = self.qkv(self.norm(patches)).split([1, self.dim, self.dim], dim=1)
+        context = (key * F.softmax(query, dim=-1)).sum(dim=-1, keepdim=True)
+        patches = patches + self.out(F.relu(value) * context.expand_as(value))
+        return patches.reshape(n, c, 2, 2, h // 2, w // 2).permute(0, 1, 4, 2, 5, 3).reshape(n, c, h, w)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (5, 4)], ids=lambda g: f"{g[0]}x{g[1]}")
+def test_patch_attention_tiles_exactly(grid, train):
+    """The views cutting the map into patches become a pixel unshuffle and a region over the
+    patches, whose convolutions are ``linear`` layers over channels, whose norm is a group norm of
+    the map and whose softmax and sum are reductions by sweeps; folding back, a pixel shuffle."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(), PatchAttention())
+    assert all(node.tileable for node in trace(model, (2, 3, 14, 18)))
+    check_exact(model.train(train), (2, 3, 14, 18), grid=grid, eval_after=train)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 14, 12), (2, 3, 15, 13)], ids=["even", "odd_resized"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_timm_mobilevit_v2_block(train, shape):
+    """timm's ``MobileVitV2Block`` (two transformer blocks of separable linear attention); an odd
+    map is first resized to whole patches (bilinear, ``align_corners=True``)."""
+    block = published("timm.models.mobilevit").MobileVitV2Block(16, 16, transformer_dim=16, patch_size=2,
+                                                                 transformer_depth=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), block)
+    assert all(node.tileable for node in trace(model, shape))
+    check_exact(model.train(train), shape, grid=(3, 2), eval_after=train)
 
 
 class TokenHead(nn.Module):

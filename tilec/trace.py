@@ -7,8 +7,9 @@ of ``None`` meaning the model's own (its first floating parameter's). Nodes are 
 them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
 (``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
 op's result instead), space to depth and depth to space written with views become pixel
-(un)shuffles (``tilec.blocks``), and ops on pixels the model flattened into one dim run on rows and
-columns (``tilec.unflatten``). A ``with torch.autocast(..., enabled=False)`` block runs inline, its ops
+(un)shuffles (``tilec.blocks``), a ``conv3d`` convolving two dims of three a grouped ``conv2d``
+(``tilec.conv3d``), and ops on pixels the model flattened into one dim run on rows and columns
+(``tilec.unflatten``). A ``with torch.autocast(..., enabled=False)`` block runs inline, its ops
 marked (``tilec.autocast_blocks``).
 
 Traced for ``autocast="DEVICE:DTYPE"``, the captured program runs once more on a fake input
@@ -39,6 +40,7 @@ from torch import nn
 
 from tilec.autocast_blocks import OFF, inline_autocast
 from tilec.blocks import blocks
+from tilec.conv3d import fold_conv3d
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import fake_mode, functionalize, made_like
 from tilec.graph import Graph, Shapes
@@ -381,6 +383,7 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     _factories(program)
     _listed_tensors(program)
     blocks(program)
+    fold_conv3d(program)
     unflatten(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}
     signature = program.graph_signature

@@ -4,25 +4,30 @@ image's own two axes, so that tilec's rules, which follow rows and columns, tile
 A model pooling over its pixels often flattens them first: GCNet's global context
 (``x.reshape(B, C, H * W)``, a softmax over the pixels, a ``matmul`` with it), attention-MIL
 pooling (``x.flatten(2).transpose(1, 2)``, per-pixel ``linear`` layers, a softmax over the pixels,
-a weighted sum), a mean over tokens. A *region* starts at a view merging the two image axes of a 4-D
-tensor, H and W at dims ``(2, 3)`` or, channels-last, ``(1, 2)``, both longer than 1, and holds
-every op that reads a tensor with the merged dim ``f``. Each op of it becomes one on the unmerged
+a weighted sum), a mean over tokens; MobileViT-v2 attends over its map cut into patches
+((N, C, pixels of a patch, patches), ``tilec.blocks`` makes the cut a pixel unshuffle), a lambda
+layer over its pixels. A *region* starts at a view merging the two image axes of a tensor of 4 dims
+or more, H and W at dims ``(2, 3)``, channels-last ``(1, 2)``, or the last two, both longer than 1,
+and holds every op that reads a tensor with the merged dim ``f``. Each op of it becomes one on the unmerged
 tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
 
 * element-wise ops, their other tensor arguments given a unit dim for W where they broadcast over
   the merged dim (one spanning it, a positional embedding, is not rewritten);
 * permutes, transposes, ``unsqueeze``/``squeeze``, ``chunk``/``split``/``unbind``, slices, ``select`` and
   constant padding of other dims, ``linear`` and ``layer_norm`` over dims after it (a check of
-  dtypes before a cast is dropped);
+  dtypes before a cast is dropped); a 1x1 ``conv2d`` of one group: a ``linear`` layer over the
+  channels moved last; ``group_norm``: of the tensor viewed as an image (N, C * K, H, W), each
+  channel's weight repeated K times;
 * a softmax over it: ``exp(x - logsumexp(x, (f, f + 1)))`` (log-softmax: without the ``exp``); over
   another dim, the softmax;
 * ``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` and vector norms over it: over both axes
   (``F.normalize`` over the tokens, EdgeNeXt's cross-covariance attention: its norm expanded to
   the tensor, ``expand_as``, on the unmerged one);
 * a ``matmul`` / ``bmm`` contracting it: an ``einsum`` over both axes; one with it as the columns
-  of the result, the product broadcast and summed over the contracted dim; one with it as the
+  of the result, a ``matmul`` per pixel by the other matrix transposed (pixels permuted before the
+  contracted dim and back); one with it as the
   rows, by a matrix: a ``linear`` layer, by a matrix per batch index: a ``matmul`` broadcasting it
-  over H;
+  over H; one with it in a batch dim of both: the ``matmul`` of the unmerged tensors, per pixel;
 * ``scaled_dot_product_attention`` of queries over keys and values that are its tokens (one query
   made from the tokens' mean, SimPool's), without mask, dropout or causality: the softmax of the
   scores over it, and their product with the values, as above;
@@ -92,9 +97,9 @@ def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, l
     (``(2, 3)``, or ``(1, 2)`` channels-last), both longer than 1, into one dim ``g``, the dims
     before them regrouped or not (EfficientViT splits its channels into heads as it merges):
     ``(g, target's shape with H and W at g, g + 1)``; else ``None``."""
-    if len(source) != 4:
+    if len(source) < 4:
         return None
-    for f in (2, 1):
+    for f in dict.fromkeys((2, 1, len(source) - 2)):
         height, width, rest = source[f], source[f + 1], source[f + 2:]
         g = len(target) - len(rest) - 1
         if (height > 1 and width > 1 and g >= 0 and target[g] == height * width
@@ -229,6 +234,10 @@ class _Rewrite:
             if f >= rank - len(args[1]) // 2:
                 raise Unsupported("padding the merged dim")
             return Flat(self.make(target, x.node, *args[1:]), f)
+        if target == aten.conv2d.default:
+            return self.pointwise(x, args)
+        if target == aten.group_norm.default:
+            return self.group_norm(x, args)
         if target == aten.linear.default:
             if f == rank - 1:
                 raise Unsupported("a linear layer over the merged dim")
@@ -238,6 +247,35 @@ class _Rewrite:
                 raise Unsupported("a layer norm over the merged dim")
             return Flat(self.make(target, x.node, *args[1:]), f)
         raise Unsupported(f"aten.{name} has no rule on the merged dim")
+
+    def pointwise(self, x: Flat, args: list) -> Flat:
+        """A 1x1 ``conv2d`` of one group of a region's 4-D tensor: a ``linear`` layer over its
+        channels, moved last and back."""
+        weight, bias, stride, padding, _, groups = [*args[1:], *[None, None, [1], [0], [1], 1][len(args) - 1:]]
+        kernel = fake_shape(weight)
+        if kernel[2:] != (1, 1) or {*stride} != {1} or {*padding} != {0} or groups != 1 or x.f < 2:
+            raise Unsupported("a convolution over the merged dim")
+        dims = len(fake_shape(x.node))
+        last = self.make(aten.permute.default, x.node, [0, *range(2, dims), 1])
+        matrix = self.make(aten.reshape.default, weight, list(kernel[:2]))
+        out = self.make(aten.linear.default, last, matrix, bias)
+        return Flat(self.make(aten.permute.default, out, [0, dims - 1, *range(1, dims - 1)]), x.f)
+
+    def group_norm(self, x: Flat, args: list) -> Flat:
+        """``group_norm`` of a region's tensor (N, C, ..., H, W): of it viewed as (N, C * K, H, W), the
+        K elements of the dims between each channel's, each channel's weight and bias repeated K
+        times; the same groups of the same elements."""
+        shape = fake_shape(x.node)
+        if x.f < 2 or len(shape) != x.f + 2:
+            raise Unsupported("a group norm with the merged dim not last")
+        (n, c), inner, (height, width) = shape[:2], math.prod(shape[2:x.f]), shape[x.f:]
+        groups, weight, bias, *rest = args[1:]
+        if inner > 1:
+            weight, bias = (None if t is None else self.make(aten.repeat_interleave.self_int, t, inner)
+                            for t in (weight, bias))
+        flat = self.make(aten.reshape.default, x.node, [n, c * inner, height, width])
+        normed = self.make(aten.group_norm.default, flat, groups, weight, bias, *rest)
+        return Flat(self.make(aten.reshape.default, normed, list(shape)), x.f)
 
     def broadcast(self, arg, at: int, rank: int):
         """A tensor argument of an element-wise op whose result holds the merged dim at ``at`` of
@@ -291,6 +329,8 @@ class _Rewrite:
         if min(ranks) < 2:
             raise Unsupported("a matmul of a vector")
         if isinstance(a, Flat) and isinstance(b, Flat):
+            if ranks[0] - a.f == ranks[1] - b.f >= 3:  # a batch dim of both: a matrix product per pixel
+                return Flat(self.make(aten.matmul.default, a.node, b.node), max(ranks) - (ranks[0] - a.f))
             if (a.f, b.f) != (ranks[0] - 1, ranks[1] - 2):
                 raise Unsupported("a matrix over the merged dim twice (attention between pixels)")
             return self.contracted(a, b)
@@ -311,10 +351,15 @@ class _Rewrite:
 
     def columns(self, a, b: Flat, rank: int) -> Flat:
         """``a @ b`` with the merged dim as the result's columns (of ``rank`` dims), ``a`` (..., M, K)
-        and ``b`` (..., K, H, W): the sum over K of ``a[..., M, K, 1, 1] * b[..., 1, K, H, W]``."""
-        spread = self.make(aten.unsqueeze.default, self.make(aten.unsqueeze.default, a, -1), -1)
-        product = self.make(aten.mul.Tensor, spread, self.make(aten.unsqueeze.default, b.node, -4))
-        return Flat(self.make(aten.sum.dim_IntList, product, [-3], False), rank - 1)
+        and ``b`` (..., K, H, W): each pixel's K values times ``a`` transposed, a matrix per batch
+        index, ``b``'s pixels moved before K and the result's back (no (M, K, H, W) product)."""
+        dims = len(fake_shape(b.node))
+        pixels = self.make(aten.permute.default, b.node, [*range(dims - 3), dims - 2, dims - 1, dims - 3])
+        matrix = self.make(aten.unsqueeze.default, self.make(aten.transpose.int, a, -1, -2), -3)
+        product = self.make(aten.matmul.default, pixels, matrix)  # (..., H, W, M)
+        last = rank + 1
+        back = [*range(last - 3), last - 1, last - 3, last - 2]
+        return Flat(self.make(aten.permute.default, product, back), rank - 1)
 
     def softmax(self, x: Flat, log: bool) -> Flat:
         """A softmax (``log``: log-softmax) over the merged dim: ``exp(x - logsumexp(x, (H, W)))``."""

@@ -364,15 +364,23 @@ class Linear(Pixel):
 class MatMul(Pixel):
     """``matmul(a, b)`` of an image ``a`` whose image axes are batch or row dims, not the
     contracted last one, by a small ``b`` that spans neither image axis: each pixel's row of ``a``
-    times ``b`` (a linear map per sample or head, as linear attention applies its summary)."""
+    times ``b`` (a linear map per sample or head, as linear attention applies its summary); or of
+    two images of one rank whose image axes are the same batch dims: a matrix product per pixel (a
+    lambda layer's queries by its position lambdas)."""
 
     backward_factor = 2
     weight_gradient_factor = 1
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         a, b = node.args[:2]
-        if shapes.sliced_inputs(node) != (a.value,):
-            return "a matmul whose right operand is the image, or whose operands are both images"
+        images = shapes.sliced_inputs(node)
+        if a.kind == b.kind == "node" and images == (a.value, b.value):
+            ranks = [len(shapes.shape(name)) for name in images]
+            if ranks[0] != ranks[1] or any(d >= ranks[0] - 2 for d in shapes.spatial(a.value)):
+                return "a matmul of two images over their image axes"
+            return super().check(node, shapes)
+        if images != (a.value,):
+            return "a matmul whose right operand is the image"
         if len(shapes.shape(a.value)) - 1 in shapes.spatial(a.value):
             return WHOLE_MAP
         rank, shape = len(node.shape), shapes.arg_shape(b)
