@@ -155,9 +155,9 @@ def row(record: dict) -> str:
 
 
 def untiled(names: list[str]) -> None:
-    """``--untiled``: per model and mode, traced at (2, 3, 128, 128), the nodes before its last
-    image op that run untiled (in stored segments, where the maps around them are kept whole:
-    ``tilec.report.untiled_nodes``), the first three with why."""
+    """``--untiled``: per model and mode, traced at (2, 3, 256, 256) (a last stage of 8 x 8 at stride
+    32), the nodes before its last image op that run untiled (in stored segments, where the maps
+    around them are kept whole: ``tilec.report.untiled_nodes``), the first three with why."""
     from tilec.errors import TilecError
     from tilec.report import untiled_nodes
     from tilec.trace import trace
@@ -167,7 +167,7 @@ def untiled(names: list[str]) -> None:
     for name in names:
         for mode in ("eval", "train"):
             try:
-                graph = trace(build(name).train(mode == "train"), (2, 3, 128, 128))
+                graph = trace(build(name).train(mode == "train"), (2, 3, 256, 256))
             except TilecError as error:
                 print(f"| {name} | {mode} | refused: {str(error)[:100]} |", flush=True)
                 continue

@@ -51,3 +51,9 @@ def edgenext_xx_small():
     """EdgeNeXt-XX-Small: cross-covariance attention over flattened pixels in its last three
     stages, a Fourier positional encoding in one block."""
     return load("timm").create_model("edgenext_xx_small", pretrained=False, num_classes=10)
+
+
+def lambda_resnet26t():
+    """LambdaResNet-26t: lambda layers (content lambdas over the pixels, position lambdas by a 3-D
+    convolution) in its last two stages."""
+    return load("timm").create_model("lambda_resnet26t", pretrained=False, num_classes=10)

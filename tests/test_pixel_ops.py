@@ -1,7 +1,7 @@
 """Every per-pixel op of one input tiles exactly: activations, elementwise math (logarithms,
 trigonometry, ``erf``, shrinkage, rounding, ``sign``) and the compositions PyTorch builds of them
-(``lp_pool2d``, ``softsign``, ``tanhshrink``), between two convolutions, on odd grids; and each
-traced op is the one its entry names, with a per-pixel rule."""
+(``lp_pool2d``, ``softsign``, ``tanhshrink``) and channels sliced with a step, between two
+convolutions, on odd grids; and each traced op is the one its entry names, with a per-pixel rule."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ COMPOSED = {
     "lp_pool2d": (lambda y: F.lp_pool2d(y, 2, 3, 1), {"pow", "avg_pool2d", "sign", "relu", "mul"}),
     "softsign": (F.softsign, {"abs", "add", "div"}),
     "tanhshrink": (F.tanhshrink, {"tanh", "sub"}),
+    "every_other_channel": (lambda y: torch.cat([y[:, 1::2] * 2, y[:, ::2]], 1), {"slice", "cat", "mul"}),
 }
 
 

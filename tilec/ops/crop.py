@@ -117,7 +117,7 @@ def slice_start(node: NodeSpec, shapes: Shapes) -> int:
 
 class Slice(Op):
     """``slice(x, dim, start, stop, step)``: a crop along an image axis shifts the interval;
-    along another dim, a per-pixel view."""
+    along another dim (with any step: every other channel), a per-pixel view."""
 
     view = True
     pass_through = True
@@ -127,8 +127,10 @@ class Slice(Op):
         return same_layout(node, shapes)
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
-        if const(node, 4, 1) != 1:
-            return "slicing with a step other than 1 is not supported"
+        source = node.inputs[0]
+        along = dim(const(node, 1, 0), len(shapes.shape(source))) in (shapes.spatial(source) or ())
+        if along and const(node, 4, 1) != 1:
+            return "slicing an image axis with a step other than 1 is not supported"
         return None
 
     def _offset(self, node: NodeSpec, axis: int, shapes: Shapes) -> int:
