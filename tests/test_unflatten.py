@@ -322,15 +322,15 @@ class TokenHead(nn.Module):
     an image and a convolution."""
 
     STEPS = ("linear", "tanh", "gelu", "scale", "norm", "gate", "channel_softmax", "transpose_twice", "square",
-             "chunk_gate", "slice_pad")
+             "chunk_gate", "slice_pad", "token_norm")
     ENDS = ("mean", "amax", "amin", "logsumexp", "sum", "attention", "query", "image", "spatial_softmax",
-            "linear_attention")
+            "linear_attention", "cross_covariance")
 
     def __init__(self, steps: tuple[str, ...], end: str, channels: int = 6):
         super().__init__()
         self.steps, self.end = steps, end
         self.conv = nn.Conv2d(3, channels, 3, padding=1)
-        self.layers = nn.ModuleList(nn.Linear(channels, channels) for _ in steps)
+        self.layers = nn.ModuleList(nn.Linear(channels, channels) for _ in (*steps, end))
         self.norms = nn.ModuleList(nn.LayerNorm(channels) for _ in steps)
         self.scale = nn.Parameter(torch.rand(channels) + 0.5)
         self.score, self.out = nn.Linear(channels, 1), nn.Conv2d(channels, 2, 3, padding=1)
@@ -356,6 +356,8 @@ class TokenHead(nn.Module):
                 tokens = F.pad(a * torch.sigmoid(b), (0, tokens.shape[-1] - a.shape[-1]), value=0.5)
             elif step == "slice_pad":
                 tokens = F.pad(tokens[..., 1:], (1, 0), value=1.0)
+            elif step == "token_norm":  # each channel's 2-norm over the tokens
+                tokens = F.normalize(tokens, dim=1) * tokens.shape[1] ** 0.5
             else:
                 tokens = (tokens.transpose(1, 2) * self.scale.view(1, -1, 1)).transpose(1, 2)
         if self.end in ("mean", "amax", "amin", "logsumexp", "sum"):
@@ -369,6 +371,9 @@ class TokenHead(nn.Module):
             q, k = F.relu(tokens), torch.sigmoid(tokens)
             out = q @ (k.transpose(1, 2) @ F.pad(tokens, (0, 1), value=1.0))
             return (out[..., :-1] / (out[..., -1:] + 1.0)).transpose(1, 2).reshape(n, -1, h, w)
+        if self.end == "cross_covariance":  # EdgeNeXt's, one head: channels attending to channels
+            q, k = (F.normalize(t.transpose(1, 2), dim=-1) for t in (self.layers[-1](tokens), tokens))
+            tokens = (torch.softmax(q @ k.transpose(1, 2), -1) @ tokens.transpose(1, 2)).transpose(1, 2)
         image = tokens.transpose(1, 2).reshape(n, -1, h, w)
         if self.end == "spatial_softmax":
             image = F.softmax(image.flatten(2), -1).view_as(image)
@@ -399,8 +404,11 @@ def test_random_token_heads_are_rewritten_onto_rows_and_columns_exactly(case):
     assert unflatten(program)
     ops = _ops(program)
     assert not any(op.startswith("aten.flatten") for op in ops)
-    assert ops.count("aten.matmul.default") == (end == "linear_attention")  # each query by the summed keys
-    assert ops.count("aten.softmax.int") == steps.count("channel_softmax")  # over the channels only
+    # a matmul per pixel: linear attention's queries by the summed keys, the query's scores of the tokens,
+    # the channels' attention applied to the tokens
+    assert ops.count("aten.matmul.default") == (end in ("linear_attention", "query", "cross_covariance"))
+    # over the channels only
+    assert ops.count("aten.softmax.int") == steps.count("channel_softmax") + (end == "cross_covariance")
     inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
     outs = [f(i) for f, i in zip((model, program.module()), inputs, strict=True)]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-13)
