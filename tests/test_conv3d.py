@@ -14,10 +14,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tilec.conv3d import fold_conv3d
+from tilec.pipeline import plan_for
+from tilec.search import choose, smallest_budget
 from tilec.trace import trace
+from tilec.validate import validate
 
 from support.exactness import check_exact
 from support.published import published
+from support.zoo import TINY
 
 
 class Volume(nn.Module):
@@ -102,6 +106,21 @@ def test_timm_lambda_layer(stride, grid, train):
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), layer)
     assert all(node.tileable for node in trace(model, (2, 3, 15, 13)))
     check_exact(model.train(train), (2, 3, 15, 13), grid=grid, eval_after=train)
+
+
+def test_budget_plans_of_a_lambda_layer_train_exactly():
+    """The search weighs stacking the tiles of a one-sample image in each segment it tries, the
+    folded weight (a parameter squeezed) among their nodes; its plans at twice the smallest budget
+    validate, and two samples' trains exactly (one sample's is checked against the formula in
+    ``test_unflatten.py``: plain PyTorch's own gradient is wrong there)."""
+    layer = published("timm.layers.lambda_layer").LambdaLayer(16, num_heads=2, dim_head=4, r=5)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), layer).train()
+    for batch in (1, 2):
+        graph = trace(model, (batch, 3, 40, 36))
+        chosen = choose(graph, TINY, 2 * smallest_budget(graph, TINY))
+        validate(plan_for(chosen.graph, TINY, "lambda", segments=chosen.segments), "lambda")
+    check_exact(model, (2, 3, 40, 36), segments=chosen.segments, recomputed=chosen.recomputed)
 
 
 def test_a_matmul_of_two_images_over_their_image_axes_runs_untiled():

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from tilec.pipeline import build
 from tilec.trace import trace
 from tilec.unflatten import unflatten
 
@@ -314,6 +315,54 @@ def test_timm_mobilevit_v2_block(train, shape):
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), block)
     assert all(node.tileable for node in trace(model, shape))
     check_exact(model.train(train), shape, grid=(3, 2), eval_after=train)
+
+
+class FormulaNorm(nn.Module):
+    """A training-mode ``BatchNorm2d``'s step written as its formula (batch statistics, no running
+    ones), sharing the module's weight and bias."""
+
+    def __init__(self, norm: nn.BatchNorm2d):
+        super().__init__()
+        self.weight, self.bias, self.eps = norm.weight, norm.bias, norm.eps
+
+    def forward(self, x):
+        mean, var = x.mean((0, 2, 3), keepdim=True), x.var((0, 2, 3), unbiased=False, keepdim=True)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
+
+
+class NormThenTokens(nn.Module):
+    """A convolution, BatchNorm, the normalised map flattened into channels-last tokens right
+    away, attention pooling over them."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels)
+        self.score, self.head = nn.Linear(channels, 1), nn.Linear(channels, 2)
+
+    def forward(self, x):
+        tokens = self.norm(self.conv(x)).flatten(2).transpose(1, 2)
+        return self.head((torch.softmax(self.score(tokens), dim=1) * tokens).sum(1))
+
+
+def test_one_sample_normalised_then_flattened_equals_the_formula():
+    """At one sample, PyTorch 2.13's CPU BatchNorm backward misreads a gradient that arrives with
+    channels-last strides from the tokens' transpose (train and eval mode; seen as an input
+    gradient off by the size of the gradient itself). tilec's tiles equal the step computed from
+    the normalisation's formula, whatever plain PyTorch gives."""
+    torch.manual_seed(0)
+    model = NormThenTokens().double().train()
+    tiled = build(model, (1, 3, 12, 10), (3, 2), dtype="float64")
+    reference = NormThenTokens().double()
+    reference.load_state_dict(model.state_dict(), strict=False)
+    reference.norm = FormulaNorm(reference.norm)
+    x = torch.randn(1, 3, 12, 10, dtype=torch.float64)
+    grads = []
+    for forward, module in ((tiled, model), (reference, reference)):
+        xi = x.clone().requires_grad_()
+        out = forward(xi)
+        grads.append([out, *torch.autograd.grad(out, [xi, *module.parameters()], torch.ones_like(out))])
+    for want, got in zip(*reversed(grads), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 class TokenHead(nn.Module):

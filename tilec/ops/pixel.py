@@ -466,7 +466,8 @@ class Squeeze(Pixel):
         return super().check(node, shapes)
 
     def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
-        return 0 not in self.dims(node, len(shapes.shape(node.inputs[0])))  # the samples stay along dim 0
+        dims = self.dims(node, len(shapes.arg_shape(node.args[0])))  # of a parameter too (a weight squeezed)
+        return dims is not None and 0 not in dims  # the samples stay along dim 0
 
 
 class GetItem(Pixel):
