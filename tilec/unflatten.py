@@ -330,7 +330,7 @@ class _Rewrite:
             raise Unsupported("a matmul of a vector")
         if isinstance(a, Flat) and isinstance(b, Flat):
             if ranks[0] - a.f == ranks[1] - b.f >= 3:  # a batch dim of both: a matrix product per pixel
-                return Flat(self.make(aten.matmul.default, a.node, b.node), max(ranks) - (ranks[0] - a.f))
+                return Flat(self.per_pixel(a.node, b.node), max(ranks) - (ranks[0] - a.f))
             if (a.f, b.f) != (ranks[0] - 1, ranks[1] - 2):
                 raise Unsupported("a matrix over the merged dim twice (attention between pixels)")
             return self.contracted(a, b)
@@ -343,6 +343,17 @@ class _Rewrite:
         if isinstance(b, Flat) and b.f == ranks[1] - 1:
             return self.columns(a, b, max(ranks))
         raise Unsupported("a matmul holding the merged dim in a batch dim")
+
+    def per_pixel(self, a: torch.fx.Node, b: torch.fx.Node) -> torch.fx.Node:
+        """``a @ b`` of two unmerged tensors whose pixels are batch dims. Where ``a`` has one row
+        and a batch dim along which ``b`` broadcasts (a lambda layer's heads), that dim becomes
+        ``a``'s rows and back: ``matmul`` would copy ``b`` once per index of it."""
+        sa, sb = fake_shape(a), fake_shape(b)
+        spread = [d for d in range(len(sa) - 2) if len(sa) == len(sb) and sa[d] > 1 and sb[d] == 1]
+        if sa[-2] != 1 or len(spread) != 1:
+            return self.make(aten.matmul.default, a, b)
+        rows = self.make(aten.transpose.int, a, spread[0], -2)
+        return self.make(aten.transpose.int, self.make(aten.matmul.default, rows, b), spread[0], -2)
 
     def contracted(self, a: Flat, b: Flat) -> torch.fx.Node:
         """``a @ b`` contracting the merged dim, ``a`` (..., M, H, W) and ``b`` (..., H, W, N): their
