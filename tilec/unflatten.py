@@ -6,18 +6,18 @@ A model pooling over its pixels often flattens them first: GCNet's global contex
 pooling (``x.flatten(2).transpose(1, 2)``, per-pixel ``linear`` layers, a softmax over the pixels,
 a weighted sum), a mean over tokens; MobileViT-v2 attends over its map cut into patches
 ((N, C, pixels of a patch, patches), ``tilec.blocks`` makes the cut a pixel unshuffle), a lambda
-layer over its pixels. A *region* starts at a view merging the two image axes of a tensor of 4 dims
-or more, H and W at dims ``(2, 3)``, channels-last ``(1, 2)``, or the last two, both longer than 1,
-and holds every op that reads a tensor with the merged dim ``f``. Each op of it becomes one on the unmerged
-tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
+layer over its pixels. A *region* starts at a view merging the two image axes of a tensor of 4
+dims or more, H and W at dims ``(2, 3)``, channels-last ``(1, 2)``, or the last two, both longer
+than 1, and holds every op that reads a tensor with the merged dim ``f``. Each op of it becomes one
+on the unmerged tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
 
 * element-wise ops, their other tensor arguments given a unit dim for W where they broadcast over
   the merged dim (one spanning it, a positional embedding, is not rewritten);
-* permutes, transposes, ``unsqueeze``/``squeeze``, ``chunk``/``split``/``unbind``, slices, ``select`` and
-  constant padding of other dims, ``linear`` and ``layer_norm`` over dims after it (a check of
-  dtypes before a cast is dropped); a 1x1 ``conv2d`` of one group: a ``linear`` layer over the
-  channels moved last; ``group_norm``: of the tensor viewed as an image (N, C * K, H, W), each
-  channel's weight repeated K times;
+* permutes, transposes, ``unsqueeze``/``squeeze``, ``chunk``/``split``/``unbind``, slices,
+  ``select`` and constant padding of other dims, ``linear`` and ``layer_norm`` over dims after it
+  (a check of dtypes before a cast is dropped); a 1x1 ``conv2d`` of one group: a ``linear`` layer
+  over the channels moved last; ``group_norm``: of the tensor viewed as an image
+  (N, C * K, H, W), each channel's weight repeated K times;
 * a softmax over it: ``exp(x - logsumexp(x, (f, f + 1)))`` (log-softmax: without the ``exp``); over
   another dim, the softmax;
 * ``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` and vector norms over it: over both axes
@@ -25,9 +25,9 @@ tensor, whose dims ``f, f + 1`` are H and W, computing the same values:
   the tensor, ``expand_as``, on the unmerged one);
 * a ``matmul`` / ``bmm`` contracting it: an ``einsum`` over both axes; one with it as the columns
   of the result, a ``matmul`` per pixel by the other matrix transposed (pixels permuted before the
-  contracted dim and back); one with it as the
-  rows, by a matrix: a ``linear`` layer, by a matrix per batch index: a ``matmul`` broadcasting it
-  over H; one with it in a batch dim of both: the ``matmul`` of the unmerged tensors, per pixel;
+  contracted dim and back); one with it as the rows, by a matrix: a ``linear`` layer, by a matrix
+  per batch index: a ``matmul`` broadcasting it over H; one with it in a batch dim of both: the
+  ``matmul`` of the unmerged tensors, per pixel;
 * ``scaled_dot_product_attention`` of queries over keys and values that are its tokens (one query
   made from the tokens' mean, SimPool's), without mask, dropout or causality: the softmax of the
   scores over it, and their product with the values, as above;
@@ -93,10 +93,10 @@ PADS = {aten.pad.default, aten.constant_pad_nd.default}
 
 
 def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, list[int]] | None:
-    """Where a view from ``source`` (4-D) to ``target`` merges the image axes ``f, f + 1``
-    (``(2, 3)``, or ``(1, 2)`` channels-last), both longer than 1, into one dim ``g``, the dims
-    before them regrouped or not (EfficientViT splits its channels into heads as it merges):
-    ``(g, target's shape with H and W at g, g + 1)``; else ``None``."""
+    """Where a view from ``source`` (4-D or more) to ``target`` merges the image axes ``f, f + 1``
+    (``(2, 3)``, ``(1, 2)`` channels-last, or the last two), both longer than 1, into one dim
+    ``g``, the dims before them regrouped or not (EfficientViT splits its channels into heads as
+    it merges): ``(g, target's shape with H and W at g, g + 1)``; else ``None``."""
     if len(source) < 4:
         return None
     for f in dict.fromkeys((2, 1, len(source) - 2)):
