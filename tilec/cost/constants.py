@@ -23,6 +23,12 @@ ARENA_WEIGHT_BACKWARD_COPIES = 2.0
 #: taps instead of oneDNN's weight copies.
 ARENA_GEMM_WEIGHT_BACKWARD_COPIES = 1.0
 
+#: A tile's depthwise convolution with a kernel larger than 3x3, channels-last float32: its backward
+#: (aten's ``convolution_backward``) takes a scratch buffer of about 1 KiB per channel and kernel tap
+#: whatever the tile's size (measured on CPU, torch 2.13: 957-1092 bytes over 48-168 channels, 5x5
+#: to 11x11 kernels, 8² to 32² outputs, 1 and 2 threads; a 3x3 kernel's 0.1-0.3 MiB at 96-168 channels).
+DEPTHWISE_BACKWARD_SCRATCH = 1100
+
 #: Bytes a process holds per tensor of a kept partial besides its elements (the tensor's
 #: objects and the allocator's chunk; measured about 620 bytes for a one-element tensor).
 PARTIAL_TENSOR_BYTES = 640

@@ -21,6 +21,7 @@ from tilec.cost.constants import (
     ARENA_WEIGHT_BACKWARD_COPIES,
     CONV_BACKWARD_WORKSPACE,
     CONV_FORWARD_WORKSPACE,
+    DEPTHWISE_BACKWARD_SCRATCH,
     ELEMENT_BYTES,
     INDEX_BYTES,
     WEIGHT_BACKWARD_EXTRA_COPIES,
@@ -43,7 +44,9 @@ class NodeFacts:
     of the weight copies one tile's call makes in forward / backward, ``tilec.cost.constants``);
     ``gemm`` (tiles compute its weight gradient as matrix products) and ``channel_ratio`` (then its
     output channels per input channel); ``tile_workspace`` / ``stored_workspace`` (a convolution's
-    ``(forward, backward)`` workspace in multiples of its padded input); ``casts`` (bytes of
+    ``(forward, backward)`` workspace in multiples of its padded input); ``backward_scratch`` (bytes
+    a tile's backward of it takes whatever the tile's size: a large depthwise kernel's,
+    ``DEPTHWISE_BACKWARD_SCRATCH``); ``casts`` (bytes of
     autocast's copies of its parameters); ``packed`` (bytes of its weight a tiled forward keeps in
     oneDNN's blocked layout); ``overwrites`` (tiles compute it in place when its input's producer is
     in the segment) and ``gradient_reader`` (the position of its one reader if it then also
@@ -62,6 +65,7 @@ class NodeFacts:
     channel_ratio: float
     tile_workspace: tuple[float, float]
     stored_workspace: tuple[float, float]
+    backward_scratch: int
     casts: int
     packed: int
     overwrites: bool
@@ -132,6 +136,9 @@ class Facts:
             tile_workspace, stored_workspace = (
                 tuple((forward * taps, backward * taps) for forward, backward in calibrated)
                 if calibrated and taps > 1 else ((0.0, 0.0), (CONV_FORWARD_WORKSPACE, CONV_BACKWARD_WORKSPACE)))
+            depthwise = node.op == "conv2d" and weight[1] == 1 and const(node, 6, 1) > 1 and taps > 9
+            on_cpu = depthwise and computes == 4 and target.device == "cpu"
+            scratch = DEPTHWISE_BACKWARD_SCRATCH * weight[0] * taps if on_cpu else 0
             self.nodes.append(NodeFacts(
                 rule=op, inputs=inputs, computes=computes, weights=weights,
                 grad=weights > 0 or any(self.nodes[i].grad for i in inputs if i >= 0),
@@ -139,7 +146,7 @@ class Facts:
                 backward_weight_copies=_backward_weight_copies(weight_copies, weights, gemm, in_arena)
                 if op.convolution else 0,
                 gemm=gemm, channel_ratio=weight[0] / weight[1] if gemm else 0.0,
-                tile_workspace=tile_workspace, stored_workspace=stored_workspace,
+                tile_workspace=tile_workspace, stored_workspace=stored_workspace, backward_scratch=scratch,
                 casts=weights * computes // self.element if op.casts_parameters and computes < self.element else 0,
                 packed=weights if in_arena and op.convolution else 0,
                 overwrites=node.name in in_place,
