@@ -25,6 +25,8 @@ from tilec.ops.window import conv_padding, window_args
 from tilec.regions import Interval, Period, Window, partition, parts_of, split, strides_of
 from tilec.trace import trace
 
+from support.models import Lambda
+
 FAST = settings(max_examples=60, deadline=None, derandomize=True)
 
 
@@ -247,17 +249,6 @@ def test_window_read_of_an_empty_output_reads_nothing():
 
 
 # --- traced one-op models -----------------------------------------------------------------------
-
-
-class Op(nn.Module):
-    """``fn(x)`` as a module (for functional ops: pad, interpolate, slicing)."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def _traced(module: nn.Module, shape) -> tuple[NodeSpec, Graph]:
@@ -508,7 +499,7 @@ def test_conv_transpose_rule_random(kernel, stride, padding, dilation, data, hei
 
 
 def _interpolate(**options) -> nn.Module:
-    return Op(lambda x: F.interpolate(x, **options))
+    return Lambda(lambda x: F.interpolate(x, **options))
 
 
 UPSAMPLING = [
@@ -545,7 +536,7 @@ def test_upsample_rule(mode, extra, options):
     [(1, 1, 1, 1), (0, 2, 3, 0), (2, -1, -2, 3), (-1, -2, -3, -1), (4, 0, 0, 5), (1, 2), (-2, 1)],
 )
 def test_constant_pad_rule(pad):
-    check_rule(Op(lambda x: F.pad(x, pad, value=0.5)), (1, 2, 9, 8), pads=True)
+    check_rule(Lambda(lambda x: F.pad(x, pad, value=0.5)), (1, 2, 9, 8), pads=True)
 
 
 @pytest.mark.parametrize("crop", [slice(2, -3), slice(None, 5), slice(3, 7), slice(-4, None), slice(1, 100)],
@@ -553,7 +544,7 @@ def test_constant_pad_rule(pad):
 @pytest.mark.parametrize("dim", [2, 3])
 def test_slice_rule(crop, dim):
     index = (slice(None),) * dim + (crop,)
-    check_rule(Op(lambda x: x[index]), (1, 2, 9, 8), pads=False)
+    check_rule(Lambda(lambda x: x[index]), (1, 2, 9, 8), pads=False)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_shape, made_like
+from tilec.functionalize import fake_mode, fake_shape, made_like, schema_arguments
 
 aten = torch.ops.aten
 CONV3D = aten.conv3d.default
@@ -24,10 +24,7 @@ CONV3D = aten.conv3d.default
 
 def _arguments(node: torch.fx.Node) -> dict:
     """``node``'s arguments by name, defaults filled in."""
-    schema = node.target._schema.arguments
-    values = {a.name: a.default_value for a in schema if a.has_default_value()}
-    values.update(zip((a.name for a in schema), node.args, strict=False))
-    return values | dict(node.kwargs)
+    return {argument.name: value for argument, value in schema_arguments(node)}
 
 
 def _triple(value) -> list[int]:
@@ -44,8 +41,7 @@ def _folded(values: dict, kernel: list[int]) -> int | None:
     return found[-1] if found else None
 
 
-def _fold(graph: torch.fx.Graph, fake, node: torch.fx.Node, t: int) -> None:
-    values = _arguments(node)
+def _fold(graph: torch.fx.Graph, fake, node: torch.fx.Node, values: dict, t: int) -> None:
     x, weight, bias, groups = values["input"], values["weight"], values["bias"], values["groups"]
     n, c, *dims = fake_shape(x)
     k = fake_shape(weight)[0]
@@ -78,10 +74,11 @@ def fold_conv3d(program: torch.export.ExportedProgram) -> bool:
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target != CONV3D:
             continue
-        t = _folded(_arguments(node), fake_shape(node.args[1])[2:])
+        values = _arguments(node)
+        t = _folded(values, fake_shape(node.args[1])[2:])
         if t is not None:
             fake = fake or fake_mode(graph)
-            _fold(graph, fake, node, t)
+            _fold(graph, fake, node, values, t)
             changed = True
     if changed:
         graph.lint()

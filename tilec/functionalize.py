@@ -30,6 +30,8 @@ from collections.abc import Callable
 import torch
 from torch._guards import detect_fake_mode
 
+from tilec.errors import UnsupportedLayerError
+
 aten = torch.ops.aten
 SLICE, SELECT = aten.slice.Tensor, aten.select.int
 SPLITS = {aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default}
@@ -81,6 +83,24 @@ def made_like(graph: torch.fx.Graph, fake, target, args, like: torch.fx.Node, kw
     with fake:
         new.meta["val"] = target(*torch.fx.node.map_arg(tuple(args), fake_value), **kwargs)
     return new
+
+
+def schema_arguments(node: torch.fx.Node) -> list[tuple[torch.Argument, object]]:
+    """Every argument of an aten ``node`` in schema order with its value, defaults filled in."""
+    result = []
+    for position, argument in enumerate(node.target._schema.arguments):
+        if position < len(node.args):
+            value = node.args[position]
+        elif argument.name in node.kwargs:
+            value = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            value = argument.default_value
+        else:
+            target = node.target
+            raise UnsupportedLayerError(f"op aten.{target._opname}.{target._overloadname} misses argument "
+                                        f"{argument.name}")
+        result.append((argument, value))
+    return result
 
 
 def _shares_storage(a, b) -> bool:

@@ -42,7 +42,7 @@ from tilec.autocast_blocks import OFF, inline_autocast
 from tilec.blocks import blocks
 from tilec.conv3d import fold_conv3d
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
-from tilec.functionalize import fake_mode, functionalize, made_like
+from tilec.functionalize import fake_mode, functionalize, made_like, schema_arguments
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, lost, mode_flag, rule, tileable, updates_buffer
@@ -269,18 +269,7 @@ def _schema_args(node: torch.fx.Node) -> list[tuple[object, str | None]]:
     """Every argument of ``node`` in schema order, defaults filled in; kwarg-only ones keyed."""
     if node.target is operator.getitem:
         return [(node.args[0], None), (node.args[1], None)]
-    result = []
-    for position, argument in enumerate(node.target._schema.arguments):
-        if position < len(node.args):
-            value = node.args[position]
-        elif argument.name in node.kwargs:
-            value = node.kwargs[argument.name]
-        elif argument.has_default_value():
-            value = argument.default_value
-        else:
-            raise UnsupportedLayerError(f"op {_target(node.target)} misses argument {argument.name}")
-        result.append((value, argument.name if argument.kwarg_only else None))
-    return result
+    return [(value, argument.name if argument.kwarg_only else None) for argument, value in schema_arguments(node)]
 
 
 def _other_float(dtype: str | None, than: str) -> str | None:

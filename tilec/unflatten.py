@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_shape, fake_value, made_like
+from tilec.functionalize import fake_mode, fake_shape, fake_value, made_like, schema_arguments
 from tilec.ops.reduce import Contraction
 
 aten = torch.ops.aten
@@ -106,6 +106,11 @@ def _merged_at(source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, l
                 and tuple(target[g + 1:]) == rest and math.prod(target[:g]) == math.prod(source[:f])):
             return g, [*target[:g], height, width, *rest]
     return None
+
+
+def positional(node: torch.fx.Node, args: list) -> list:
+    """``node``'s arguments ``args`` (twins) and the defaults of the positional ones they leave out."""
+    return [*args, *(value for argument, value in schema_arguments(node)[len(args):] if not argument.kwarg_only)]
 
 
 class _Rewrite:
@@ -199,7 +204,7 @@ class _Rewrite:
         if name in ("sum", "mean") and target._overloadname == "default":
             return self.make(target, x.node, *args[1:], **node.kwargs)  # over every dim
         if name in REDUCTIONS:
-            return self.reduce(node, x, args)
+            return self.reduce(node, x, positional(node, args))
         if target in (aten.transpose.int, aten.permute.default):
             order = list(range(rank))
             if target == aten.transpose.int:
@@ -235,9 +240,9 @@ class _Rewrite:
                 raise Unsupported("padding the merged dim")
             return Flat(self.make(target, x.node, *args[1:]), f)
         if target == aten.conv2d.default:
-            return self.pointwise(x, args)
+            return self.pointwise(x, positional(node, args))
         if target == aten.group_norm.default:
-            return self.group_norm(x, args)
+            return self.group_norm(x, positional(node, args))
         if target == aten.linear.default:
             if f == rank - 1:
                 raise Unsupported("a linear layer over the merged dim")
@@ -251,7 +256,7 @@ class _Rewrite:
     def pointwise(self, x: Flat, args: list) -> Flat:
         """A 1x1 ``conv2d`` of one group of a region's 4-D tensor: a ``linear`` layer over its
         channels, moved last and back."""
-        weight, bias, stride, padding, _, groups = [*args[1:], *[None, None, [1], [0], [1], 1][len(args) - 1:]]
+        weight, bias, stride, padding, _, groups = args[1:]
         kernel = fake_shape(weight)
         if kernel[2:] != (1, 1) or {*stride} != {1} or {*padding} != {0} or groups != 1 or x.f < 2:
             raise Unsupported("a convolution over the merged dim")
@@ -308,16 +313,15 @@ class _Rewrite:
         raise Unsupported("a view splitting the merged dim otherwise than into rows and columns")
 
     def reduce(self, node, x: Flat, args: list):
-        """``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` and a vector norm (its order 2 where
-        not given) over dims of a region's tensor."""
+        """``sum``, ``mean``, ``amax``, ``amin``, ``logsumexp`` and a vector norm over dims of a
+        region's tensor (``args``: every positional argument, ``positional``)."""
         rank = len(fake_shape(node.args[0]))
         where, keep_at = REDUCTIONS[node.target._opname]
-        order = [*args[1:where], *[2] * (where - max(len(args), 1))]
-        dims = args[where] if len(args) > where else None
+        dims = args[where]
         dims = list(range(rank)) if dims in (None, [], ()) else [d % rank for d in dims]
-        keepdim = bool(args[keep_at]) if len(args) > keep_at else False
+        keepdim = bool(args[keep_at])
         new_dims = [e for d in dims for e in ((x.f, x.f + 1) if d == x.f else (d + (d > x.f),))]
-        new = self.make(node.target, x.node, *order, new_dims, keepdim, *args[keep_at + 1:], **node.kwargs)
+        new = self.make(node.target, x.node, *args[1:where], new_dims, keepdim, *args[keep_at + 1:], **node.kwargs)
         if x.f not in dims:
             return Flat(new, x.f if keepdim else x.f - sum(d < x.f for d in dims))
         return self.make(aten.squeeze.dim, new, x.f + 1) if keepdim else new

@@ -3,7 +3,6 @@ weight copies, as measured on CPU (``python benchmarks/workspace.py``)."""
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1, "int16": 2,
                  "int32": 4, "int64": 8, "bool": 1}
-INDEX_BYTES = 8
 #: Convolution kernel workspace of stored segments (NCHW), in multiples of the padded input
 #: (measured on CPU oneDNN: about 1x in forward, 2-3x in backward, reorders into blocked layouts).
 CONV_FORWARD_WORKSPACE = 1.0

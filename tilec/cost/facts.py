@@ -23,12 +23,12 @@ from tilec.cost.constants import (
     CONV_FORWARD_WORKSPACE,
     DEPTHWISE_BACKWARD_SCRATCH,
     ELEMENT_BYTES,
-    INDEX_BYTES,
     WEIGHT_BACKWARD_EXTRA_COPIES,
 )
 from tilec.graph import Graph
 from tilec.ir import NodeSpec
 from tilec.ops import Op, const, rule
+from tilec.ops.base import INDEX_BYTES
 from tilec.ops.in_place import activations_in_place
 from tilec.ops.window import window_args
 from tilec.runtime.device import kernels_for, uses_gemm_weight_grad, uses_onednn
@@ -136,7 +136,7 @@ class Facts:
             tile_workspace, stored_workspace = (
                 tuple((forward * taps, backward * taps) for forward, backward in calibrated)
                 if calibrated and taps > 1 else ((0.0, 0.0), (CONV_FORWARD_WORKSPACE, CONV_BACKWARD_WORKSPACE)))
-            depthwise = node.op == "conv2d" and weight[1] == 1 and const(node, 6, 1) > 1 and taps > 9
+            depthwise = node.op == "conv2d" and op.time_class(node, graph)[0] == "depthwise" and taps > 9
             on_cpu = depthwise and computes == 4 and target.device == "cpu"
             scratch = DEPTHWISE_BACKWARD_SCRATCH * weight[0] * taps if on_cpu else 0
             self.nodes.append(NodeFacts(

@@ -277,8 +277,8 @@ def program(facts: Facts, forward, first: int, stop: int, tiled: bool) -> Progra
                 copy = ahead.slices.index(source) if source < first else base + KINDS * source + OUT
                 transient[copy] += 1.0
             if not op.pass_through:
-                scratch = node.backward_weight_copies + node.backward_scratch if tiled else 0
-                run.event(transient, node.weights + scratch)
+                extra = node.backward_weight_copies + node.backward_scratch if tiled else 0
+                run.event(transient, node.weights + extra)
             run.drop(grads[p])
         for storage in ahead.saved.get(p, ()):
             run.drop(storage)
