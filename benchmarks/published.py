@@ -3,8 +3,9 @@
     python benchmarks/published.py [NAME ...]
     python benchmarks/published.py --untiled [NAME ...]
 
-For each of torchvision's and timm's classifiers, backbones and segmentation models in ``MODELS``
-(random weights, 10 classes, a (2, 3, 64, 64) input, a 2x2 grid), in a process of its own with one
+For each of torchvision's and timm's classifiers and backbones and torchvision's and
+segmentation_models_pytorch's (smp) segmentation models in ``MODELS`` (random weights, 10 classes, 3
+for segmentation, a (2, 3, 64, 64) input, a 2x2 grid), in a process of its own with one
 thread: compiled in eval mode, one step; compiled in training mode, one step (BatchNorm with batch
 statistics) then an eval-mode forward (``tests/support/exactness.py``'s ``max_errors``). Prints a
 markdown row per model and mode: the largest absolute difference of any output, input gradient,
@@ -14,7 +15,7 @@ plain's own rounding there: the larger of the same tensor's differences from pla
 itself runs channels-last (``ChannelsLast``: other kernels and summation orders throughout) and
 with its two samples swapped (``Swapped``: other orders of the sums over the batch; only where the
 model draws no random masks in that mode, which would fall on other samples); or the one-line error
-tilec refused the model with. torchvision and timm are imported as ``tests/support/published.py``
+tilec refused the model with. torchvision, timm and smp are imported as ``tests/support/published.py``
 does.
 """
 
@@ -58,8 +59,20 @@ MODELS = {
         "mobilenetv4_conv_small", "fbnetv3_b", "resnet18d", "seresnet18", "gcresnet33ts", "lambda_resnet26t",
         "resnetblur18", "vovnet39a", "hrnet_w18_small_v2", "regnetx_002", "mobilevitv2_050", "repghostnet_050",
         "efficientnet_lite0", "semnasnet_050", "spnasnet_100", "densenetblur121d", "res2next50", "resnext26ts",
-        "eca_nfnet_l0", "convnext_pico", "inception_next_tiny", "edgenext_xx_small", "starnet_s1", "rdnet_tiny")},
+        "eca_nfnet_l0", "convnext_pico", "inception_next_tiny", "edgenext_xx_small", "starnet_s1", "rdnet_tiny",
+        "focalnet_tiny_srf", "ghostnetv2_100", "repvit_m1", "mambaout_femto", "poolformerv2_s12", "convformer_s18",
+        "hgnetv2_b0", "hgnet_tiny", "resnet50_gn", "regnety_016", "resnetrs50", "cspresnext50", "darknet53",
+        "regnetz_c16_evos", "convnext_zepto_rms", "mobilenetv4_hybrid_medium", "gc_efficientnetv2_rw_t",
+        "fastvit_sa12", "pvt_v2_b0", "mobilevit_xxs", "legacy_seresnet18", "efficientnet_b0_gn", "mobilenetv1_100",
+        "rexnetr_100", "dla46_c", "vovnet57a", "mobilenetv4_conv_medium", "fasternet_t0", "shvit_s1", "cs3edgenet_x",
+        "nf_ecaresnet26", "skresnext50_32x4d", "tinynet_e", "swiftformer_xs", "ghostnetv3_100")},
     "timm resnet18 features_only": ("timm", "resnet18", {"features_only": True}),
+    **{f"smp {arch} {encoder}": ("smp", arch, {"encoder_name": encoder}) for arch, encoder in (
+        ("Unet", "resnet34"), ("UnetPlusPlus", "resnet34"), ("FPN", "resnet34"), ("PSPNet", "resnet34"),
+        ("DeepLabV3", "resnet34"), ("DeepLabV3Plus", "resnet34"), ("Linknet", "resnet34"), ("MAnet", "resnet34"),
+        ("UPerNet", "resnet34"), ("Segformer", "resnet34"), ("Unet", "tu-efficientnet_b0"),
+        ("DeepLabV3Plus", "tu-efficientnet_b0"), ("Unet", "tu-convnext_atto"), ("UnetPlusPlus", "tu-convnext_atto"),
+        ("FPN", "tu-convnext_atto"), ("DPT", "tu-convnext_atto"))},
 }
 
 
@@ -70,6 +83,8 @@ def build(name: str):
     package, constructor, options = MODELS[name]
     if package == "timm":
         return load("timm").create_model(constructor, pretrained=False, **options)
+    if package == "smp":
+        return getattr(load("segmentation_models_pytorch"), constructor)(encoder_weights=None, classes=3, **options)
     classes = 3 if package.endswith("segmentation") else 10
     return getattr(load(f"torchvision.models{package.removeprefix('torchvision')}"), constructor)(
         weights=None, num_classes=classes, **options)

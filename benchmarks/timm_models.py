@@ -57,3 +57,13 @@ def lambda_resnet26t():
     """LambdaResNet-26t: lambda layers (content lambdas over the pixels, position lambdas by a 3-D
     convolution) in its last two stages."""
     return load("timm").create_model("lambda_resnet26t", pretrained=False, num_classes=10)
+
+
+def regnetz_c16_evos():
+    """RegNetZ-C16 with EvoNorm-S0a: each group's standard deviation ``expand``-ed to the map."""
+    return load("timm").create_model("regnetz_c16_evos", pretrained=False, num_classes=10)
+
+
+def convnext_zepto_rms():
+    """ConvNeXt-Zepto with ``SimpleNorm2d``: a variance over the channels, channels-last."""
+    return load("timm").create_model("convnext_zepto_rms", pretrained=False, num_classes=10)

@@ -1,6 +1,8 @@
 """Every per-pixel op of one input tiles exactly: activations, elementwise math (logarithms,
 trigonometry, ``erf``, shrinkage, rounding, ``sign``) and the compositions PyTorch builds of them
-(``lp_pool2d``, ``softsign``, ``tanhshrink``) and channels sliced with a step, between two
+(``lp_pool2d``, ``softsign``, ``tanhshrink``), channels sliced with a step, variances over the
+channels (timm's ``SimpleNorm2d``), maxima of two tensors and over the channels (CBAM's, ties among
+a ReLU's zeros included), between two
 convolutions, on odd grids; and each traced op is the one its entry names, with a per-pixel rule."""
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ COMPOSED = {
     "softsign": (F.softsign, {"abs", "add", "div"}),
     "tanhshrink": (F.tanhshrink, {"tanh", "sub"}),
     "every_other_channel": (lambda y: torch.cat([y[:, 1::2] * 2, y[:, ::2]], 1), {"slice", "cat", "mul"}),
+    "channel_variance": (lambda y: y * torch.rsqrt(y.var(1, keepdim=True) + 1e-5), {"var", "rsqrt", "mul"}),
+    "channels_last_variance": (lambda y: (lambda z: z / (z.std(-1, keepdim=True, correction=0) + 1e-5))(
+        y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), {"permute", "std", "div"}),
+    "channel_moments": (lambda y: (lambda v, m: (y - m) * v)(*torch.var_mean(y, 1, keepdim=True)),
+                        {"var_mean", "getitem", "sub"}),
+    "max_of_two": (lambda y: torch.max(y, torch.sigmoid(y)) + torch.min(y, F.relu(y)), {"maximum", "minimum"}),
+    "channel_max_and_min": (lambda y: torch.cat([y.max(1, keepdim=True)[0], F.relu(y).min(1).values[:, None],
+                                                 F.relu(y).max(1).indices[:, None].to(y.dtype), y.min(1)[0][:, None]],
+                                                1),
+                            {"max", "min", "getitem", "cat"}),
 }
 
 
@@ -78,3 +90,31 @@ def test_compositions_of_per_pixel_ops_tile_exactly(name):
     graph = trace(Sandwich(op), SHAPE)
     assert traced <= {node.op for node in graph} and all(node.tileable for node in graph)
     check_exact(Sandwich(op), SHAPE, grid=(4, 3))
+
+
+class ConstantMaps(nn.Module):
+    """Maps of the image's size made from no tensor beside the first convolution's: zero channels
+    (``torch.empty``, as segmentation_models_pytorch's timm encoders stand in for a stride-2
+    feature), zeros, ones and a constant concatenated with it, at full and half resolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.down = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.last = nn.Conv2d(9, 2, 3, padding=1)
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        y, half = self.first(x), self.down(x)
+        like = {"dtype": x.dtype, "device": x.device}
+        made = [torch.empty(n, 0, h, w, **like), torch.zeros(n, 1, h, w, **like), torch.ones(n, 1, h, w, **like),
+                torch.full((n, 1, h, w), 0.5, **like)]
+        halves = torch.cat([half, torch.empty(n, 0, half.shape[2], half.shape[3], **like)], 1)
+        return self.last(torch.cat([y, *made, F.interpolate(halves, size=(h, w))[:, :2]], 1))
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (5, 4)], ids=lambda g: f"{g[0]}x{g[1]}")
+def test_constant_maps_made_from_no_tensor_tile_exactly(grid):
+    graph = trace(ConstantMaps(), SHAPE)
+    assert {"empty", "zeros", "ones", "full"} <= {node.op for node in graph}
+    assert all(node.tileable for node in graph)
+    check_exact(ConstantMaps(), SHAPE, grid=grid)

@@ -12,7 +12,8 @@ checked on the CPU's tile kernels and on the generic ones (``kernels="generic"``
 With ``reductions``, a program also draws ops that reduce over the image inside tiled segments
 (``tilec.sweeps``): BatchNorm with batch statistics (training mode, updating its running
 statistics, or without them), GroupNorm, squeeze-and-excitation blocks, ConvNeXt-V2's global
-response norm (a 2-norm over the image, NCHW or channels-last), and may end in a pooled
+response norm (a 2-norm over the image, NCHW or channels-last), EvoNorm's group deviation
+``expand``-ed to the map with a gate of maxima over the channels, and may end in a pooled
 classifier head; drawn grids and segmentations then put one, two or more levels of reductions in
 a tiled segment, or cut right before a reduction (a direct level).
 """
@@ -281,6 +282,22 @@ class SqueezeExcite(nn.Module):
         return x * torch.sigmoid(self.fc2(F.relu(self.norm(self.fc1(F.adaptive_avg_pool2d(x, 1))))))
 
 
+class GroupDeviation(nn.Module):
+    """EvoNorm-S0's normalisation, each group's standard deviation ``expand``-ed to the map, then
+    CBAM's spatial gate from the maximum and minimum over the channels."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        grouped = x.reshape(n, self.groups, c // self.groups, h, w)
+        std = grouped.var((2, 3, 4), unbiased=False, keepdim=True).add(1e-5).sqrt()
+        y = x * torch.sigmoid(x) / std.expand(grouped.shape).reshape(n, c, h, w)
+        return y * torch.sigmoid(y.max(1, keepdim=True)[0] - torch.min(y, 1, keepdim=True).values)
+
+
 class ImagePooling(nn.Module):
     """DeepLab's image pooling: pooled, a 1x1 convolution, training-mode BatchNorm, upsampled back
     (bilinear or nearest) to the image's size and concatenated with it."""
@@ -311,7 +328,7 @@ class PooledHead(nn.Module):
 @st.composite
 def _reduction(draw, channels: int, extras: bool) -> nn.Module:
     kind = draw(st.sampled_from(["batch_norm", "batch_norm", "batch_stats", "group_norm", "se"]
-                                + ["grn", "se_norm", "image_pooling"] * extras))
+                                + ["grn", "se_norm", "image_pooling", "group_deviation"] * extras))
     if kind == "batch_norm":
         return TrainingBatchNorm(channels, momentum=draw(st.sampled_from([0.1, 0.5, None])))
     if kind == "batch_stats":
@@ -322,6 +339,8 @@ def _reduction(draw, channels: int, extras: bool) -> nn.Module:
         return GlobalResponseNorm(channels, draw(st.booleans()))
     if kind == "image_pooling":
         return ImagePooling(channels, draw(st.integers(1, 3)), draw(st.sampled_from(["bilinear", "nearest"])))
+    if kind == "group_deviation":
+        return GroupDeviation(draw(st.sampled_from(_divisors(channels))))
     if kind == "se_norm":
         return SqueezeExcite(channels, draw(st.integers(1, 3)), norm=True)
     return SqueezeExcite(channels, draw(st.integers(1, 3)))

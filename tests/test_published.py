@@ -7,8 +7,9 @@ The inline copies (``support.zoo.PUBLISHED_ZOO``) always run: torchvision's Effi
 .sum(0)``). The published packages run as users download them (``support.published``):
 torchvision's models and timm's, built by their own classes with random weights (the large ones
 with fewer blocks or channels), at odd sizes on a 3x2 grid (``PUBLISHED_MODELS``), and
-torchvision's EfficientNet and segmentation models at 64²; segmentation_models_pytorch where it
-is installed (``benchmarks/published.py`` checks some fifty at their full sizes). Heads with
+torchvision's EfficientNet and segmentation models at 64²; segmentation_models_pytorch's FPN,
+U-Net on a timm ConvNeXt, DeepLabV3+, UPerNet and Segformer with small decoders
+(``benchmarks/published.py`` checks a hundred and forty-six at their full sizes). Heads with
 element-wise Dropout on images (DeepLabV3's ASPP) train with tilec's counter-based masks, which the
 plain reference draws under ``counter_dropout`` (``check_exact(counter=True)``).
 """
@@ -170,6 +171,27 @@ def test_smp_fpn(train):
     model = smp.FPN("resnet18", encoder_weights=None, encoder_depth=4, classes=2, decoder_pyramid_channels=32,
                     decoder_segmentation_channels=32).train(train)
     check_exact(model, (2, 3, 64, 64), grid=(2, 2), eval_after=train)
+
+
+#: smp's architectures with small decoders: a timm ConvNeXt encoder (its stride-2 feature a
+#: zero-channel ``torch.empty``), ASPP with its Dropout, a pyramid pooling decoder, Segformer's MLP head.
+SMP_MODELS = {
+    "unet_convnext": ("Unet", "tu-convnext_atto", {"decoder_channels": (32, 16, 8, 8, 8)}),
+    "deeplabv3plus": ("DeepLabV3Plus", "resnet18", {"decoder_channels": 32}),
+    "upernet": ("UPerNet", "resnet18", {"decoder_channels": 32}),
+    "segformer": ("Segformer", "resnet18", {"decoder_segmentation_channels": 32}),
+}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", list(SMP_MODELS))
+def test_smp_models(name, train):
+    smp = published("segmentation_models_pytorch")
+    arch, encoder, options = SMP_MODELS[name]
+    torch.manual_seed(0)
+    model = getattr(smp, arch)(encoder, encoder_weights=None, classes=2, **options).train(train)
+    assert all(node.tileable for node in trace(model, (2, 3, 64, 64)))
+    check_exact(model, (2, 3, 64, 64), grid=(3, 2), eval_after=train, counter=True)
 
 
 def _torchvision(module: str, build: str, *args, **kwargs) -> nn.Module:

@@ -166,8 +166,8 @@ def test_whole_network_in_one_tiled_segment(name):
 
 
 class Statistics(nn.Module):
-    """var / std / var_mean / mean / sum over dims holding both image axes, and LayerNorm over
-    (C, H, W) without affine parameters."""
+    """var / std / var_mean / mean / sum / amax over dims holding both image axes, max and min over
+    all dims, and LayerNorm over (C, H, W) without affine parameters."""
 
     def __init__(self):
         super().__init__()
@@ -179,7 +179,7 @@ class Statistics(nn.Module):
         y = self.conv(x)
         variance, mean = torch.var_mean(y, (2, 3), keepdim=True)
         return (self.last(self.norm(y) * variance + mean), y.var((2, 3)), y.std((0, 2, 3), correction=0), y.mean(),
-                y.sum((1, 2, 3)), y.amax((0, 2, 3)))
+                y.sum((1, 2, 3)), y.amax((0, 2, 3)), y.max(), y.min())
 
 
 class Losses(nn.Module):

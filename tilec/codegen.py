@@ -276,6 +276,8 @@ def _combine_function(segment: Segment, graph: Graph, slots: dict[str, int], con
             expr = kept_off(node, rule(node).untiled(node, args, graph)) or view.whole(node, args).expr
         if rule(node).draws(node):
             expr = f"{expr} if update else r[{name!r}]"
+        if updates_buffer(node):  # in the forward pass alone, as the model does; else the buffer as it is
+            expr = f"{expr} if update and train[{node.path!r}] else {view.arg(node.args[0])}"
         statements.append(Statement(f"r[{name!r}]", expr))
     return CombineFunction(f"{prefix}_S{segment.index}_c{level.index}", level.index, statements)
 

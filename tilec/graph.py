@@ -28,6 +28,12 @@ import networkx as nx
 from tilec.ir import Arg, InputSpec, ModelFingerprint, NodeSpec, OutputTree, Plan, SegmentInput, Shape, TensorSpec
 
 
+def updates_buffer(node: NodeSpec) -> bool:
+    """An op that writes in place into a model tensor (a buffer), kept as the model runs it."""
+    return (node.target.count(".") == 2 and node.target.split(".")[1].endswith("_") and bool(node.args)
+            and node.args[0].kind == "tensor")
+
+
 def output_leaves(tree: OutputTree) -> list[str]:
     """The node names of an output tree's tensors, in order (with repeats)."""
     leaves, stack = [], [tree]
@@ -167,16 +173,24 @@ class Graph(Shapes):
 
     @cached_property
     def ties(self) -> dict[int, tuple[str, str]]:
-        """Cuts that would part a node returning several tensors from a ``getitem`` taking one of
-        them: per such cut position, that node and the getitem. No segment boundary falls there: a
-        segment hands on tensors (a tiled segment's through its autograd function), not the tuples
-        such nodes return."""
+        """Cuts no segment boundary may fall at, each with the two nodes it would part: a node
+        returning several tensors and a ``getitem`` taking one of them (a segment hands on tensors,
+        a tiled segment's through its autograd function, not the tuples such nodes return); a node
+        reading a buffer and a later one writing into it (a segment keeps the model tensors it reads
+        for its backward, which a write in a later segment would change under it)."""
         found = {}
         for node in self.nodes.values():
             if node.op == "getitem" and node.inputs:
                 source = node.inputs[0]
                 found.update(dict.fromkeys(range(self.position[source] + 1, self.position[node.name] + 1),
                                            (source, node.name)))
+            if updates_buffer(node):
+                at = self.position[node.name]
+                readers = [self.position[r.name] for r in self.nodes.values() if self.position[r.name] < at
+                           and any(a.kind == "tensor" and a.value == node.args[0].value for a in r.args)]
+                if readers:
+                    first = self.order[min(readers)]
+                    found.update(dict.fromkeys(range(min(readers) + 1, at + 1), (first, node.name)))
         return found
 
     def parting(self, stop: int) -> str | None:
@@ -184,8 +198,11 @@ class Graph(Shapes):
         if stop not in self.ties:
             return None
         source, reader = self.ties[stop]
-        return (f"between node {source}, which returns several tensors, and node {reader} (getitem), "
-                "which takes one of them")
+        if self.nodes[reader].op == "getitem":
+            return (f"between node {source}, which returns several tensors, and node {reader} (getitem), "
+                    "which takes one of them")
+        return (f"between node {source}, which reads buffer {self.nodes[reader].args[0].value}, and node {reader} "
+                f"(aten.{self.nodes[reader].op}), which writes into it")
 
     @cached_property
     def first_use(self) -> dict[str, int]:

@@ -136,7 +136,8 @@ def _check_network_grid(grid) -> None:
 
 def check_segments(segments: Sequence[tuple], graph: Graph) -> None:
     """Segments cover the node order in order, and none ends between a node returning several
-    tensors and a getitem taking one of them (``Graph.ties``)."""
+    tensors and a getitem taking one of them, or between a buffer's reader and a write into it
+    (``Graph.ties``)."""
     expected, count = 0, len(graph)
     for first, stop, *_ in segments:
         if first != expected or stop <= first:

@@ -38,9 +38,10 @@ spanning several tiles makes more tile shapes, each with its own kernels), so an
 budget is refused at once with about the smallest one that would do.
 
 Cut candidates (``cut_points``): never between a node returning several tensors and a getitem
-taking one of them (``Graph.ties``), nor right before a per-pixel op reading only the node
-before it (recomputing it is cheaper than storing its input), unless it is a reduction (which
-then reads a kept input: a direct level, ``tilec.sweeps``); always where tileability changes;
+taking one of them or between a buffer's reader and a write into it (``Graph.ties``), nor right
+before a per-pixel op reading only the node before it (recomputing it is cheaper than storing its
+input), unless it is a reduction (which then reads a kept input: a direct level, ``tilec.sweeps``);
+always where tileability changes;
 besides those, at most ``MAX_CUTS``: the order is split into that many equal stretches and each
 contributes the cut the fewest bytes cross.
 

@@ -7,7 +7,9 @@ of ``None`` meaning the model's own (its first floating parameter's). Nodes are 
 them; each is a ``NodeSpec`` whose layout and tileability its op's rule decides
 (``tilec.ops``). In-place ops are made functional (later readers of a mutated tensor read the
 op's result instead), space to depth and depth to space written with views become pixel
-(un)shuffles (``tilec.blocks``), a ``conv3d`` convolving two dims of three a grouped ``conv2d``
+(un)shuffles (``tilec.blocks``), a statistic ``expand``-ed to an image's shape stays small until it
+meets the image (``tilec.broadcasts``), ``max`` and ``min`` of two tensors are called ``maximum``
+and ``minimum``, a ``conv3d`` convolving two dims of three a grouped ``conv2d``
 (``tilec.conv3d``), and ops on pixels the model flattened into one dim run on rows and columns
 (``tilec.unflatten``). A ``with torch.autocast(..., enabled=False)`` block runs inline, its ops
 marked (``tilec.autocast_blocks``).
@@ -40,6 +42,7 @@ from torch import nn
 
 from tilec.autocast_blocks import OFF, inline_autocast
 from tilec.blocks import blocks
+from tilec.broadcasts import narrow_broadcasts
 from tilec.conv3d import fold_conv3d
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
 from tilec.functionalize import fake_mode, functionalize, made_like, schema_arguments
@@ -326,6 +329,20 @@ FACTORIES = {"new_empty": torch.ops.aten.empty.memory_format, "new_zeros": torch
              "new_ones": torch.ops.aten.ones.default, "new_full": torch.ops.aten.full.default}
 
 
+#: Overloads that are another name of an op with a rule: the same values and gradients.
+SAME_OPS = {torch.ops.aten.max.other: torch.ops.aten.maximum.default,
+            torch.ops.aten.min.other: torch.ops.aten.minimum.default}
+
+
+def _renamed(program: torch.export.ExportedProgram) -> None:
+    """Call ``torch.max(a, b)`` and ``torch.min(a, b)`` by their other names, ``maximum`` and
+    ``minimum`` (element-wise; ``max`` and ``min`` of one tensor are reductions)."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target in SAME_OPS:
+            node.target = SAME_OPS[node.target]
+    program.graph_module.recompile()
+
+
 def _factories(program: torch.export.ExportedProgram) -> None:
     """Rewrite ``x.new_empty(shape)`` and its kin into factories of ``x``'s dtype and device that
     read no tensor (timm's ``drop_path`` draws its per-sample mask from ``x.new_empty``): the mask is
@@ -369,9 +386,11 @@ def trace(model: nn.Module, inputs, autocast: str | None = None) -> Graph:
     inline_autocast(program, refuse=lambda node, why: UnsupportedLayerError(f"{_where(*_module(node))} {why}"))
     functionalize(program, refuse=lambda node, why: UnsupportedLayerError(
         f"op aten.{node.target._opname} from {_where(*_module(node))} is not supported: {why}"))
+    _renamed(program)
     _factories(program)
     _listed_tensors(program)
     blocks(program)
+    narrow_broadcasts(program)
     fold_conv3d(program)
     unflatten(program)
     autocast_dtypes = _autocast_dtypes(program, inputs, autocast) if autocast else {}

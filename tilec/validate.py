@@ -22,7 +22,8 @@ difference is reported, naming the segment, axis, tile and node):
   image sizes of tileable nodes follow their rule from their input's sizes (``Op.output_size``,
   so the inputs' shapes agree with the nodes);
 * segments cover the node positions ``0..n-1`` contiguously, and none ends between a node
-  returning several tensors and a getitem taking one of them (``Graph.ties``); each segment's
+  returning several tensors and a getitem taking one of them, or between a node reading a buffer
+  and one writing into it (``Graph.ties``); each segment's
   inputs and outputs are what ``Graph.inputs_of`` / ``outputs_of`` compute; a stored segment has
   grid 1x1 and no tiles; a tiled one holds only tileable nodes and one axis tile per grid row and
   column;

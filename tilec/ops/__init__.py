@@ -16,10 +16,11 @@ An op with no entry has no tiling rule (``UNKNOWN``): it runs untiled, in stored
 
 from __future__ import annotations
 
-from tilec.graph import Shapes
+from tilec.graph import Shapes, updates_buffer
 from tilec.ir import NodeSpec
 from tilec.ops.base import WHOLE_MAP, Need, Op, Whole, const
 from tilec.ops.crop import Pad, Slice
+from tilec.ops.factory import Factory
 from tilec.ops.loss import Loss
 from tilec.ops.pixel import (
     BatchNorm,
@@ -39,7 +40,7 @@ from tilec.ops.pixel import (
     Stack,
     is_batch_norm_module,
 )
-from tilec.ops.reduce import Contraction, MaxPool, Normalise, Pool, Statistic
+from tilec.ops.reduce import Contraction, MaxPool, Normalise, Pool
 from tilec.ops.resample import Upsample
 from tilec.ops.shuffle import PixelShuffle, PixelUnshuffle
 from tilec.ops.transpose import ConvTranspose2d
@@ -98,6 +99,7 @@ OPS: tuple[Op, ...] = (
     ChannelReduction("mean", "sum", saves="nothing"),
     ChannelReduction("linalg_vector_norm"),
     ChannelReduction("amax", "amin", "logsumexp"),
+    ChannelReduction("var", "std", "var_mean", "max", "min"),
     Squeeze("squeeze", "unsqueeze"),
     ChannelArgMax("argmax", saves="nothing"),
     Pixel("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "where", saves="nothing",
@@ -107,7 +109,6 @@ OPS: tuple[Op, ...] = (
     # reductions over the image axes: by sweeps inside tiled segments (``tilec.ops.reduce``)
     Pool("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
     MaxPool("adaptive_max_pool2d"),
-    Statistic("max", "std", "var", "var_mean"),
     Contraction("einsum"),
     Normalise("group_norm", "instance_norm"),
     Loss("cross_entropy_loss", "nll_loss_nd", reduction_arg=3, weighted=True),
@@ -115,6 +116,9 @@ OPS: tuple[Op, ...] = (
     Loss("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", reduction_arg=2),
     # ops that read the whole map otherwise: untiled
     Whole("norm", "flatten"),
+    # constant maps of an image's shape, made by each tile; of other shapes, small ops
+    Factory("empty", "zeros", "ones", "full"),
+    Pixel("fill", saves="nothing"),  # what deterministic algorithms fill an ``empty`` with
     # views and random ops without a tiling rule (untiled segments, or once per step in tiled ones)
     Op("expand", "select", view=True, pass_through=True, saves="nothing"),
     Op("native_dropout", "bernoulli", "bernoulli_", "uniform_", "normal_", "exponential_", "random_", "rand",
@@ -141,12 +145,6 @@ def mode_flag(node: NodeSpec) -> int | None:
         return None
     follows = is_batch_norm_module(node) if node.op == "batch_norm" else "Dropout" in node.module_type
     return flag if follows else None
-
-
-def updates_buffer(node: NodeSpec) -> bool:
-    """An op that writes in place into a model tensor (a buffer), kept as the model runs it."""
-    return (node.target.count(".") == 2 and node.target.split(".")[1].endswith("_") and bool(node.args)
-            and node.args[0].kind == "tensor")
 
 
 def _after_reduction(name: str, shapes: Shapes, seen: dict[str, bool]) -> bool:
@@ -184,17 +182,15 @@ def why_untiled(node: NodeSpec, shapes: Shapes) -> str | None:
     """Why ``node`` runs untiled, in a stored segment, in a few words; ``None``: it may run in a
     tiled segment, tile by tile (it reads an image, its rule has no objection, ``Op.check``, and it
     outputs an image; or it makes an image of small inputs, ``Op.spreads``), as a reduction by
-    sweeps (``Op.reduces``), or once per sweep as a *small* op (no image in or out) that writes into
-    no buffer (a training-mode BatchNorm updates its running statistics in the forward pass alone,
-    ``tilec.codegen``); a random small op only where no reduction precedes it, so that it is drawn
-    once per step."""
+    sweeps (``Op.reduces``), or once per sweep as a *small* op (no image in or out; one writing into
+    a buffer, as EvoNorm's running variance, and a training-mode BatchNorm's running statistics
+    update it in the forward pass alone, ``tilec.codegen``); a random small op only where no reduction
+    precedes it, so that it is drawn once per step."""
     op = rule(node)
     image = node.spatial is not None and node.shape[node.spatial[0]] * node.shape[node.spatial[1]] > 1
     if not shapes.sliced_inputs(node):
         if image:
             return None if op.spreads(node, shapes) else "it makes an image of tensors that are not images"
-        if updates_buffer(node):
-            return "it writes into a buffer"
         if any(lost(i, shapes) for i in node.inputs):
             return "it computes on an image's values without its image axes"
         if op.draws(node) and any(_after_reduction(i, shapes, {}) for i in node.inputs):

@@ -198,8 +198,10 @@ class Dropout(Pixel):
 
 
 class ChannelReduction(Pixel):
-    """``mean`` / ``sum`` / ``amax`` / ``linalg_vector_norm`` over dims other than the image axes
-    (channels: ``F.normalize``); over both image axes, a reduction (``tilec.ops.reduce.Statistic``)."""
+    """``mean`` / ``sum`` / ``amax`` / ``amin`` / ``max`` / ``min`` / ``logsumexp`` /
+    ``linalg_vector_norm`` / ``var`` / ``std`` / ``var_mean`` over dims other than the image axes
+    (channels: ``F.normalize``, timm's ``SimpleNorm2d``, CBAM's ``torch.max(x, 1)``); over both image
+    axes, a reduction (``tilec.ops.reduce.Statistic``)."""
 
     statistic = Statistic()
 
@@ -219,7 +221,8 @@ class ChannelReduction(Pixel):
         return self.statistic.finish(node, combined, view)
 
     def image_layout(self, node: NodeSpec, shapes: Shapes, source: str, rows: int, cols: int):
-        if not const(node, Statistic.ARGUMENTS[node.op][1], False):
+        keepdim = Statistic.arguments(node)[1]
+        if keepdim is None or not const(node, keepdim, False):
             return after_removing((rows, cols), self.statistic.dims(node, shapes))
         return super().image_layout(node, shapes, source, rows, cols)
 

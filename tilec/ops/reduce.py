@@ -197,15 +197,23 @@ class MaxPool(Reduce):
 
 class Statistic(Reduce):
     """``mean`` / ``sum`` / ``amax`` / ``amin`` (the maximum of the negated input, negated) / ``max`` /
-    ``var`` / ``std`` / ``var_mean`` / ``logsumexp`` / the 2-norm ``linalg_vector_norm`` over dims
-    that include both image axes (and any others); over others only, ``mean``, ``sum``, ``amax``,
-    ``amin``, ``logsumexp`` and norms are per-pixel ops (``tilec.ops.pixel.ChannelReduction``)."""
+    ``min`` / ``var`` / ``std`` / ``var_mean`` / ``logsumexp`` / the 2-norm ``linalg_vector_norm``
+    over dims that include both image axes (and any others); over others only, they are per-pixel
+    ops (``tilec.ops.pixel.ChannelReduction``)."""
 
     #: Per op: the argument holding the dims (``None``: all), and the keepdim argument (``argmax``:
-    #: for ``tilec.ops.pixel.ChannelArgMax``).
-    ARGUMENTS = {"mean": (1, 2), "sum": (1, 2), "amax": (1, 2), "max": (None, None), "var": (1, 3), "std": (1, 3),
+    #: for ``tilec.ops.pixel.ChannelArgMax``); ``max`` and ``min`` by overload (``arguments``).
+    ARGUMENTS = {"mean": (1, 2), "sum": (1, 2), "amax": (1, 2), "var": (1, 3), "std": (1, 3),
                  "var_mean": (1, 3), "linalg_vector_norm": (2, 3), "argmax": (1, 2), "logsumexp": (1, 2),
                  "amin": (1, 2)}
+
+    @classmethod
+    def arguments(cls, node: NodeSpec) -> tuple[int | None, int | None]:
+        """``ARGUMENTS`` of ``node``: ``max.dim`` / ``min.dim`` (values and indices along one dim) as
+        ``amax``; ``max()`` / ``min()`` over all dims, without either argument."""
+        if node.op in ("max", "min"):
+            return (1, 2) if node.target.endswith(".dim") else (None, None)
+        return cls.ARGUMENTS[node.op]
 
     def check(self, node: NodeSpec, shapes: Shapes) -> str | None:
         return WHOLE_MAP
@@ -213,7 +221,7 @@ class Statistic(Reduce):
     def dims(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         """The dims it reduces: all of them without a dims argument (``mean.default``, ``max()``)."""
         ndim = len(shapes.shape(node.inputs[0]))
-        where, _ = self.ARGUMENTS[node.op]
+        where, _ = self.arguments(node)
         whole = where is None or node.op in ("mean", "sum") and node.target.endswith(".default")
         return tuple(range(ndim)) if whole else dims_of(node, where, ndim)
 
@@ -231,7 +239,7 @@ class Statistic(Reduce):
         source = tile.owned(node.inputs[0])
         if node.op in ("amax", "max"):
             return f"partial_max({source}, {dims!r})"
-        if node.op == "amin":
+        if node.op in ("amin", "min"):
             return f"partial_max(-{source}, {dims!r})"  # the minimum, negated
         if node.op in ("var", "std", "var_mean"):
             return f"partial_moments({source}, {dims!r})"
@@ -244,11 +252,11 @@ class Statistic(Reduce):
     def partial_elements(self, node: NodeSpec, shapes: Shapes) -> tuple[int, ...]:
         dims, shape = self.dims(node, shapes), shapes.shape(node.inputs[0])
         kept = prod(size for d, size in enumerate(shape) if d not in dims)
-        tensors = {"amax": 2, "amin": 2, "max": 2, "var": 2, "std": 2, "var_mean": 2}  # moments: a count
+        tensors = {"amax": 2, "amin": 2, "max": 2, "min": 2, "var": 2, "std": 2, "var_mean": 2}  # moments: a count
         return (kept,) * tensors.get(node.op, 1)
 
     def merge(self, node: NodeSpec) -> str:
-        return {"amax": "max", "amin": "max", "max": "max", "var": "moments", "std": "moments",
+        return {"amax": "max", "amin": "max", "max": "max", "min": "max", "var": "moments", "std": "moments",
                 "var_mean": "moments", "logsumexp": "logsumexp"}.get(node.op, "sum")
 
     def correction(self, node: NodeSpec) -> float:
@@ -272,7 +280,7 @@ class Statistic(Reduce):
             return f"({combined}[0] / {size}).reshape({shape!r}).to({dtype})"
         if node.op == "linalg_vector_norm":
             return f"root_of_squares({combined}[0]).reshape({shape!r}).to({dtype})"
-        if node.op == "amin":
+        if node.op in ("amin", "min"):
             return f"(-{combined}[0]).reshape({shape!r}).to({dtype})"
         return f"{combined}[0].reshape({shape!r}).to({dtype})"
 
