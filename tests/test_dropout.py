@@ -128,6 +128,16 @@ def test_p_zero_in_training_mode_is_the_identity_inside_the_tiles():
     check_exact(model, (2, 3, 13, 11), grid=(3, 2))
 
 
+def test_p_zero_draws_no_seed_in_the_reference_either():
+    """A ``Dropout(0.0)`` on an image before a ``Dropout2d`` (timm's ConvNeXt encoder under smp's FPN
+    head), and an element-wise one after it: ``counter_dropout`` draws the step's seed where the
+    tiles do, at the first dropout of ``p > 0``, so the ``Dropout2d`` masks drawn from torch's
+    generator are the same and the seeded steps equal."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Dropout2d(0.5), nn.Conv2d(4, 4, 3),
+                          nn.Dropout(0.3), nn.Conv2d(4, 2, 3)).train()
+    check_exact(model, (2, 3, 13, 11), grid=(3, 2), counter=True)
+
+
 # --- statistics ----------------------------------------------------------------------------------
 
 

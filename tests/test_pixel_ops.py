@@ -95,12 +95,13 @@ def test_compositions_of_per_pixel_ops_tile_exactly(name):
 class ConstantMaps(nn.Module):
     """Maps of the image's size made from no tensor beside the first convolution's: zero channels
     (``torch.empty``, as segmentation_models_pytorch's timm encoders stand in for a stride-2
-    feature), zeros, ones and a constant concatenated with it, at full and half resolution."""
+    feature), zeros, ones and a constant concatenated with it, at full and half resolution; and
+    ``zeros_like`` and its kin of it."""
 
     def __init__(self):
         super().__init__()
         self.first, self.down = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, stride=2, padding=1)
-        self.last = nn.Conv2d(9, 2, 3, padding=1)
+        self.last = nn.Conv2d(12, 2, 3, padding=1)
 
     def forward(self, x):
         n, _, h, w = x.shape
@@ -109,12 +110,14 @@ class ConstantMaps(nn.Module):
         made = [torch.empty(n, 0, h, w, **like), torch.zeros(n, 1, h, w, **like), torch.ones(n, 1, h, w, **like),
                 torch.full((n, 1, h, w), 0.5, **like)]
         halves = torch.cat([half, torch.empty(n, 0, half.shape[2], half.shape[3], **like)], 1)
-        return self.last(torch.cat([y, *made, F.interpolate(halves, size=(h, w))[:, :2]], 1))
+        alike = [torch.zeros_like(y[:, :1]), torch.ones_like(y[:, :1]), torch.full_like(y[:, :1], 2.0),
+                 torch.empty_like(y[:, :0])]
+        return self.last(torch.cat([y, *made, *alike, F.interpolate(halves, size=(h, w))[:, :2]], 1))
 
 
 @pytest.mark.parametrize("grid", [(2, 2), (3, 2), (5, 4)], ids=lambda g: f"{g[0]}x{g[1]}")
 def test_constant_maps_made_from_no_tensor_tile_exactly(grid):
     graph = trace(ConstantMaps(), SHAPE)
-    assert {"empty", "zeros", "ones", "full"} <= {node.op for node in graph}
+    assert {"empty", "zeros", "ones", "full", "zeros_like", "full_like"} <= {node.op for node in graph}
     assert all(node.tileable for node in graph)
     check_exact(ConstantMaps(), SHAPE, grid=grid)

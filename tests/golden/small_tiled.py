@@ -1702,7 +1702,7 @@ def element_dropout(x, stream, p, starts, full, inplace=False):
 @contextlib.contextmanager
 def counter_dropout(model):
     """Run ``model`` (untiled) with these masks (module docstring): inside, each forward of ``model``
-    draws a fresh seed at its first training-mode dropout on a 4-D tensor. Patches
+    draws a fresh seed at its first training-mode dropout of ``p > 0`` on a 4-D tensor. Patches
     ``torch.nn.functional.dropout`` for the whole process while it lasts."""
     state = {"stack": [], "counts": {}, "train": {}}
 
@@ -1723,6 +1723,8 @@ def counter_dropout(model):
         path = state["stack"][-1]
         count = state["counts"].get(path, 0)
         state["counts"][path] = count + 1
+        if p == 0:  # the identity, drawing no seed, as the tiles run it (``tilec.ops.pixel.is_element_dropout``)
+            return original(input, p, training, inplace)
         stream = step_stream(state["train"], op_key(path, count), training, input.device)
         return element_dropout(input, stream, p, (0,) * 4, tuple(input.shape), inplace)
 

@@ -118,7 +118,7 @@ OPS: tuple[Op, ...] = (
     Whole("norm", "flatten"),
     # constant maps of an image's shape, made by each tile; of other shapes, small ops
     Factory("empty", "zeros", "ones", "full"),
-    Pixel("fill", saves="nothing"),  # what deterministic algorithms fill an ``empty`` with
+    Pixel("fill", "zeros_like", "ones_like", "full_like", "empty_like", saves="nothing"),
     # views and random ops without a tiling rule (untiled segments, or once per step in tiled ones)
     Op("expand", "select", view=True, pass_through=True, saves="nothing"),
     Op("native_dropout", "bernoulli", "bernoulli_", "uniform_", "normal_", "exponential_", "random_", "rand",
