@@ -16,6 +16,8 @@ An op with no entry has no tiling rule (``UNKNOWN``): it runs untiled, in stored
 
 from __future__ import annotations
 
+from math import prod
+
 from tilec.graph import Shapes, updates_buffer
 from tilec.ir import NodeSpec
 from tilec.ops.base import WHOLE_MAP, Need, Op, Whole, const
@@ -161,7 +163,9 @@ def _after_reduction(name: str, shapes: Shapes, seen: dict[str, bool]) -> bool:
 def lost(name: str, shapes: Shapes, seen: dict[str, bool] | None = None) -> bool:
     """Whether tensor ``name`` holds an image's values without its image axes: the result of an op
     that runs untiled on an image for another reason than reading the whole map (an ``unbind`` of
-    its rows, an op with no rule on a 5-D view), or computed from such a result without image axes.
+    its rows, an op with no rule on a 5-D view), or reading it whole into as many elements (a
+    ``flatten`` of the pixels into tokens, not a pooling), or computed from such a result without
+    image axes.
     What computes on it runs untiled too, up to the first op that makes an image of it again
     (``tilec.trace`` gives a 4-D result image axes 2 and 3), so that no small op of a tiled segment
     holds an image's worth of values."""
@@ -171,8 +175,10 @@ def lost(name: str, shapes: Shapes, seen: dict[str, bool] | None = None) -> bool
     if name not in seen:
         node = shapes.nodes[name]
         op = rule(node)
-        if shapes.sliced_inputs(node):
-            seen[name] = not op.reduces(node, shapes) and op.check(node, shapes) not in (None, WHOLE_MAP)
+        if images := shapes.sliced_inputs(node):
+            why = None if op.reduces(node, shapes) else op.check(node, shapes)
+            whole = why == WHOLE_MAP and prod(node.shape) >= prod(shapes.shape(images[0]))
+            seen[name] = why not in (None, WHOLE_MAP) or whole
         else:
             seen[name] = any(lost(i, shapes, seen) for i in node.inputs)
     return seen[name]
