@@ -14,6 +14,10 @@ from tilec.regions import Interval
 
 
 class Factory(Op):
+    """A constant map of an image's shape: it reads nothing, and a tile makes its rows and columns
+    with the whole's fill, on the device of the tile's inputs (its size names the samples: a segment
+    holding one stacks no tiles)."""
+
     saves = "nothing"
 
     def spreads(self, node: NodeSpec, shapes: Shapes) -> bool:
@@ -23,7 +27,7 @@ class Factory(Op):
         return []
 
     def batchable(self, node: NodeSpec, shapes: Shapes) -> bool:
-        return False  # its size names the samples
+        return False
 
     def emit(self, node: NodeSpec, tile) -> str:
         shape = list(node.shape)
