@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_shape, made_like
+from tilec.functionalize import Rewrite, fake_shape
 
 aten = torch.ops.aten
 VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
@@ -49,13 +49,7 @@ def _composed(first, then) -> list[int]:
     return [first[k] for k in then]
 
 
-class _Rewrite:
-    def __init__(self, graph: torch.fx.Graph):
-        self.graph, self.fake = graph, fake_mode(graph)
-
-    def new(self, target, args, like, name):
-        return made_like(self.graph, self.fake, target, args, like, name=name)
-
+class _Rewrite(Rewrite):
     def run(self) -> bool:
         changed = False
         for node in list(self.graph.nodes):
@@ -110,8 +104,4 @@ class _Rewrite:
 def blocks(program: torch.export.ExportedProgram) -> bool:
     """Rewrite ``program``'s hand-written space to depth and depth to space in place (module
     docstring); whether any was rewritten."""
-    changed = _Rewrite(program.graph).run()
-    if changed:
-        program.graph.lint()
-        program.graph_module.recompile()
-    return changed
+    return _Rewrite.apply(program)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_shape, made_like
+from tilec.functionalize import Rewrite, fake_shape
 
 aten = torch.ops.aten
 EXPAND = aten.expand.default
@@ -50,13 +50,7 @@ def _broadcast(source: tuple[int, ...], shape: tuple[int, ...]) -> set[int]:
     return {d for d, size in enumerate(shape) if size > 1 and (d < offset or source[d - offset] == 1)}
 
 
-class _Rewrite:
-    def __init__(self, graph: torch.fx.Graph):
-        self.graph, self.fake = graph, fake_mode(graph)
-
-    def new(self, target, args, like, name):
-        return made_like(self.graph, self.fake, target, args, like, name=name)
-
+class _Rewrite(Rewrite):
     def run(self) -> bool:
         changed = False
         for node in list(self.graph.nodes):
@@ -112,8 +106,4 @@ class _Rewrite:
 
 def narrow_broadcasts(program: torch.export.ExportedProgram) -> bool:
     """Rewrite ``program``'s expanded statistics in place (module docstring); whether any was."""
-    changed = _Rewrite(program.graph).run()
-    if changed:
-        program.graph.lint()
-        program.graph_module.recompile()
-    return changed
+    return _Rewrite.apply(program)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_shape, made_like, schema_arguments
+from tilec.functionalize import fake_mode, fake_shape, made_like, relinted, schema_arguments
 
 aten = torch.ops.aten
 CONV3D = aten.conv3d.default
@@ -80,7 +80,4 @@ def fold_conv3d(program: torch.export.ExportedProgram) -> bool:
             fake = fake or fake_mode(graph)
             _fold(graph, fake, node, values, t)
             changed = True
-    if changed:
-        graph.lint()
-        program.graph_module.recompile()
-    return changed
+    return relinted(program, changed)

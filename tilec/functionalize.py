@@ -85,6 +85,35 @@ def made_like(graph: torch.fx.Graph, fake, target, args, like: torch.fx.Node, kw
     return new
 
 
+class Rewrite:
+    """A pass rewriting an exported program's graph in place (``tilec.blocks``,
+    ``tilec.broadcasts``, ``tilec.unflatten``): ``run`` rewrites ``graph`` and says whether it
+    changed it; ``new`` makes a node at the graph's insertion point, its value computed on fake
+    tensors; ``apply`` runs the pass on a program."""
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.graph, self.fake = graph, fake_mode(graph)
+
+    def new(self, target, args, like: torch.fx.Node, name: str):
+        return made_like(self.graph, self.fake, target, args, like, name=name)
+
+    def run(self) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, program: torch.export.ExportedProgram) -> bool:
+        """Run the pass on ``program`` in place; whether it changed it."""
+        return relinted(program, cls(program.graph).run())
+
+
+def relinted(program: torch.export.ExportedProgram, changed: bool) -> bool:
+    """``changed``, ``program``'s graph linted and its module recompiled where a pass changed it."""
+    if changed:
+        program.graph.lint()
+        program.graph_module.recompile()
+    return changed
+
+
 def schema_arguments(node: torch.fx.Node) -> list[tuple[torch.Argument, object]]:
     """Every argument of an aten ``node`` in schema order with its value, defaults filled in."""
     result = []

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilec.functionalize import fake_mode, fake_shape, fake_value, made_like, schema_arguments
+from tilec.functionalize import Rewrite, fake_shape, fake_value, made_like, schema_arguments
 from tilec.ops.reduce import Contraction
 
 aten = torch.ops.aten
@@ -113,13 +113,12 @@ def positional(node: torch.fx.Node, args: list) -> list:
     return [*args, *(value for argument, value in schema_arguments(node)[len(args):] if not argument.kwarg_only)]
 
 
-class _Rewrite:
+class _Rewrite(Rewrite):
     """The pass over one program: per region (a union-find over region ids), the nodes it made and
     the model's nodes it replaces; a region with an op it has no rule for is dropped."""
 
     def __init__(self, graph: torch.fx.Graph):
-        self.graph = graph
-        self.fake = fake_mode(graph)
+        super().__init__(graph)
         self.parent: dict[int, int] = {}
         self.failed: set[int] = set()
         self.made: list[tuple[torch.fx.Node, int]] = []  # (new node, region)
@@ -472,8 +471,4 @@ class _Rewrite:
 def unflatten(program: torch.export.ExportedProgram) -> bool:
     """Rewrite ``program``'s regions over merged image axes in place (module docstring); whether
     any was rewritten."""
-    changed = _Rewrite(program.graph).run()
-    if changed:
-        program.graph.lint()
-        program.graph_module.recompile()
-    return changed
+    return _Rewrite.apply(program)
