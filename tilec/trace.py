@@ -45,7 +45,7 @@ from tilec.blocks import blocks
 from tilec.broadcasts import narrow_broadcasts
 from tilec.conv3d import fold_conv3d
 from tilec.errors import ShapeError, TilecError, UnsupportedLayerError
-from tilec.functionalize import fake_mode, functionalize, made_like, schema_arguments
+from tilec.functionalize import fake_mode, functionalize, made_like, relinted, schema_arguments
 from tilec.graph import Graph, Shapes
 from tilec.ir import INPUT_DTYPES, Arg, InputSpec, NodeSpec, OutputTree, Shape, TensorSpec, is_int
 from tilec.ops import const, lost, mode_flag, rule, tileable, updates_buffer
@@ -337,10 +337,10 @@ SAME_OPS = {torch.ops.aten.max.other: torch.ops.aten.maximum.default,
 def _renamed(program: torch.export.ExportedProgram) -> None:
     """Call ``torch.max(a, b)`` and ``torch.min(a, b)`` by their other names, ``maximum`` and
     ``minimum`` (element-wise; ``max`` and ``min`` of one tensor are reductions)."""
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target in SAME_OPS:
-            node.target = SAME_OPS[node.target]
-    program.graph_module.recompile()
+    renamed = [node for node in program.graph.nodes if node.op == "call_function" and node.target in SAME_OPS]
+    for node in renamed:
+        node.target = SAME_OPS[node.target]
+    relinted(program, bool(renamed))
 
 
 def _factories(program: torch.export.ExportedProgram) -> None:
