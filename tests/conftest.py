@@ -19,7 +19,7 @@ import torch
 import tilec.pipeline
 from tilec.target import REFERENCE_SPEED
 
-from support.zoo import reference_kernels
+from support.zoo import reference_kernels, seed_reference_speed
 
 torch.set_num_threads(1)
 
@@ -29,14 +29,15 @@ def reference_speed(tmp_path_factory):
     """In this process, budget searches rank plans at ``REFERENCE_SPEED`` and count
     ``KERNEL_STATE_BYTES`` per kernel (``support.zoo.reference_kernels``) instead of this
     machine's measured rates and kernel state (``tilec.clock``, ``tilec.calibrate.measure_kernels``),
-    so that what they pick does not depend on the machine; measurements (subprocesses measure) go
-    to the session's own cache directory."""
+    so that what they pick does not depend on the machine; subprocesses find the reference speed in
+    the session's own cache directory (``seed_reference_speed``), where their measurements go."""
 
     def at_reference(target, dtype, autocast):
         return dataclasses.replace(target, speed=REFERENCE_SPEED)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        seed_reference_speed()
         patch.setattr(tilec.pipeline, "clock", at_reference)
         patch.setattr(tilec.pipeline, "measure_kernels", reference_kernels)
         yield

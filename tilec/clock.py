@@ -68,13 +68,19 @@ def clock(target: Target, dtype: str, autocast: str | None) -> Target:
     """``target`` with ``gemm_min_channels`` and ``speed``: which weight gradient tiles compute, and
     the rates, on its device in ``dtype`` (autocast's dtype under ``autocast``)."""
     device = target.device
-    key = f"tiles {TILES_REVISION} | {machine_key(device, dtype)}"
-    gemm = cached(f"gemm weight gradient | {key}", lambda: gemm_min_channels(device, dtype), _channels, timed=True)
-    speed = cached(f"speed | {key}", lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed,
-                   timed=True)
-    rates = cached(f"rates | {key}", lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates,
+    gemm_key, speed_key, rates_key = cache_keys(device, dtype)
+    gemm = cached(gemm_key, lambda: gemm_min_channels(device, dtype), _channels, timed=True)
+    speed = cached(speed_key, lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed, timed=True)
+    rates = cached(rates_key, lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates,
                    timed=True)
     return replace(target, gemm_min_channels=gemm, speed=replace(speed, rates=rates))
+
+
+def cache_keys(device: str, dtype: str) -> tuple[str, str, str]:
+    """The calibration cache's keys (``tilec.calibrate.cached``) of the weight-gradient race, the
+    speed and the kinds' rates on ``device`` in ``dtype``."""
+    key = f"tiles {TILES_REVISION} | {machine_key(device, dtype)}"
+    return f"gemm weight gradient | {key}", f"speed | {key}", f"rates | {key}"
 
 
 def _rates(entry) -> tuple[tuple[str, float], ...]:

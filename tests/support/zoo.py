@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tilec.target import KERNEL_STATE_BYTES, Target
+from tilec.calibrate import cached
+from tilec.clock import cache_keys
+from tilec.target import KERNEL_STATE_BYTES, REFERENCE_SPEED, Target
 
 #: Bytes per kernel (``Target.kernel_state``) for tests of the budget search on tiny models, whose
 #: tensors take a few KiB: enough to steer the search between grids without drowning out the
@@ -33,6 +35,20 @@ from tilec.target import KERNEL_STATE_BYTES, Target
 TINY_KERNEL_STATE = 256
 #: The reference target with ``TINY_KERNEL_STATE``.
 TINY = Target(kernel_state=TINY_KERNEL_STATE)
+
+
+def seed_reference_speed() -> None:
+    """Write ``REFERENCE_SPEED`` (no kinds' rates) into the calibration cache (``XDG_CACHE_HOME``)
+    as this machine's speed on the CPU (and CUDA, where it runs) in every float dtype, so that
+    budget searches in subprocesses, which the in-process stand-in for ``tilec.clock`` does not
+    reach, rank plans at the reference too rather than timing a machine the suite's other workers
+    keep busy (where timings are not cached: every search would time it again). The weight-gradient
+    race is left to run: it takes a second."""
+    for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+        for dtype in ("float32", "float64", "bfloat16", "float16"):
+            _, speed_key, rates_key = cache_keys(device, dtype)
+            cached(speed_key, lambda: list(astuple(REFERENCE_SPEED)[:3]), list)
+            cached(rates_key, list, list)
 
 
 def reference_kernels(target: Target, dtype: str) -> Target:
