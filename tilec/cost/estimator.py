@@ -102,6 +102,22 @@ class SweepWork:
     halo: float
 
 
+@dataclass(frozen=True)
+class Sweeps:
+    """The sweeps of a tiled segment, whatever its tiles (``Estimator.sweeps``): which of its nodes
+    are images, their untiled FLOPs, per node the forward sweeps computing it, the number of other
+    backward sweeps (each recomputes every node), per node those of them back-propagating through
+    it into its inputs, and the op calls per tile of the forward and of those backward sweeps."""
+
+    images: np.ndarray
+    untiled: float
+    forward: np.ndarray
+    swept: int
+    after: np.ndarray
+    forward_calls: int
+    sweep_calls: int
+
+
 class Estimator:
     """Costs of segment choices for one traced graph on one target (module docstring);
     ``backgrounds``: per model input, where it is known to be background (``Background``), so
@@ -123,6 +139,7 @@ class Estimator:
         self.partials = cache(self._partials)
         self.constant_tiles = cache(self._constant_tiles)
         self.input_regions = cache(self._input_regions)
+        self.sweeps = cache(self._sweeps)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool, batch: int = 1, aligned: bool = False) -> SegmentCost:
@@ -293,38 +310,47 @@ class Estimator:
         backward every recompute sweep (per swept level that is not direct, and the last) and the
         back-propagation of what depends on what it differentiates: into the parameters as well in
         the last sweep only."""
-        facts, graph = self.facts, self.graph
+        facts, sweeps = self.facts, self.sweeps(first, stop)
         calls_made = rows.parts * cols.parts if calls_made is None else calls_made
         row_sums = rows.sums[first - rows.offset:stop - rows.offset]
         col_sums = cols.sums[first - cols.offset:stop - cols.offset]
         per_second = facts.seconds_per_flop(first, stop, row_sums * col_sums / calls_made)
         tiled_per_node = facts.pixel_flops[first:stop] * row_sums * col_sums
-        images = np.array([graph.is_image(name) for name in graph.order[first:stop]])
-        tiled = float(tiled_per_node[images].sum())
-        untiled = float(facts.flops[first:stop][images].sum())
-        halo = tiled / untiled if untiled else 1.0
-        backward = facts.backward_flops[first:stop] * images * halo
-        input_backward = facts.input_backward_flops[first:stop] * images * halo
-        has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
-        forward = tiled_per_node * has_images  # FLOPs per node over the step's forward sweeps
+        tiled = float(tiled_per_node[sweeps.images].sum())
+        halo = tiled / sweeps.untiled if sweeps.untiled else 1.0
+        backward = facts.backward_flops[first:stop] * sweeps.images * halo
+        input_backward = facts.input_backward_flops[first:stop] * sweeps.images * halo
+        forward = tiled_per_node * sweeps.forward  # FLOPs per node over the step's forward sweeps
         last = backward + tiled_per_node  # the last backward sweep's
-        swept = np.zeros_like(last)  # and the other backward sweeps'
-        forward_calls, sweep_calls = (stop - first) * has_images, 0
+        swept = tiled_per_node * sweeps.swept + input_backward * sweeps.after  # and the other backward sweeps'
+        return SweepWork(float(forward.sum() + swept.sum() + last.sum()), float((forward * per_second).sum()),
+                         float((swept * per_second).sum()), float((last * per_second).sum()),
+                         float((input_backward * per_second).sum()), sweeps.forward_calls,
+                         sweeps.sweep_calls, (stop - first) * 2, halo)
+
+    def _sweeps(self, first: int, stop: int) -> Sweeps:
+        """What ``sweep_work`` counts of segment ``[first, stop)`` whatever its tiles: per node, the
+        forward sweeps that compute it (the image outputs' and, per level that is neither the first
+        nor direct, its prefix's) and the other backward sweeps (per swept level) that
+        back-propagate through it into its inputs."""
+        graph, count = self.graph, stop - first
+        images = np.array([graph.is_image(name) for name in graph.order[first:stop]])
+        has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
+        forward, after = np.full(count, float(has_images)), np.zeros(count)
+        forward_calls, sweep_calls, swept = count * has_images, 0, 0
         for level in levels(graph, first, stop):
             if level.index == 0 or level.direct:
                 continue
             needed = [p - first for p in prefix(graph, first, stop, level)]
-            forward[needed] += tiled_per_node[needed]
+            forward[needed] += 1
             forward_calls += len(needed)
             if level.swept:
-                after = [p - first for p in dependents(graph, first, stop, level)]
-                swept += tiled_per_node
-                swept[after] += input_backward[after]
-                sweep_calls += (stop - first) + len(after)
-        return SweepWork(float(forward.sum() + swept.sum() + last.sum()), float((forward * per_second).sum()),
-                         float((swept * per_second).sum()), float((last * per_second).sum()),
-                         float((input_backward * per_second).sum()), forward_calls,
-                         sweep_calls, (stop - first) * 2, halo)
+                dependent = [p - first for p in dependents(graph, first, stop, level)]
+                swept += 1
+                after[dependent] += 1
+                sweep_calls += count + len(dependent)
+        return Sweeps(images, float(self.facts.flops[first:stop][images].sum()), forward, swept, after,
+                      forward_calls, sweep_calls)
 
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
