@@ -108,10 +108,12 @@ def prefix(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]
 
 
 def _prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
-    inside = set(graph.order[first:stop])
-    needed = {name for name in level.reductions}
-    for name in level.reductions:
-        needed |= graph.ancestors(name) & inside
+    """Walked back from the end: a path between two nodes of the segment stays inside it (the
+    order is topological)."""
+    needed = set(level.reductions)
+    for name in reversed(graph.order[first:stop]):
+        if name in needed:
+            needed.update(graph.nodes[name].inputs)
     return [graph.position[name] for name in graph.order[first:stop] if name in needed]
 
 
@@ -123,12 +125,11 @@ def dependents(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, 
 
 def _dependents(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
     results = {*level.reductions, *level.small}
-    found = []
+    found: dict[str, int] = {}
     for name in graph.order[first:stop]:
-        if name in results or results & set(graph.nodes[name].inputs) or any(
-                graph.position[i] in found for i in graph.nodes[name].inputs):
-            found.append(graph.position[name])
-    return found
+        if name in results or any(i in results or i in found for i in graph.nodes[name].inputs):
+            found[name] = graph.position[name]
+    return list(found.values())
 
 
 def owned_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:

@@ -140,6 +140,7 @@ class Estimator:
         self.constant_tiles = cache(self._constant_tiles)
         self.input_regions = cache(self._input_regions)
         self.sweeps = cache(self._sweeps)
+        self.floor = cache(self._floor)
 
     def segment(self, first: int, stop: int, rows: Sequence[AxisTile], cols: Sequence[AxisTile],
                 stored: bool, batch: int = 1, aligned: bool = False) -> SegmentCost:
@@ -400,7 +401,7 @@ class Estimator:
         forward = self.stored_forward(first)[0][stop - first - 1] + self.cast_bytes(first, stop)
         return max(forward, self.gradients(first, stop) + self.facts.later_weights[first])
 
-    def floor(self, first: int, stop: int) -> int:
+    def _floor(self, first: int, stop: int) -> int:
         """A lower bound of ``local`` of the segment tiled with any grid: all but its working set
         and the gradients it may roll."""
         outputs, _, fixed = self.boundary(first, stop)
