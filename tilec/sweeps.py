@@ -118,18 +118,27 @@ def _prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
 
 
 def dependents(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:
-    """The positions of the nodes of segment ``[first, stop)`` that depend on ``level``'s results:
-    what a backward sweep of it back-propagates through (once per graph)."""
-    return _once(graph, ("dependents", first, stop, level), lambda: tuple(_dependents(graph, first, stop, level)))
+    """The positions of the nodes of segment ``[first, stop)`` that depend on the results of
+    ``level``, one of its ``levels``: what a backward sweep of it back-propagates through (found
+    for every level of the segment at once, once per graph)."""
+    return _once(graph, ("dependents", first, stop), lambda: _dependents(graph, first, stop)).get(level.index, ())
 
 
-def _dependents(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
-    results = {*level.reductions, *level.small}
-    found: dict[str, int] = {}
+def _dependents(graph: Graph, first: int, stop: int) -> dict[int, tuple[int, ...]]:
+    """Per level index, ``dependents``: one pass in order, each node's levels a bit mask."""
+    found = levels(graph, first, stop)
+    made: dict[str, int] = {}
+    for level in found:
+        for name in (*level.reductions, *level.small):
+            made[name] = made.get(name, 0) | 1 << level.index
+    masks: dict[str, int] = {}
     for name in graph.order[first:stop]:
-        if name in results or any(i in results or i in found for i in graph.nodes[name].inputs):
-            found[name] = graph.position[name]
-    return list(found.values())
+        mask = made.get(name, 0)
+        for source in graph.nodes[name].inputs:
+            mask |= masks.get(source, 0)
+        masks[name] = mask
+    return {level.index: tuple(graph.position[name] for name, mask in masks.items() if mask >> level.index & 1)
+            for level in found}
 
 
 def owned_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:
