@@ -67,3 +67,13 @@ def regnetz_c16_evos():
 def convnext_zepto_rms():
     """ConvNeXt-Zepto with ``SimpleNorm2d``: a variance over the channels, channels-last."""
     return load("timm").create_model("convnext_zepto_rms", pretrained=False, num_classes=10)
+
+
+def efficientnet_b0():
+    """EfficientNet-B0: depthwise convolutions and squeeze-and-excitation, 239 nodes traced."""
+    return load("timm").create_model("efficientnet_b0", pretrained=False, num_classes=10)
+
+
+def convnext_tiny():
+    """ConvNeXt-Tiny: 7x7 depthwise convolutions, channels-last LayerNorms and MLPs."""
+    return load("timm").create_model("convnext_tiny", pretrained=False, num_classes=10)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 
+import networkx as nx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -597,6 +598,26 @@ def test_the_estimate_counts_each_sweep_once():
     expected = sum(facts.flops[p] * (2 + sum(p in ran for ran in prefixes) + len(found)) + facts.backward_flops[p]
                    + sum(p in back for back in after) * facts.input_backward_flops[p] for p in range(stop))
     assert flops == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["squeeze_excite", "efficientnet_drop", "basic_unet", "max_heads"])
+def test_prefixes_and_dependents_are_ancestors_and_descendants_inside_the_segment(name):
+    """A level's prefix is its reductions and what they depend on inside the segment; its
+    dependents are its results and what depends on them there: on every segment, against
+    networkx's ancestors and descendants in the whole graph."""
+    graph = trace(TRAIN_ZOO[name](), TRAIN_SHAPES[name])
+    count, checked = len(graph.order), 0
+    for first in range(count):
+        for stop in range(first + 1, count + 1):
+            inside = set(graph.order[first:stop])
+            for level in levels(graph, first, stop):
+                needed = {*level.reductions}.union(*(nx.ancestors(graph.dag, r) for r in level.reductions)) & inside
+                results = {*level.reductions, *level.small}
+                after = results.union(*(nx.descendants(graph.dag, r) for r in results)) & inside
+                assert set(prefix(graph, first, stop, level)) == {graph.position[n] for n in needed}
+                assert set(dependents(graph, first, stop, level)) == {graph.position[n] for n in after}
+                checked += 1
+    assert checked > count
 
 
 def test_a_pass_computes_only_the_partials_it_uses():
