@@ -22,10 +22,13 @@ keeps per convolution kernel it runs for the first time (``tilec.target.KERNEL_S
 measured as the growth of anonymous resident memory (pinned and trimmed as above) over new
 convolution shapes, and cached alike.
 
-Timings (``tilec.clock``) are cached only if the machine was quiet while they ran: where Linux
+Timings (``tilec.clock``) are cached as the machine's only if it was quiet while they ran: where Linux
 reports CPU pressure, a timing during which some task waited for a CPU ``BUSY_STALL`` of its
 time or more (another process competing for the cores, which slows each kernel several times
-over) is used for the plan at hand with a warning, and measured again the next time.
+over) is used for the plan at hand with a warning and kept apart: later compiles reuse it while
+the machine is still busy (``busy_now``: the pressure during a quarter of a second of matrix
+products), so that a machine kept busy is not timed again for every compile, and the first that
+finds it quiet measures again.
 """
 
 from __future__ import annotations
@@ -170,38 +173,73 @@ def cpu_stall_seconds() -> float | None:
         return None
 
 
+#: Seconds a compile watches the CPU pressure before it reuses timings taken while the machine was
+#: busy, running products of matrices of this side meanwhile.
+PROBE_SECONDS, PROBE_SIDE = 0.25, 512
+
+
 def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T], timed: bool = False) -> T:
     """``parse`` of the cache's entry ``key``; if absent, or malformed (``parse`` raises
-    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first unless
-    ``timed`` and the machine was busy while it ran (module docstring)."""
+    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first. With
+    ``timed``, a measurement during which the machine was busy is stored apart, under ``key |
+    busy``, and reused only while the machine still is (``busy_now``); the first compile that finds
+    it quiet measures again (module docstring)."""
     path = cache_path()
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         entries = {}
     entries = entries if isinstance(entries, dict) else {}
-    if key in entries:
-        try:
-            return parse(entries[key])
-        except (TypeError, ValueError):
-            pass  # malformed: measure again
+    provisional = f"{key} | busy"
+    for found in (key, provisional):
+        if found in entries and (found == key or busy_now()):
+            try:
+                value = parse(entries[found])
+            except (TypeError, ValueError):
+                continue  # malformed: measure again
+            if found == provisional:
+                warnings.warn(f"tilec: this machine is busy; the plan uses timings of its kernels "
+                              f"({key.split(' | ')[0]}) taken while it was busy too, measured again once it is "
+                              "quiet", RuntimeWarning, stacklevel=2)
+            return value
     start, stalled = time.perf_counter(), cpu_stall_seconds() if timed else None
     measured = measure()
+    kept = {name: value for name, value in entries.items() if name != provisional}
     if stalled is not None:
         share = (cpu_stall_seconds() - stalled) / max(time.perf_counter() - start, 1e-9)
         if share >= BUSY_STALL:
             warnings.warn(f"tilec: other tasks waited for a CPU {share:.0%} of the time while timing this "
                           f"machine's kernels ({key.split(' | ')[0]}); the plan uses these timings, which are "
-                          "measured again next time", RuntimeWarning, stacklevel=2)
-            return parse(measured)
+                          "measured again once the machine is quiet", RuntimeWarning, stacklevel=2)
+            key = provisional
+    _store(path, {**kept, key: measured})
+    return parse(measured)
+
+
+def busy_now() -> bool:
+    """Whether some task waited for a CPU ``BUSY_STALL`` of the time or more while this process kept
+    its threads busy with matrix products for ``PROBE_SECONDS``, as a timing does (an idle process
+    sees no contention on a machine another process loads only in part); ``False`` where Linux
+    does not report CPU pressure."""
+    before = cpu_stall_seconds()
+    if before is None:
+        return False
+    start, x = time.perf_counter(), torch.ones(PROBE_SIDE, PROBE_SIDE)
+    while time.perf_counter() - start < PROBE_SECONDS:
+        torch.mm(x, x)
+    return (cpu_stall_seconds() - before) / (time.perf_counter() - start) >= BUSY_STALL
+
+
+def _store(path: Path, entries: dict) -> None:
+    """Write the cache file whole, through a temporary file (an unwritable cache only means
+    measuring again next time)."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({**entries, key: measured}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        partial.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         partial.replace(path)
-    except OSError:  # an unwritable cache only means measuring again next time
+    except OSError:
         partial.unlink(missing_ok=True)
-    return parse(measured)
 
 
 def _workspace(entry) -> tuple[tuple[float, float], tuple[float, float]]:
