@@ -178,12 +178,13 @@ def cpu_stall_seconds() -> float | None:
 PROBE_SECONDS, PROBE_SIDE = 0.25, 512
 
 
-def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T], timed: bool = False) -> T:
+def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T],
+           busy: Callable[[], bool] | None = None) -> T:
     """``parse`` of the cache's entry ``key``; if absent, or malformed (``parse`` raises
-    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first. With
-    ``timed``, a measurement during which the machine was busy is stored apart, under ``key |
-    busy``, and reused only while the machine still is (``busy_now``); the first compile that finds
-    it quiet measures again (module docstring)."""
+    ``TypeError`` or ``ValueError``), ``parse(measure())``, stored under ``key`` first. A timing
+    (``busy`` given: whether the machine is busy now, ``busy_now``) during which the machine was
+    busy is stored apart, under ``key | busy``, and reused only while ``busy()``; the first compile
+    that finds it quiet measures again (module docstring)."""
     path = cache_path()
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
@@ -192,7 +193,7 @@ def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T], time
     entries = entries if isinstance(entries, dict) else {}
     provisional = f"{key} | busy"
     for found in (key, provisional):
-        if found in entries and (found == key or busy_now()):
+        if found in entries and (found == key or busy is not None and busy()):
             try:
                 value = parse(entries[found])
             except (TypeError, ValueError):
@@ -202,7 +203,7 @@ def cached(key: str, measure: Callable[[], Any], parse: Callable[[Any], T], time
                               f"({key.split(' | ')[0]}) taken while it was busy too, measured again once it is "
                               "quiet", RuntimeWarning, stacklevel=2)
             return value
-    start, stalled = time.perf_counter(), cpu_stall_seconds() if timed else None
+    start, stalled = time.perf_counter(), cpu_stall_seconds() if busy is not None else None
     measured = measure()
     kept = {name: value for name, value in entries.items() if name != provisional}
     if stalled is not None:

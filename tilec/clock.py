@@ -26,11 +26,12 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import astuple, replace
+from functools import cache
 
 import torch
 from torch import nn
 
-from tilec.calibrate import cached, machine_key
+from tilec.calibrate import busy_now, cached, machine_key
 from tilec.codegen import load_source, render
 from tilec.cost.estimator import Estimator
 from tilec.ir import is_int
@@ -67,12 +68,11 @@ TILES_REVISION = 4
 def clock(target: Target, dtype: str, autocast: str | None) -> Target:
     """``target`` with ``gemm_min_channels`` and ``speed``: which weight gradient tiles compute, and
     the rates, on its device in ``dtype`` (autocast's dtype under ``autocast``)."""
-    device = target.device
+    device, busy = target.device, cache(busy_now)  # one look at the machine serves the three timings
     gemm_key, speed_key, rates_key = cache_keys(device, dtype)
-    gemm = cached(gemm_key, lambda: gemm_min_channels(device, dtype), _channels, timed=True)
-    speed = cached(speed_key, lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed, timed=True)
-    rates = cached(rates_key, lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates,
-                   timed=True)
+    gemm = cached(gemm_key, lambda: gemm_min_channels(device, dtype), _channels, busy)
+    speed = cached(speed_key, lambda: list(astuple(measure(device, dtype, autocast, gemm))[:3]), _speed, busy)
+    rates = cached(rates_key, lambda: [list(r) for r in kind_rates(device, dtype, autocast, gemm)], _rates, busy)
     return replace(target, gemm_min_channels=gemm, speed=replace(speed, rates=rates))
 
 
