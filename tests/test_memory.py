@@ -30,16 +30,16 @@ MiB = 2**20
 pytestmark = pytest.mark.slow
 
 
-def _measured_budget_step(budget: int, *args: str, env: dict | None = None, timeout: int = 300,
+def _measured_budget_step(budget: int, *args: str, timeout: int = 300,
                           model: tuple[str, str] = ("examples/vgg16.py", "vgg16_quarter")) -> tuple[int, int]:
     """Run ``benchmarks/step.py --variant auto --budget BUDGET --repeats 2 ARGS`` on ``model`` (a
     model file and its attribute; VGG16's layout at a quarter of its widths) in a fresh process with
-    the default environment (plus ``env``), check both steps against the budget and return the later
+    the default environment, check both steps against the budget and return the later
     step's measured peak and its prediction."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_"))}
     argv = [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--model", model[0], "--attr", model[1],
             "--variant", "auto", "--budget", str(budget), "--repeats", "2", *args]
-    proc = subprocess.run(argv, cwd=ROOT, env={**environment, **(env or {})}, capture_output=True, text=True,
+    proc = subprocess.run(argv, cwd=ROOT, env=environment, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -86,8 +86,7 @@ def test_autocast_budget_plan_holds_its_budget_under_autocast(tmp_path, monkeypa
     cache, which has the reference speed), run under that autocast."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     seed_reference_speed()
-    measured, predicted = _measured_budget_step(48 * MiB, "--size", "512", "--autocast", "bfloat16",
-                                                env={"XDG_CACHE_HOME": str(tmp_path)}, timeout=400)
+    measured, predicted = _measured_budget_step(48 * MiB, "--size", "512", "--autocast", "bfloat16", timeout=400)
     # covered, not within +-15%: under CPU bfloat16 autocast predictions ran 0.65-0.89x (AVX2, planned in the
     # measured process) and 0.84-1.00x (AVX-512, planned apart)
     assert measured <= 1.15 * predicted, f"measured {measured / MiB:.1f} MiB, predicted {predicted / MiB:.1f} MiB"

@@ -181,8 +181,8 @@ SMP_MODELS = {
 }
 
 
-@pytest.mark.parametrize("name, train", [(name, train) for name, spec in SMP_MODELS.items() for train in spec[3]],
-                         ids=lambda v: {False: "eval", True: "train"}.get(v, v) if isinstance(v, bool) else v)
+@pytest.mark.parametrize("name, train", [pytest.param(name, train, id=f"{name}-{'train' if train else 'eval'}")
+                                         for name, spec in SMP_MODELS.items() for train in spec[3]])
 def test_smp_models(name, train):
     smp = published("segmentation_models_pytorch")
     arch, encoder, options, _ = SMP_MODELS[name]
