@@ -39,7 +39,7 @@ FULL_RESOLUTION = {"unet_transposed", "unet_nearest", "unet_bilinear"}
                                             if grid != (999, 999) or name not in FULL_RESOLUTION],
                          ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else v)
 def test_zoo(name, grid, kernels):
-    check_exact(ZOO[name](), SHAPES[name], grid=grid, kernels=kernels)
+    check_exact(ZOO[name](), SHAPES[name], grid=grid, kernels=kernels, traced_as=name)
 
 
 @pytest.mark.parametrize("kernels", ["auto", "generic"])
@@ -47,7 +47,7 @@ def test_zoo(name, grid, kernels):
 def test_zoo_float32_within_rounding(name, kernels):
     """In float32, tiles sum in another order than the untiled kernels: outputs and gradients agree
     within ``FLOAT32_RTOL`` of each tensor's largest magnitude."""
-    check_close(ZOO[name](), SHAPES[name], grid=(3, 2), kernels=kernels)
+    check_close(ZOO[name](), SHAPES[name], grid=(3, 2), kernels=kernels, traced_as=name)
 
 
 def test_zoo_train_head_dropout_is_live():
@@ -117,7 +117,7 @@ SEGMENTED = {
 @pytest.mark.parametrize("case", sorted(SEGMENTED))
 def test_segmented(case):
     name, cuts, grids = SEGMENTED[case]
-    check_exact(ZOO[name](), SHAPES[name], segments=_segments(name, cuts, grids))
+    check_exact(ZOO[name](), SHAPES[name], segments=_segments(name, cuts, grids), traced_as=name)
 
 
 @pytest.mark.parametrize("name", ["squeeze_excite", "efficientnet", "mobilenetv3_block", "resnet_head"])

@@ -81,7 +81,7 @@ def test_a_per_pixel_op_tiles_exactly(name, grid):
     graph = trace(model, SHAPE)
     assert name in {node.op for node in graph} and all(node.tileable for node in graph)
     assert all(isinstance(rule(node), Pixel) for node in graph if node.op == name)
-    check_exact(model, SHAPE, grid=grid)
+    check_exact(model, SHAPE, grid=grid, traced_as=f"sandwich {name}")
 
 
 @pytest.mark.parametrize("name", list(COMPOSED))

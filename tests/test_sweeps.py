@@ -48,13 +48,13 @@ GRIDS = [(1, 1), (2, 2), (3, 2), (4, 3)]
 def test_training_zoo(name, grid):
     model = TRAIN_ZOO[name]()
     has_batch_norm = any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
-    errors = check_exact(model, TRAIN_SHAPES[name], grid=grid)
+    errors = check_exact(model, TRAIN_SHAPES[name], grid=grid, traced_as=f"train {name}")
     assert any(key.endswith("num_batches_tracked") for key in errors) == has_batch_norm
 
 
 @pytest.mark.parametrize("name", sorted(TRAIN_ZOO))
 def test_training_zoo_on_the_generic_kernels(name):
-    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=(3, 2), kernels="generic")
+    check_exact(TRAIN_ZOO[name](), TRAIN_SHAPES[name], grid=(3, 2), kernels="generic", traced_as=f"train {name}")
 
 
 @pytest.mark.parametrize("name", ["resnet_bottleneck", "mobilenetv2", "efficientnet", "basic_unet",

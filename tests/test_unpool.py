@@ -65,7 +65,7 @@ def test_segnet_tiles_exactly(pooling, train, grid):
     assert all(node.tileable for node in graph)
     segments = plan_for(graph, REFERENCE, "m", grid=grid).segments
     assert all(s.mode == "tiled" and s.batch == 1 for s in segments)
-    check_exact(SegNet(**POOLINGS[pooling]).train(train), SHAPE, grid=grid)
+    check_exact(SegNet(**POOLINGS[pooling]).train(train), SHAPE, grid=grid, traced_as=f"segnet {pooling}")
 
 
 @pytest.mark.parametrize("grid", [(3, 2), (5, 4)], ids=lambda g: f"{g[0]}x{g[1]}")

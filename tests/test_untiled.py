@@ -82,7 +82,7 @@ def test_an_op_without_a_tile_rule_runs_untiled_and_exact(name, train, grid):
     assert aten in found and why in found[aten]
     segments = plan_for(graph, REFERENCE, "m", grid=grid).segments
     assert segments[0].mode == "tiled" and "stored" in [s.mode for s in segments]
-    check_exact(Body(op).train(train), SHAPE, grid=grid)
+    check_exact(Body(op).train(train), SHAPE, grid=grid, traced_as=f"body {name}")
 
 
 class PositionalEmbedding(nn.Module):

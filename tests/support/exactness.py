@@ -15,17 +15,22 @@ runs the generic tile kernels (``tilec.runtime.device``: CUDA's path) instead of
 (``eval output...``): a plan compiled in training mode validates with plain's outputs.
 ``batch``: tiles of one shape class per call (``tilec.runtime.batches``).
 ``check_close`` compares in float32, within rounding, relative to each tensor's scale.
+``traced_as``: a name for the model's architecture (a zoo name): every build under one name, shape,
+mode and dtype in a test process reuses the first one's graphs (``traced_once``; they hold shapes and
+ops, not values), so that the checks of one model on many grids trace it once.
 ``tiled_segments(tiled)`` gives the ``TiledSegment`` s behind a ``TiledModel``.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+import tilec.pipeline
 from tilec.pipeline import build
 from tilec.runtime.dropout import counter_dropout
 
@@ -38,6 +43,31 @@ FLOAT32_RTOL = 1e-4
 #: difference is allowed this many times untiled float32's own max error against float64 (seen: up
 #: to 6x on an AMD EPYC, EfficientNet's projection BatchNorm biases, tiles summing in another order).
 NOISE_FACTOR = 10.0
+
+
+#: ``traced_once``'s graphs per (name, shape, mode, dtype), for this test process.
+TRACES: dict[tuple, object] = {}
+
+
+@contextmanager
+def traced_once(key: tuple | None):
+    """While it lasts, the pipeline's ``trace_modes`` gives the graphs first traced under ``key``
+    (``None``: it traces as usual)."""
+    if key is None:
+        yield
+        return
+    original = tilec.pipeline.trace_modes
+
+    def trace_modes(model, inputs, autocast=None):
+        if key not in TRACES:
+            TRACES[key] = original(model, inputs, autocast)
+        return TRACES[key]
+
+    tilec.pipeline.trace_modes = trace_modes
+    try:
+        yield
+    finally:
+        tilec.pipeline.trace_modes = original
 
 
 def tiled_segments(tiled: nn.Module) -> list:
@@ -70,7 +100,7 @@ def counted(model: nn.Module):
 def max_errors(model: nn.Module, shape, *, grid=None, segments=None, batch=None, recomputed=(), seed: int = 0,
                tiled: nn.Module | None = None, kernels: str = "auto", dtype: torch.dtype = torch.float64,
                device: str = "cpu", relative: bool = False, noise_floor: float | None = None,
-               counter: bool = False, eval_after: bool = False) -> dict[str, float]:
+               counter: bool = False, eval_after: bool = False, traced_as: str | None = None) -> dict[str, float]:
     """Max abs difference per tensor: every output leaf, the input gradient, each parameter
     gradient (``grad NAME``) and each buffer after the step (``buffer NAME``); with
     ``eval_after``, every output leaf of an eval-mode forward after the step (``eval output...``).
@@ -88,9 +118,11 @@ def max_errors(model: nn.Module, shape, *, grid=None, segments=None, batch=None,
     randomise_buffers(model, generator)
     reference = copy.deepcopy(model)
     exact = copy.deepcopy(model).double() if noise_floor else None
+    key = None if traced_as is None else (traced_as, tuple(shape), model.training, dtype)
     if tiled is None:  # compiled on the CPU; the TiledModel reads the model's tensors where they are
-        tiled = build(model, shape, grid, segments=segments, batch=batch, recomputed=recomputed,
-                      dtype=str(dtype).removeprefix("torch."), kernels=kernels)
+        with traced_once(key):
+            tiled = build(model, shape, grid, segments=segments, batch=batch, recomputed=recomputed,
+                          dtype=str(dtype).removeprefix("torch."), kernels=kernels)
     model, reference = model.to(device), reference.to(device)
     x = torch.randn(shape, dtype=dtype, generator=generator).to(device)
     named = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -178,24 +210,25 @@ def _assert_within(errors: dict[str, float], tolerance: float, what: str) -> Non
 
 def check_exact(model: nn.Module, shape, *, grid=None, segments=None, batch=None, recomputed=(),
                 tolerance: float = TOLERANCE, seed: int = 0, kernels: str = "auto", device: str = "cpu",
-                counter: bool = False, eval_after: bool = False) -> dict[str, float]:
+                counter: bool = False, eval_after: bool = False, traced_as: str | None = None) -> dict[str, float]:
     """Assert tiled == untiled within ``tolerance`` (float64) for outputs, every gradient and every
     buffer (``counter``: ``max_errors``'s; with ``eval_after``, an eval-mode forward's outputs after
     the step)."""
     errors = max_errors(model, shape, grid=grid, segments=segments, batch=batch, recomputed=recomputed, seed=seed,
-                        kernels=kernels, device=device, counter=counter, eval_after=eval_after)
+                        kernels=kernels, device=device, counter=counter, eval_after=eval_after, traced_as=traced_as)
     _assert_within(errors, tolerance, "abs")
     return errors
 
 
 def check_close(model: nn.Module, shape, *, grid=None, segments=None, rtol: float = FLOAT32_RTOL, seed: int = 0,
-                kernels: str = "auto", device: str = "cpu", noise_floor: bool = False) -> dict[str, float]:
+                kernels: str = "auto", device: str = "cpu", noise_floor: bool = False,
+                traced_as: str | None = None) -> dict[str, float]:
     """Assert tiled == untiled in float32 within ``rtol`` of each tensor's largest magnitude, for
     outputs, every gradient and every buffer. ``noise_floor``: a difference within
     ``NOISE_FACTOR`` times untiled float32's own error against float64 passes too (tensors whose
     true value is about 0, as in training-mode BatchNorm's input bias gradients)."""
     errors = max_errors(model, shape, grid=grid, segments=segments, seed=seed, kernels=kernels,
                         dtype=torch.float32, device=device, relative=True,
-                        noise_floor=NOISE_FACTOR / rtol if noise_floor else None)
+                        noise_floor=NOISE_FACTOR / rtol if noise_floor else None, traced_as=traced_as)
     _assert_within(errors, rtol, "relative")
     return errors
