@@ -231,6 +231,7 @@ class _Costs:
         self.estimator = Estimator(graph, target, dtype, backgrounds)
         self.cuts = cut_points(graph, self.estimator.full)
         self.option = cache(self._option)
+        self.fit = cache(self._fit)
         self.batches = cache(self._batches)
         self.grids = cache(self._grids)
         self.prefix = cache(self._prefix)
@@ -242,6 +243,13 @@ class _Costs:
             return self.estimator.stored(first, stop)
         return self.estimator.tiled(first, stop, self.prefix(stop, 0)[grid[0]], self.prefix(stop, 1)[grid[1]], batch,
                                     self.aligned is not None)
+
+    def _fit(self, first: int, stop: int, grid: tuple[int, int] | None, made: frozenset[str],
+             batch: int = 1) -> tuple[SegmentCost, int]:
+        """``option`` and the bytes it needs on top of those held before it (``Estimator.local``),
+        ``made`` the gradients its tiles may roll: what ``_peak`` adds."""
+        cost = self.option(first, stop, grid, batch)
+        return cost, self.estimator.local(cost, made)
 
     def _batches(self, first: int, stop: int) -> tuple[int, ...]:
         """The batches a tiled segment ``[first, stop)`` may run its tiles in besides one by one
@@ -292,9 +300,6 @@ class _Costs:
                 break
             chosen.append(coarser)
         return chosen
-
-    def local(self, cost: SegmentCost, made: frozenset[str]) -> int:
-        return self.estimator.local(cost, made)
 
     def recurse(self, start: tuple, extend, fields: int, beam: int | None = None) -> list[tuple]:
         """Left-to-right dynamic programming over cut points.
@@ -436,17 +441,20 @@ def _search(costs: _Costs, budget: int, bound: float = inf, fine: bool = False) 
     cannot end faster, segments adding seconds); ``None`` when no plan fits. With ``fine``, a
     tiled segment is offered every grid of ``_Costs.fine_grids`` that fits, not only the finest:
     the options ``_smallest`` builds on, so that the smallest budget it finds has a plan."""
+    limits = [budget - budget * share for share in MARGINS]
+
     def extend(entry: Partial, first: int, stop: int, made: frozenset[str]):
         seconds, held, peak, choices = entry
 
-        def grown(grid: tuple[int, int], mode: str, cost: SegmentCost, batch: int = 1):
+        def grown(grid: tuple[int, int], mode: str, fit: tuple[SegmentCost, int], batch: int = 1):
+            cost = fit[0]
             if seconds + cost.seconds <= bound:
-                yield Partial(seconds + cost.seconds, _held(held, cost), _peak(costs, held, peak, cost, made),
+                yield Partial(seconds + cost.seconds, _held(held, cost), _peak(held, peak, fit),
                               (*choices, SegmentChoice(first, stop, grid, mode, batch)))
 
         if held + costs.estimator.stored_floor(first, stop) <= budget:
-            stored = costs.option(first, stop, None)
-            if _peak(costs, held, peak, stored, made) <= budget:
+            stored = costs.fit(first, stop, None, made)
+            if _peak(held, peak, stored) <= budget:
                 yield from grown((1, 1), "stored", stored)
         grids = costs.grids(first, stop)
         if grids and held + costs.estimator.floor(first, stop) <= budget:
@@ -454,36 +462,33 @@ def _search(costs: _Costs, budget: int, bound: float = inf, fine: bool = False) 
             # may need: per margin, the coarsest grid that fits with that much to spare (one pass
             # from coarse to fine: a grid that fits with a margin fits with the smaller ones), and
             # the finest (with ``fine``, each fine grid: a finer one may hold more kernel state)
-            def peak_with(grid: tuple[int, int]) -> int:
-                return _peak(costs, held, peak, costs.option(first, stop, grid), made)
-
-            limits, chosen = [budget - budget * share for share in MARGINS], []
+            chosen = []
             for grid in grids:
-                grid_peak = peak_with(grid)
+                grid_peak = _peak(held, peak, costs.fit(first, stop, grid, made))
                 while len(chosen) < len(limits) and grid_peak <= limits[len(chosen)]:
                     chosen.append(grid)
                 if len(chosen) == len(limits):
                     break
             chosen += [grid for grid in (costs.fine_grids(first, stop) if fine else grids[-1:])
-                       if peak_with(grid) <= budget]
+                       if _peak(held, peak, costs.fit(first, stop, grid, made)) <= budget]
             if chosen and costs.estimator.backgrounds and costs.aligned is None:
                 # a known background favours finer tiles, more of them computed once: every grid up
                 # to ``FINER`` times the coarsest that fits, tiles a side
                 coarsest = tiles_a_side(chosen[0])
                 chosen += [grid for grid in grids if coarsest < tiles_a_side(grid) <= FINER * coarsest]
             for grid in dict.fromkeys(chosen):
-                cost = costs.option(first, stop, grid)
-                yield from grown(grid, "tiled", cost)
+                fit = costs.fit(first, stop, grid, made)
+                yield from grown(grid, "tiled", fit)
                 # the same grid with several tiles per call, where that is faster and fits (a larger
                 # batch holds more: past the budget, none larger fits; past the longest run of tiles
                 # of one class, it costs the same)
                 for batch in costs.batches(first, stop):
-                    batched = costs.option(first, stop, grid, batch)
-                    if _peak(costs, held, peak, batched, made) > budget:
+                    batched = costs.fit(first, stop, grid, made, batch)
+                    if _peak(held, peak, batched) > budget:
                         break
-                    if batched.seconds < cost.seconds:
+                    if batched[0].seconds < fit[0].seconds:
                         yield from grown(grid, "tiled", batched, batch)
-                    if batched.largest_call < batch:
+                    if batched[0].largest_call < batch:
                         break
 
     start = Partial(0.0, 0, 0, ())
@@ -497,10 +502,11 @@ def _held(held: int, cost: SegmentCost) -> int:
     return held + cost.kept + cost.kernels
 
 
-def _peak(costs: _Costs, held: int, peak: int, cost: SegmentCost, made: frozenset[str]) -> int:
-    """The peak so far after one more segment, ``made`` the gradients it may roll
-    (``_Costs.local``): every peak also finds that segment's kernel state."""
-    return max(peak, held + costs.local(cost, made)) + cost.kernels
+def _peak(held: int, peak: int, fit: tuple[SegmentCost, int]) -> int:
+    """The peak so far after one more segment (``_Costs.fit``): every peak also finds that
+    segment's kernel state."""
+    cost, local = fit
+    return max(peak, held + local) + cost.kernels
 
 
 def _smallest(costs: _Costs) -> int:
@@ -509,26 +515,26 @@ def _smallest(costs: _Costs) -> int:
     Options that cannot beat the plan cutting at every candidate (a quick upper bound) are
     not costed in full.
     """
-    def options(first: int, stop: int, peak: int, held: int, bound: float):
-        """``(choice, cost)`` of the segment stored and tiled with the fine grids."""
+    def options(first: int, stop: int, peak: int, held: int, bound: float, made: frozenset[str]):
+        """``(choice, fit)`` of the segment stored and tiled with the fine grids (``_Costs.fit``)."""
         if max(peak, held + costs.estimator.stored_floor(first, stop)) <= bound:
-            yield SegmentChoice(first, stop, (1, 1), "stored"), costs.option(first, stop, None)
+            yield SegmentChoice(first, stop, (1, 1), "stored"), costs.fit(first, stop, None, made)
         if costs.grids(first, stop) and max(peak, held + costs.estimator.floor(first, stop)) <= bound:
             for grid in costs.fine_grids(first, stop):
-                yield SegmentChoice(first, stop, grid, "tiled"), costs.option(first, stop, grid)
+                yield SegmentChoice(first, stop, grid, "tiled"), costs.fit(first, stop, grid, made)
 
     peak, held, choices = 0, 0, ()
     for first, stop in zip(costs.cuts, costs.cuts[1:], strict=False):
         made = costs.estimator.made_tiled(first, choices)
-        choice, best = min(options(first, stop, peak, held, inf), key=lambda option: (  # noqa: B023
-            _peak(costs, held, peak, option[1], made), _held(held, option[1])))  # noqa: B023
-        peak, held, choices = _peak(costs, held, peak, best, made), _held(held, best), (*choices, choice)
+        choice, best = min(options(first, stop, peak, held, inf, made), key=lambda option: (  # noqa: B023
+            _peak(held, peak, option[1]), _held(held, option[1][0])))  # noqa: B023
+        peak, held, choices = _peak(held, peak, best), _held(held, best[0]), (*choices, choice)
     bound = peak
 
     def extend(entry: Smallest, first: int, stop: int, made: frozenset[str]):
         peak, held, choices = entry
-        for choice, cost in options(first, stop, peak, held, bound):
-            yield Smallest(_peak(costs, held, peak, cost, made), _held(held, cost), (*choices, choice))
+        for choice, fit in options(first, stop, peak, held, bound, made):
+            yield Smallest(_peak(held, peak, fit), _held(held, fit[0]), (*choices, choice))
 
     return min(entry.peak for entry in costs.recurse(Smallest(0, 0, ()), extend, 2))
 

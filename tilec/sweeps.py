@@ -102,19 +102,28 @@ def may_roll(graph: Graph, cut: int) -> frozenset[str]:
 
 
 def prefix(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:
-    """The positions of the tile ops a forward sweep of ``level`` runs: what its reductions'
-    reduced inputs depend on in segment ``[first, stop)``, and the reductions (once per graph)."""
-    return _once(graph, ("prefix", first, stop, level), lambda: tuple(_prefix(graph, first, stop, level)))
+    """The positions of the tile ops a forward sweep of ``level``, one of the ``levels`` of segment
+    ``[first, stop)``, runs: what its reductions' reduced inputs depend on in the segment, and the
+    reductions (found for every level of the segment at once, once per graph)."""
+    return _once(graph, ("prefixes", first, stop), lambda: _prefixes(graph, first, stop)).get(level.index, ())
 
 
-def _prefix(graph: Graph, first: int, stop: int, level: Level) -> list[int]:
-    """Walked back from the end: a path between two nodes of the segment stays inside it (the
-    order is topological)."""
-    needed = set(level.reductions)
+def _prefixes(graph: Graph, first: int, stop: int) -> dict[int, tuple[int, ...]]:
+    """Per level index, ``prefix``: one pass back from the end, each node's levels a bit mask (a
+    path between two nodes of the segment stays inside it: the order is topological)."""
+    found = levels(graph, first, stop)
+    masks: dict[str, int] = {}
+    for level in found:
+        for name in level.reductions:
+            masks[name] = masks.get(name, 0) | 1 << level.index
     for name in reversed(graph.order[first:stop]):
-        if name in needed:
-            needed.update(graph.nodes[name].inputs)
-    return [graph.position[name] for name in graph.order[first:stop] if name in needed]
+        mask = masks.get(name, 0)
+        if mask:
+            for source in graph.nodes[name].inputs:
+                masks[source] = masks.get(source, 0) | mask
+    return {level.index: tuple(graph.position[name] for name in graph.order[first:stop]
+                               if masks.get(name, 0) >> level.index & 1)
+            for level in found}
 
 
 def dependents(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:

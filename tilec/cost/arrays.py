@@ -24,7 +24,8 @@ class AxisArrays:
     the node, ``(input, start, stop)`` of the interval read, over ``tiles`` of the arrays
     (``window`` selects some tiles without copying). ``sums``: ``out`` summed over the tiles;
     ``derived``: what has been computed from the arrays (``call_shapes``, the cost model's shape
-    classes of a run of their nodes), kept for the next asker.
+    classes of a run of their nodes), kept for the next asker; ``shared``: the same, for what its
+    windows share (``read_bounds``).
     """
 
     def __init__(self, graph: Graph, offset: int, count: int, parts: int, steps):
@@ -36,8 +37,10 @@ class AxisArrays:
         self.copied = np.zeros((parts, count), dtype=np.int64)
         self.copies = np.zeros((parts, count), dtype=np.int64)
         self.reads: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+        self.read_counts = np.zeros(count, dtype=np.int64)  # per column, how many reads ``reads`` has
         for name, start, stop, reads in steps:
             column = graph.position[name] - offset
+            self.read_counts[column] = len(reads)
             self.out[:, column] = stop - start
             self.reads[name] = [(source, read_start, read_stop) for source, read_start, read_stop, _, _ in reads]
             op = rule(graph.nodes[name])
@@ -51,6 +54,8 @@ class AxisArrays:
                 self.copied[:, column] = read_stop - read_start + np.where(copies, before + after, 0)
         self.sums = self.out.sum(axis=0)
         self.derived: dict[tuple, object] = {}
+        self.shared: dict[str, object] = {}
+        self.names = {graph.position[name] - offset: name for name, *_ in steps}
 
     def call_shapes(self, position: int) -> set[tuple[int, int]]:
         """The distinct ``(length, padding)`` along this axis of the calls of the window op at
@@ -62,6 +67,20 @@ class AxisArrays:
             found = self.derived["shapes", position] = set(zip(length.tolist(),
                                                                (self.padded[:, column] - length).tolist(), strict=True))
         return found
+
+    def read_bounds(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)`` of the reads of the nodes at positions ``[first, stop)``, in order of
+        node and then of read: ``[tile, read]`` over every tile the arrays were made with (a window
+        selects its own by ``tiles``)."""
+        if "reads" not in self.shared:
+            reads = [read for column in sorted(self.names) for read in self.reads[self.names[column]]]
+            empty = np.zeros((0, 0), dtype=np.int64)  # no reads: nothing to slice
+            self.shared["reads"] = (np.stack([start for _, start, _ in reads], axis=1) if reads else empty,
+                                    np.stack([stop for _, _, stop in reads], axis=1) if reads else empty,
+                                    np.concatenate([[0], np.cumsum(self.read_counts)]))
+        starts, stops, ends = self.shared["reads"]
+        low, high = ends[first - self.offset], ends[stop - self.offset]
+        return starts[:, low:high], stops[:, low:high]
 
     @classmethod
     def of_cone(cls, graph: Graph, found: Cone) -> AxisArrays:

@@ -211,8 +211,7 @@ class Estimator:
         if batch == 1 and constant is None:
             made = (tiles, 1, (1,), 0)
         else:
-            members = self.graph.order[first:stop]
-            made = _calls(_class_ids(simulated, rows, members), _class_ids(simulated, cols, members), batch, constant)
+            made = _calls(_class_ids(simulated, rows), _class_ids(simulated, cols), batch, constant)
         reused = made[3]
         # every backward sweep computes identical tiles once as the forward does; in the last one,
         # where a sliced input wants a gradient and the owned output gradients may differ (outputs
@@ -466,18 +465,17 @@ def _tile_calls(facts: Facts, first: int, stop: int, rows: AxisArrays, cols: Axi
             yield p, facts.tile_passes[p], itertools.product(rows.call_shapes(p), cols.call_shapes(p), sizes)
 
 
-def _class_ids(program: Program, arrays: AxisArrays, members: Sequence[str]) -> np.ndarray:
+def _class_ids(program: Program, arrays: AxisArrays) -> np.ndarray:
     """Per tile of one axis, in order, a number shared by the tiles whose lengths are all equal and
-    whose reads of the segment's nodes ``members`` touch the same ends of what they read (what their
+    whose reads of the segment's nodes touch the same ends of what they read (what their
     shape class is, as far as the cost model sees it: a first and a last tile may have equal
     lengths, padded at opposite ends)."""
     key = ("classes", program.first, program.stop)
     if key in arrays.derived:
         return arrays.derived[key]
-    reads = [(start, stop) for name in members for _, start, stop in arrays.reads.get(name, ())]
+    starts, stops = arrays.read_bounds(program.first, program.stop)
     ends = []
-    if reads:
-        starts, stops = (np.stack(bounds, axis=1) for bounds in zip(*reads, strict=True))
+    if starts.shape[1]:
         ends = [starts[arrays.tiles] == 0, stops[arrays.tiles] == stops.max(axis=0)]
     table = np.ascontiguousarray(np.concatenate([_table(program, arrays), *ends], axis=1))
     seen: dict[bytes, int] = {}
@@ -534,7 +532,15 @@ def _table(program: Program, arrays: AxisArrays) -> np.ndarray:
 
 
 def _classes(program: Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
-    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists."""
+    """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists
+    (kept in ``arrays.derived``: a segment's grid is costed once per batch)."""
+    key = ("lengths", program.first, program.stop)
+    if key not in arrays.derived:
+        arrays.derived[key] = _distinct_lengths(program, arrays)
+    return arrays.derived[key]
+
+
+def _distinct_lengths(program: Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
     table = _table(program, arrays)
     table = table[list({row.tobytes(): index for index, row in enumerate(table)}.values())]
     count, width = len(program.slices), program.stop - program.first
