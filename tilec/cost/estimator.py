@@ -533,7 +533,7 @@ def _table(program: Program, arrays: AxisArrays) -> np.ndarray:
 
 def _classes(program: Program, arrays: AxisArrays) -> tuple[np.ndarray, np.ndarray]:
     """Per distinct tile of one axis: each quantity's length, and whether a padded copy exists
-    (kept in ``arrays.derived``: a segment's grid is costed once per batch)."""
+    (kept in ``arrays.derived``: a segment's grid is costed once for each batch, each the same)."""
     key = ("lengths", program.first, program.stop)
     if key not in arrays.derived:
         arrays.derived[key] = _distinct_lengths(program, arrays)
