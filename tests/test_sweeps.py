@@ -32,7 +32,7 @@ from tilec.pipeline import build, plan_for
 from tilec.planio import dumps, loads
 from tilec.planner import default_segments, plan
 from tilec.search import choose, cut_points, smallest_budget
-from tilec.sweeps import dependents, levels, prefix, role
+from tilec.sweeps import dependent_masks, levels, prefix_masks, role
 from tilec.target import REFERENCE
 from tilec.trace import trace
 from tilec.validate import validate
@@ -593,11 +593,16 @@ def test_the_estimate_counts_each_sweep_once():
     facts = estimator.facts
     conv = graph.position[graph.order[3]]
     assert facts.backward_flops[conv] == 2 * facts.flops[conv] == 2 * facts.input_backward_flops[conv]
-    prefixes = [set(prefix(graph, 0, stop, level)) for level in found]
-    after = [set(dependents(graph, 0, stop, level)) for level in found]
+    prefixes = [_positions(prefix_masks(graph, 0, stop), 0, level) for level in found]
+    after = [_positions(dependent_masks(graph, 0, stop), 0, level) for level in found]
     expected = sum(facts.flops[p] * (2 + sum(p in ran for ran in prefixes) + len(found)) + facts.backward_flops[p]
                    + sum(p in back for back in after) * facts.input_backward_flops[p] for p in range(stop))
     assert flops == pytest.approx(expected)
+
+
+def _positions(masks: tuple[int, ...], first: int, level) -> set[int]:
+    """The positions of the nodes whose mask (``prefix_masks``, ``dependent_masks``) has ``level``'s bit."""
+    return {first + k for k, mask in enumerate(masks) if mask >> level.index & 1}
 
 
 @pytest.mark.parametrize("name", ["squeeze_excite", "efficientnet_drop", "basic_unet", "max_heads"])
@@ -614,8 +619,9 @@ def test_prefixes_and_dependents_are_ancestors_and_descendants_inside_the_segmen
                 needed = {*level.reductions}.union(*(nx.ancestors(graph.dag, r) for r in level.reductions)) & inside
                 results = {*level.reductions, *level.small}
                 after = results.union(*(nx.descendants(graph.dag, r) for r in results)) & inside
-                assert set(prefix(graph, first, stop, level)) == {graph.position[n] for n in needed}
-                assert set(dependents(graph, first, stop, level)) == {graph.position[n] for n in after}
+                assert _positions(prefix_masks(graph, first, stop), first, level) == {graph.position[n] for n in needed}
+                assert _positions(dependent_masks(graph, first, stop), first, level) == {
+                    graph.position[n] for n in after}
                 checked += 1
     assert checked > count
 

@@ -101,19 +101,17 @@ def may_roll(graph: Graph, cut: int) -> frozenset[str]:
     return graph.may_roll(cut) - reduced
 
 
-def prefix(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:
-    """The positions of the tile ops a forward sweep of ``level``, one of the ``levels`` of segment
-    ``[first, stop)``, runs: what its reductions' reduced inputs depend on in the segment, and the
-    reductions (found for every level of the segment at once, once per graph)."""
-    return _once(graph, ("prefixes", first, stop), lambda: _prefixes(graph, first, stop)).get(level.index, ())
+def prefix_masks(graph: Graph, first: int, stop: int) -> tuple[int, ...]:
+    """Per node of segment ``[first, stop)``, in order, a bit mask of the ``levels`` (bit
+    ``Level.index``) whose forward sweep computes it: the reductions of the level and what their
+    reduced inputs depend on in the segment (once per graph and segment). One pass back from the
+    end: a path between two nodes of the segment stays inside it (the order is topological)."""
+    return _once(graph, ("prefixes", first, stop), lambda: _prefix_masks(graph, first, stop))
 
 
-def _prefixes(graph: Graph, first: int, stop: int) -> dict[int, tuple[int, ...]]:
-    """Per level index, ``prefix``: one pass back from the end, each node's levels a bit mask (a
-    path between two nodes of the segment stays inside it: the order is topological)."""
-    found = levels(graph, first, stop)
+def _prefix_masks(graph: Graph, first: int, stop: int) -> tuple[int, ...]:
     masks: dict[str, int] = {}
-    for level in found:
+    for level in levels(graph, first, stop):
         for name in level.reductions:
             masks[name] = masks.get(name, 0) | 1 << level.index
     for name in reversed(graph.order[first:stop]):
@@ -121,23 +119,19 @@ def _prefixes(graph: Graph, first: int, stop: int) -> dict[int, tuple[int, ...]]
         if mask:
             for source in graph.nodes[name].inputs:
                 masks[source] = masks.get(source, 0) | mask
-    return {level.index: tuple(graph.position[name] for name in graph.order[first:stop]
-                               if masks.get(name, 0) >> level.index & 1)
-            for level in found}
+    return tuple(masks.get(name, 0) for name in graph.order[first:stop])
 
 
-def dependents(graph: Graph, first: int, stop: int, level: Level) -> tuple[int, ...]:
-    """The positions of the nodes of segment ``[first, stop)`` that depend on the results of
-    ``level``, one of its ``levels``: what a backward sweep of it back-propagates through (found
-    for every level of the segment at once, once per graph)."""
-    return _once(graph, ("dependents", first, stop), lambda: _dependents(graph, first, stop)).get(level.index, ())
+def dependent_masks(graph: Graph, first: int, stop: int) -> tuple[int, ...]:
+    """Per node of segment ``[first, stop)``, in order, a bit mask of the ``levels`` whose results
+    it depends on in the segment (or is): what a backward sweep of such a level back-propagates
+    through (once per graph and segment; one pass in order)."""
+    return _once(graph, ("dependents", first, stop), lambda: _dependent_masks(graph, first, stop))
 
 
-def _dependents(graph: Graph, first: int, stop: int) -> dict[int, tuple[int, ...]]:
-    """Per level index, ``dependents``: one pass in order, each node's levels a bit mask."""
-    found = levels(graph, first, stop)
+def _dependent_masks(graph: Graph, first: int, stop: int) -> tuple[int, ...]:
     made: dict[str, int] = {}
-    for level in found:
+    for level in levels(graph, first, stop):
         for name in (*level.reductions, *level.small):
             made[name] = made.get(name, 0) | 1 << level.index
     masks: dict[str, int] = {}
@@ -146,8 +140,7 @@ def _dependents(graph: Graph, first: int, stop: int) -> dict[int, tuple[int, ...
         for source in graph.nodes[name].inputs:
             mask |= masks.get(source, 0)
         masks[name] = mask
-    return {level.index: tuple(graph.position[name] for name, mask in masks.items() if mask >> level.index & 1)
-            for level in found}
+    return tuple(masks.values())
 
 
 def owned_sizes(graph: Graph, first: int, stop: int) -> list[tuple[int, int]]:

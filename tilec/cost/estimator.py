@@ -46,7 +46,7 @@ from tilec.graph import Graph
 from tilec.ir import AxisTile
 from tilec.ops import rule
 from tilec.regions import Interval, strides_of
-from tilec.sweeps import dependents, levels, may_roll, prefix
+from tilec.sweeps import dependent_masks, levels, may_roll, prefix_masks
 from tilec.target import Target
 
 
@@ -336,21 +336,15 @@ class Estimator:
         graph, count = self.graph, stop - first
         images = np.array([graph.is_image(name) for name in graph.order[first:stop]])
         has_images = any(graph.is_image(name) for name in graph.outputs_of(first, stop))
-        forward, after = np.full(count, float(has_images)), np.zeros(count)
-        forward_calls, sweep_calls, swept = count * has_images, 0, 0
-        for level in levels(graph, first, stop):
-            if level.index == 0 or level.direct:
-                continue
-            needed = [p - first for p in prefix(graph, first, stop, level)]
-            forward[needed] += 1
-            forward_calls += len(needed)
-            if level.swept:
-                dependent = [p - first for p in dependents(graph, first, stop, level)]
-                swept += 1
-                after[dependent] += 1
-                sweep_calls += count + len(dependent)
-        return Sweeps(images, float(self.facts.flops[first:stop][images].sum()), forward, swept, after,
-                      forward_calls, sweep_calls)
+        sweeping = [level for level in levels(graph, first, stop) if level.index and not level.direct]
+        prefixed = sum(1 << level.index for level in sweeping)  # levels whose forward sweep runs a prefix
+        swept_levels = sum(1 << level.index for level in sweeping if level.swept)
+        computed = np.array([(mask & prefixed).bit_count() for mask in prefix_masks(graph, first, stop)], dtype=float)
+        after = np.array([(mask & swept_levels).bit_count() for mask in dependent_masks(graph, first, stop)],
+                         dtype=float)
+        swept = swept_levels.bit_count()
+        return Sweeps(images, float(self.facts.flops[first:stop][images].sum()), computed + has_images, swept, after,
+                      count * has_images + int(computed.sum()), swept * count + int(after.sum()))
 
     def _rollable(self, cut: int) -> frozenset[str]:
         """The tensors whose gradient the tiled backward of a segment starting at ``cut`` may roll
