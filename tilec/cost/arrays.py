@@ -37,10 +37,8 @@ class AxisArrays:
         self.copied = np.zeros((parts, count), dtype=np.int64)
         self.copies = np.zeros((parts, count), dtype=np.int64)
         self.reads: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
-        self.read_counts = np.zeros(count, dtype=np.int64)  # per column, how many reads ``reads`` has
         for name, start, stop, reads in steps:
             column = graph.position[name] - offset
-            self.read_counts[column] = len(reads)
             self.out[:, column] = stop - start
             self.reads[name] = [(source, read_start, read_stop) for source, read_start, read_stop, _, _ in reads]
             op = rule(graph.nodes[name])
@@ -73,11 +71,14 @@ class AxisArrays:
         node and then of read: ``[tile, read]`` over every tile the arrays were made with (a window
         selects its own by ``tiles``)."""
         if "reads" not in self.shared:
+            counts = np.zeros(self.out.shape[1] + 1, dtype=np.int64)  # before column c's reads: counts[:c + 1]
+            for column, name in self.names.items():
+                counts[column + 1] = len(self.reads[name])
             reads = [read for column in sorted(self.names) for read in self.reads[self.names[column]]]
             empty = np.zeros((0, 0), dtype=np.int64)  # no reads: nothing to slice
             self.shared["reads"] = (np.stack([start for _, start, _ in reads], axis=1) if reads else empty,
                                     np.stack([stop for _, _, stop in reads], axis=1) if reads else empty,
-                                    np.concatenate([[0], np.cumsum(self.read_counts)]))
+                                    np.cumsum(counts))
         starts, stops, ends = self.shared["reads"]
         low, high = ends[first - self.offset], ends[stop - self.offset]
         return starts[:, low:high], stops[:, low:high]
