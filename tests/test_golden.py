@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import types
 from pathlib import Path
 
 import torch
@@ -107,3 +108,26 @@ def test_golden_module_is_an_importable_file():
     out = module.TiledModel(model)(torch.randn(1, 3, 13, 11))
     assert set(out) == {"mask", "logits"}
     assert out["mask"].shape == (1, 5, 13, 11) and out["logits"].shape == (1, 3)
+
+
+def test_a_module_loaded_from_source_is_the_file_imported():
+    """``load_source`` runs the module as its file does: the same docstring and names, every
+    function at its line in the file; a second load shares the runtime's compiled code, not the
+    functions made from it."""
+    source = REGEN.MODULE_FILE.read_text(encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("small_tiled_file", REGEN.MODULE_FILE)
+    imported = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(imported)
+    first, second = load_source(source, "small_tiled"), load_source(source, "small_tiled")
+    assert first.__doc__ == imported.__doc__ and first.__doc__.startswith('Tiled training for plan "small"')
+    names = {name for name in vars(imported) if not name.startswith("__")}
+    assert {name for name in vars(first) if not name.startswith("__")} == names
+    lines = source.splitlines()
+    functions = [value for value in vars(first).values()
+                 if isinstance(value, types.FunctionType) and value.__code__.co_filename == "<small_tiled>"]
+    assert len(functions) > 20
+    for function in functions:
+        assert function.__code__.co_firstlineno == getattr(imported, function.__name__).__code__.co_firstlineno
+        assert lines[function.__code__.co_firstlineno - 1].lstrip().startswith(("def ", "@")), function.__name__
+    assert first.TiledModule.__init__.__code__ is second.TiledModule.__init__.__code__
+    assert first.TiledModule is not second.TiledModule and first.PLAN is not second.PLAN

@@ -15,6 +15,7 @@ of the segment's outputs. The same function serves forward (under no_grad) and b
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from dataclasses import dataclass, field, replace
@@ -435,7 +436,10 @@ def runtime_source() -> tuple[list[str], str]:
     return list(imports), "\n\n".join(bodies)
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """The templates' environment, made once per process: it keeps each template compiled (and
+    compiles it again where its file changed)."""
     packaged = resources.files("tilec") / "templates"
     folder = Path(str(packaged)) if packaged.is_dir() else Path(__file__).parent.parent / "templates"
     return jinja2.Environment(
@@ -505,8 +509,33 @@ def render(plan: Plan) -> str:
     )
 
 
+#: The section rules of a rendered module where its runtime and its plan begin (``templates/``).
+_RUNTIME_RULE, _PLAN_RULE = "\n# --- tilec/runtime/", "\n# --- the plan "
+
+
 def load_source(source: str, name: str = "tilec_generated") -> types.ModuleType:
-    """Execute generated source as a fresh module (no file needed)."""
+    """Execute generated source as a fresh module (no file needed), as from its file: its docstring
+    and imports, then its runtime, then its plan, each at its own lines, one after the other in the
+    module's namespace. The runtime, the same in every module this tilec renders, is compiled once
+    per process (``_compiled_runtime``)."""
     module = types.ModuleType(name)
-    exec(compile(source, f"<{name}>", "exec", dont_inherit=True), module.__dict__)
+    filename = f"<{name}>"
+    start = source.find(_RUNTIME_RULE) + 1
+    stop = source.find(_PLAN_RULE, start) + 1
+    if not 0 < start < stop:
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+        return module
+    exec(compile(source[:start], filename, "exec", dont_inherit=True), module.__dict__)
+    exec(_compiled_runtime(source[start:stop], source.count("\n", 0, start), filename), module.__dict__)
+    exec(_compiled_part(source[stop:], source.count("\n", 0, stop), filename), module.__dict__)
     return module
+
+
+def _compiled_part(text: str, lines_before: int, filename: str) -> types.CodeType:
+    """``text``, which follows ``lines_before`` lines of a module, compiled at its lines there; a
+    ``pass`` on the line before keeps a string it starts with from becoming the module's docstring."""
+    return compile("\n" * (lines_before - 1) + "pass\n" + text, filename, "exec", dont_inherit=True)
+
+
+#: ``_compiled_part`` for the runtime, kept for the next module of the process.
+_compiled_runtime = functools.lru_cache(maxsize=4)(_compiled_part)
