@@ -20,6 +20,7 @@ a tiled segment, or cut right before a reduction (a direct level).
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,16 @@ PROPERTY = settings(
 
 #: The tile kernels every drawn model runs on: the CPU's and the generic ones.
 KERNELS = ("auto", "generic")
+
+#: Numbers the drawn models' traces apart (``check_exact(traced_as=...)``).
+_DRAWN = itertools.count()
+
+
+def check_on_both_kernels(model: nn.Module, shape, **options) -> None:
+    """``check_exact`` on each of ``KERNELS``, both compiles from one trace of ``model``."""
+    name = f"drawn {next(_DRAWN)}"
+    for kernels in KERNELS:
+        check_exact(model, shape, kernels=kernels, traced_as=name, **options)
 
 
 @dataclass(frozen=True)
@@ -473,8 +484,7 @@ def _finite(model: nn.Module, shape) -> bool:
 def test_random_dags_tile_exactly_with_one_grid(case, grid):
     model, shape = case
     assume(_finite(model, shape))
-    for kernels in KERNELS:
-        check_exact(model, shape, grid=grid, kernels=kernels)
+    check_on_both_kernels(model, shape, grid=grid)
 
 
 @st.composite
@@ -512,8 +522,7 @@ def test_random_dags_tile_exactly_with_random_segments(case, data):
     model, shape = case
     assume(_finite(model, shape))
     segments = data.draw(segmentations(model, shape), label="segments")
-    for kernels in KERNELS:
-        check_exact(model, shape, segments=segments, kernels=kernels)
+    check_on_both_kernels(model, shape, segments=segments)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
