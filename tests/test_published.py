@@ -38,7 +38,8 @@ GRIDS = [(1, 1), (2, 2), (4, 3)]
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
 @pytest.mark.parametrize("name", sorted(PUBLISHED_ZOO))
 def test_a_training_step_then_an_eval_forward_equal_plain(name, grid):
-    check_exact(PUBLISHED_ZOO[name](True), PUBLISHED_SHAPES[name], grid=grid, eval_after=True, counter=True)
+    check_exact(PUBLISHED_ZOO[name](True), PUBLISHED_SHAPES[name], grid=grid, eval_after=True, counter=True,
+                traced_as=f"published {name}")
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_ZOO))
