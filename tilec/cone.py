@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -89,16 +90,22 @@ def _merged(known: Bounds | None, start: np.ndarray, stop: np.ndarray) -> Bounds
     return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
 
 
-def _split(size: int, grids: Sequence[int | Period]) -> Bounds:
-    """``partition(size, grid)`` for each grid in ``grids``, concatenated, as arrays."""
+@lru_cache(maxsize=4096)
+def _split(size: int, grids: tuple[int | Period, ...]) -> Bounds:
+    """``partition(size, grid)`` for each grid in ``grids``, concatenated, as read-only arrays
+    (kept: the tensors of a network share a few sizes)."""
     intervals = [interval for grid in grids for interval in partition(size, grid)]
-    return (np.array([i.start for i in intervals], dtype=np.int64), np.array([i.stop for i in intervals],
-                                                                              dtype=np.int64))
+    bounds = (np.array([i.start for i in intervals], dtype=np.int64), np.array([i.stop for i in intervals],
+                                                                                dtype=np.int64))
+    for array in bounds:
+        array.flags.writeable = False
+    return bounds
 
 
 def cone(graph: Graph, low: int, stop: int, axis: int, grids: Sequence[int | Period]) -> Cone:
     """The cone of run ``[low, stop)`` on ``axis`` for each grid in ``grids`` (a number of tiles or
     a ``Period``)."""
+    grids = tuple(grids)
     tiles = sum(parts_of(grid) for grid in grids)
     owned = {name: _split(graph.size(name, axis), grids) for name in graph.outputs_of(low, stop)
              if graph.is_image(name)}
