@@ -90,7 +90,7 @@ def _merged(known: Bounds | None, start: np.ndarray, stop: np.ndarray) -> Bounds
     return np.where(full, hull_start, known_start), np.where(full, hull_stop, known_stop)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def _split(size: int, grids: tuple[int | Period, ...]) -> Bounds:
     """``partition(size, grid)`` for each grid in ``grids``, concatenated, as read-only arrays
     (kept: the tensors of a network share a few sizes)."""
