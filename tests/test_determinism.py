@@ -2,7 +2,8 @@
 bytecode everywhere (the bytecode: on one Python version).
 
 One test per property: the same inputs twice in one process; the CLI's output files, written
-twice into two directories; fresh interpreters with other hash seeds. (That a fresh compile
+twice into two directories; fresh interpreters with other hash seeds; a compile in the caller's
+process under its autocast, ``no_grad`` or inference mode. (That a fresh compile
 equals the committed golden files is ``test_golden.py``.) The model is a DAG whose traced graph
 has fan-out, fan-in, a dict output and several segment inputs and outputs: everything a set or
 dict iteration order could leak into.
@@ -18,7 +19,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
+from tilec import pipeline
 from tilec.codegen import render
 from tilec.config import CompileConfig
 from tilec.modelfile import load_model
@@ -122,3 +125,18 @@ def test_fresh_subprocesses_with_other_hash_seeds(model_file, tmp_path):
         subprocess.run([sys.executable, "-c", script, str(model_file), str(out)], check=True, env=env, cwd=tmp_path,
                        timeout=120, capture_output=True)
         assert _files(out) == expected, f"PYTHONHASHSEED={seed}"
+
+
+def test_a_compile_under_the_callers_autocast_no_grad_or_inference_mode_is_the_same(model_file, tmp_path,
+                                                                                  monkeypatch):
+    """As inside a Lightning step or its validation loop: the same module as outside them, and the
+    convolution workspace, measured with a backward, measured (a cache of its own) in inference mode."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model, shape = load_model(model_file, "model")
+    rendered = []
+    monkeypatch.setattr(pipeline, "render", lambda plan: rendered.append(render(plan)) or rendered[-1])
+    callers = [torch.inference_mode, torch.no_grad, lambda: torch.autocast("cpu", torch.bfloat16)]
+    for modes in [*callers, lambda: torch.enable_grad()]:
+        with modes():
+            pipeline.build(model, shape, (2, 3), autocast="cpu:bfloat16", name="m")
+    assert len(rendered) == 4 and len(set(rendered)) == 1

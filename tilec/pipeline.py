@@ -3,10 +3,12 @@ load -> trace -> recompute -> target -> plan -> distribute -> render -> write.""
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
 from tilec.calibrate import conv_workspace_of, measure_kernels, search_device
@@ -187,11 +189,26 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     if grid is None and segments is None and memory_budget is None:
         grid = (1, 1)
     inputs, known = described(inputs)
-    traced = trace_modes(model, inputs, autocast)
-    target = target_for(traced.graphs[0], dtype, shared=bool(ranks) or process_group is not None)
-    backgrounds = {traced.graphs[0].inputs[k].name: background for k, background in known.items()}
-    the_plan = plan_modes(traced, target, name, grid=grid, segments=segments, recomputed=recomputed,
-                          memory_budget=memory_budget, batch=batch, backgrounds=backgrounds, dtype=dtype)
+    with callers_modes_off():
+        traced = trace_modes(model, inputs, autocast)
+        target = target_for(traced.graphs[0], dtype, shared=bool(ranks) or process_group is not None)
+        backgrounds = {traced.graphs[0].inputs[k].name: background for k, background in known.items()}
+        the_plan = plan_modes(traced, target, name, grid=grid, segments=segments, recomputed=recomputed,
+                              memory_budget=memory_budget, batch=batch, backgrounds=backgrounds, dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
     return tiled_class(model, progress=progress, process_group=process_group, kernels=kernels)
+
+
+@contextmanager
+def callers_modes_off():
+    """Gradients on, inference mode and the CPU's and CUDA's autocast off: a compile in the
+    caller's process (inside a Lightning step, its validation loop or its autocast) traces, times
+    and plans as ``tilec compile`` does, under the autocast ``--autocast`` names only."""
+    with ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device):
+                stack.enter_context(torch.autocast(device, enabled=False))
+        yield
