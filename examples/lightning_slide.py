@@ -2,14 +2,16 @@
 
     python examples/lightning_slide.py --size 2048 --slides 4 --epochs 2 --budget 512MiB
 
-Writes ``--slides`` synthetic pyramidal TIFFs (``examples/train_slide.py``'s slide, one seed each;
-odd seeds labelled 1), opens each with ``tilec.slide`` (read by region, background made white) and
-trains a small ResNet-18 classifier on them under ``Trainer(precision="bf16-mixed")`` on the CPU
-(``"16-mixed"`` on a GPU), validating on the last slide each epoch. The LightningModule compiles
-its model once per slide shape, on first use, into a ``TiledModel`` that it calls as it would call
-the model: Lightning's autocast, optimizer, gradient clipping, checkpoints and loops work as
-usual. The ``TiledModel`` is kept out of the module's registered children, so checkpoints hold the
-model's parameters once.
+Writes ``--slides`` synthetic pyramidal TIFFs of three sizes (``examples/train_slide.py``'s slide,
+one seed each, ``--size`` and 3/4 and 1/2 of it a side; odd seeds labelled 1), opens each with
+``tilec.slide`` (read by region, background made white), frames it to ``--frame`` pixels a side
+around its tissue (``Slide.framed``: cropped or padded with white) and trains a small ResNet-18
+classifier on them under ``Trainer(precision="bf16-mixed")`` on the CPU (``"16-mixed"`` on a GPU),
+validating on the last slide each epoch. The LightningModule compiles its model once per input
+shape, on first use, into a ``TiledModel`` that it calls as it would call the model: framed
+slides share one plan (``--frame 0`` keeps each slide's own size, a plan each). Lightning's
+autocast, optimizer, gradient clipping, checkpoints and loops work as usual. The ``TiledModel`` is
+kept out of the module's registered children, so checkpoints hold the model's parameters once.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ class SlideNet(nn.Module):
 
 class Slides(Dataset):
     """``(path, label)`` pairs -> ``(tilec.slide(path, level), label)``, masked to the tissue if
-    ``mask``. A slide is not a tensor: batches are single slides (``single``)."""
+    ``mask``, framed to ``frame`` (rows, cols) around it if given. A slide is not a tensor: batches
+    are single slides (``single``)."""
 
-    def __init__(self, items, level: int = 0, mask: bool = True):
-        self.items, self.level, self.mask = list(items), level, mask
+    def __init__(self, items, level: int = 0, mask: bool = True, frame: tuple[int, int] | None = None):
+        self.items, self.level, self.mask, self.frame = list(items), level, mask, frame
 
     def __len__(self) -> int:
         return len(self.items)
@@ -57,7 +60,8 @@ class Slides(Dataset):
     def __getitem__(self, index):
         path, label = self.items[index]
         slide = tilec.slide(path, level=self.level)
-        return (slide.masked() if self.mask else slide), torch.tensor([label])
+        slide = slide.masked() if self.mask else slide
+        return (slide.framed(*self.frame) if self.frame else slide), torch.tensor([label])
 
 
 def single(items):
@@ -68,7 +72,7 @@ def single(items):
 
 class TiledClassifier(L.LightningModule):
     """``model`` (uint8 slide -> logits) trained by cross-entropy through a ``TiledModel``
-    compiled per slide shape with ``compile_options`` (``tilec.compile``'s: a ``memory_budget``
+    compiled per input shape with ``compile_options`` (``tilec.compile``'s: a ``memory_budget``
     or a ``grid``, ``autocast="cpu:bfloat16"`` to budget for mixed precision). ``tiled=False``
     trains the model itself, for comparison."""
 
@@ -103,14 +107,16 @@ class TiledClassifier(L.LightningModule):
 
 
 def write_slides(folder: Path, size: int, count: int) -> list[tuple[Path, int]]:
-    """``count`` synthetic pyramidal TIFFs of ``size`` pixels a side, with labels (odd seeds: 1)."""
+    """``count`` synthetic pyramidal TIFFs with labels (odd seeds: 1), seed ``k``'s ``size * (4 -
+    k % 3) // 4`` pixels a side."""
     folder.mkdir(parents=True, exist_ok=True)
     items = []
     for seed in range(count):
-        npy, tiff = folder / f"slide_{size}_{seed}.npy", folder / f"slide_{size}_{seed}.tif"
+        side = size * (4 - seed % 3) // 4
+        npy, tiff = folder / f"slide_{side}_{seed}.npy", folder / f"slide_{side}_{seed}.tif"
         if not tiff.exists():
-            train_slide.write_slide(npy, size, seed=seed)
-            train_slide.write_tiff(tiff, npy, smallest=min(256, size))
+            train_slide.write_slide(npy, side, seed=seed)
+            train_slide.write_tiff(tiff, npy, smallest=min(256, side))
             npy.unlink()
         items.append((tiff, seed % 2))
     return items
@@ -118,7 +124,9 @@ def write_slides(folder: Path, size: int, count: int) -> list[tuple[Path, int]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=2048, help="slide side in pixels")
+    parser.add_argument("--size", type=int, default=2048, help="the largest slide's side in pixels")
+    parser.add_argument("--frame", type=int, help="side of the frame every slide is seen in (default: --size; "
+                                                  "0: each slide at its own size)")
     parser.add_argument("--slides", type=int, default=4, help="slides written; the last one validates")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--budget", default="512MiB", help="memory budget of the plan")
@@ -130,10 +138,13 @@ def main(argv=None) -> int:
     module = TiledClassifier(model, memory_budget=args.budget, autocast="cpu:bfloat16")
     trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_epochs=args.epochs, logger=False,
                         enable_checkpointing=False, log_every_n_steps=1)
-    train = DataLoader(Slides(items[:-1]), batch_size=1, shuffle=True, collate_fn=single)
-    validate = DataLoader(Slides(items[-1:]), batch_size=1, collate_fn=single)
+    side = args.size if args.frame is None else args.frame
+    frame = (side, side) if side else None
+    train = DataLoader(Slides(items[:-1], frame=frame), batch_size=1, shuffle=True, collate_fn=single)
+    validate = DataLoader(Slides(items[-1:], frame=frame), batch_size=1, collate_fn=single)
     trainer.fit(module, train, validate)
-    print({name: round(float(value), 4) for name, value in trainer.callback_metrics.items()})
+    print({name: round(float(value), 4) for name, value in trainer.callback_metrics.items()},
+          f"{len(module.compiled)} plan(s)")
     return 0
 
 

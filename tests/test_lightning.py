@@ -1,6 +1,7 @@
 """examples/lightning_slide.py: a TiledModel inside Lightning's Trainer, from slide files. Three
-float64 steps with a validation loop in between leave the same parameters and validation loss as
-the same Trainer on the untiled model; under bf16-mixed autocast the loops run and train."""
+float64 steps over slides of three sizes framed to one (one plan), with a validation loop in
+between, leave the same parameters and validation loss as the same Trainer on the untiled model;
+under bf16-mixed autocast the loops run and train."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ def _example():
     return module
 
 
-def _slides(folder: Path, count: int = 3) -> list[tuple[Path, int]]:
-    """``count`` two-level tiled TIFFs of 41 x 53 random pixels, labelled by seed parity."""
+def _slides(folder: Path, sizes=((41, 53),) * 3) -> list[tuple[Path, int]]:
+    """Two-level tiled TIFFs of random pixels, one of each of ``sizes``, labelled by seed parity."""
     items = []
-    for seed in range(count):
-        image = np.random.default_rng(seed).integers(0, 256, (41, 53, 3), dtype=np.uint8)
+    for seed, size in enumerate(sizes):
+        image = np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)
         with tifffile.TiffWriter(folder / f"slide{seed}.tif") as writer:
             for k, level in enumerate((image, image[::2, ::2])):
                 writer.write(level, tile=(16, 16), compression="zlib", photometric="rgb", subfiletype=k)
@@ -44,24 +45,25 @@ def _backbone() -> nn.Module:
                          nn.Linear(8, 2))
 
 
-def _fit(example, items, precision: str, steps: int, model_dtype=torch.float64, **options):
+def _fit(example, items, precision: str, steps: int, model_dtype=torch.float64, frame=None, **options):
     torch.manual_seed(0)
     model = example.SlideNet(_backbone()).to(model_dtype).train()
     module = example.TiledClassifier(model, lr=0.05, **options)
     trainer = L.Trainer(accelerator="cpu", precision=precision, max_steps=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0)
-    train = DataLoader(example.Slides(items[:2], mask=False), batch_size=1, collate_fn=example.single)
-    validate = DataLoader(example.Slides(items[2:], mask=False), batch_size=1, collate_fn=example.single)
+    train = DataLoader(example.Slides(items[:2], mask=False, frame=frame), batch_size=1, collate_fn=example.single)
+    validate = DataLoader(example.Slides(items[2:], mask=False, frame=frame), batch_size=1,
+                          collate_fn=example.single)
     trainer.fit(module, train, validate)
     return model, module, trainer.callback_metrics
 
 
 def test_tiled_training_in_lightning_equals_plain_in_float64(tmp_path):
-    example, items = _example(), _slides(tmp_path)
-    plain, _, plain_metrics = _fit(example, items, "64-true", 3, tiled=False)
-    tiled, module, tiled_metrics = _fit(example, items, "64-true", 3, grid=(2, 2), dtype="float64")
-    assert list(module.compiled) == [(1, 3, 41, 53)]
+    example, items = _example(), _slides(tmp_path, [(41, 53), (30, 60), (50, 37)])
+    plain, _, plain_metrics = _fit(example, items, "64-true", 3, frame=(44, 52), tiled=False)
+    tiled, module, tiled_metrics = _fit(example, items, "64-true", 3, frame=(44, 52), grid=(2, 2), dtype="float64")
+    assert list(module.compiled) == [(1, 3, 44, 52)]
     assert abs(plain_metrics["val_loss"] - tiled_metrics["val_loss"]).item() <= 1e-10
     for (name, want), got in zip(plain.state_dict().items(), tiled.state_dict().values(), strict=True):
         assert (want.double() - got.double()).abs().max().item() <= 1e-10, name

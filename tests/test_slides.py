@@ -1,19 +1,24 @@
 """Whole-slide inputs (tilec.slides): a training step read from a pyramidal TIFF, a zarr store, an
-``.npy`` and a masked slide equals the plain PyTorch step on the arrays they hold, in float64;
-reads touch regions only; levels, microns per pixel and tissue masks; one line per missing reader.
+``.npy``, a masked slide and framed slides of several sizes equals the plain PyTorch step on the
+arrays they hold, in float64; reads touch regions only; frames read as the padded and cropped
+level; levels, microns per pixel and tissue masks; one line per missing reader.
 """
 
 from __future__ import annotations
 
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import tilec
+from tilec.pipeline import described
 from tilec.slides import Plane
 
 tifffile = pytest.importorskip("tifffile")
@@ -231,3 +236,77 @@ def test_plane_reads_channel_first_arrays():
     image = _slide_image(9, 11, 7)
     plane = Plane(image.transpose(2, 0, 1)[None], "ZCYX")
     assert plane.shape == (9, 11, 3) and np.array_equal(plane.read((2, 7), (1, 10)), image[2:7, 1:10])
+
+
+def _framed_reference(level: np.ndarray, top: int, left: int, height: int, width: int, fill) -> np.ndarray:
+    """``level`` (H, W, C) as a ``height`` x ``width`` frame whose pixel (r, c) is its (r + top, c + left)."""
+    padded = np.full((height, width, level.shape[2]), fill, dtype=level.dtype)
+    rows = slice(max(top, 0), min(top + height, level.shape[0]))
+    cols = slice(max(left, 0), min(left + width, level.shape[1]))
+    if rows.stop > rows.start and cols.stop > cols.start:
+        padded[rows.start - top:rows.stop - top, cols.start - left:cols.stop - left] = level[rows, cols]
+    return padded
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 30), st.integers(1, 30), st.integers(-10, 40), st.integers(-10, 40), st.booleans(),
+       st.sampled_from([1024, 3, 7]), st.data())
+def test_a_framed_slide_reads_its_level_padded_and_cropped(height, width, row, col, masked, cells, data):
+    """Reads equal the padded and cropped level; its background (in at most ``cells`` cells a
+    side) claims only pixels reading as the fill, and with a cell per pixel all the padding."""
+    level = _slide_image(23, 19, 11)
+    mask = np.random.default_rng((row + 10) * 64 + col + 10).random((5, 4)) < 0.5
+    opened = tilec.slide(level)
+    if masked:
+        opened = opened.masked(mask, fill=7)
+        level = np.where(mask[np.arange(23) * 5 // 23][:, np.arange(19) * 4 // 19][..., None], level, np.uint8(7))
+    framed = opened.framed(height, width, center=(row, col))
+    reference = _framed_reference(level, row - height // 2, col - width // 2, height, width, 7 if masked else 255)
+    view = reference.transpose(2, 0, 1)[None]
+    assert framed.shape == (1, 3, height, width) and np.array_equal(framed[...], view)
+    bounds = st.tuples(st.integers(0, height), st.integers(0, height))
+    (r0, r1), (c0, c1) = data.draw(bounds), data.draw(st.tuples(st.integers(0, width), st.integers(0, width)))
+    assert np.array_equal(framed[0, :, r0:r1, c0:c1], view[0, :, r0:r1, c0:c1])
+    pixels = [np.stack([np.arange(n), np.arange(1, n + 1)], axis=1) for n in (height, width)]
+    with mock.patch("tilec.slides.FRAME_CELLS", cells):
+        counted = framed.background().constant(*pixels)  # per pixel: the estimate counts it as background
+    top, left = row - height // 2, col - width // 2
+    outside = ((np.arange(height) + top < 0) | (np.arange(height) + top >= 23))[:, None] | (
+        (np.arange(width) + left < 0) | (np.arange(width) + left >= 19))[None, :]
+    assert (view[0] == (7 if masked else 255)).all(axis=0)[counted].all()
+    if cells > max(height, width):
+        assert counted[outside].all() and (masked or (counted == outside).all())
+
+
+def test_a_masked_slide_is_framed_around_its_tissue():
+    image = np.full((90, 120, 3), 255, dtype=np.uint8)
+    mask = np.zeros((9, 12), dtype=bool)
+    mask[2:5, 6:11] = True  # level pixels [20, 50) x [60, 110)
+    masked = tilec.slide(image).masked(mask)
+    assert masked.tissue_box() == ((20, 50), (60, 110))
+    framed = masked.framed(40, 64)
+    assert framed.frame == (15, 53, 40, 64) and framed.fill == 255
+    assert tilec.slide(image).framed(40, 64).frame == (25, 28, 40, 64)
+    assert masked.tissue_box(np.zeros((3, 3), dtype=bool)) is None
+    padding = tilec.slide(image).framed(100, 140, center=(45, 60)).background()
+    assert padding.constant(np.array([[0, 5], [0, 6], [95, 100]]), np.array([[10, 130]])).ravel().tolist() == [
+        True, False, True]
+    with pytest.raises(tilec.SlideError, match="frame"):
+        tilec.slide(image).framed(0, 10)
+
+
+def test_framed_slides_of_several_sizes_train_on_one_plan_and_compute_the_padding_once():
+    """Slides larger and smaller than the frame, a training-mode BatchNorm: the step of the one
+    plan equals the plain step on each framed array, and the tiles reading only padding are
+    computed once."""
+    model = _model()
+    frame, label = (60, 72), torch.tensor([1])
+    slides = [tilec.slide(_slide_image(height, width, seed)).framed(*frame)
+              for seed, (height, width) in enumerate([(24, 30), (70, 40), (61, 90)])]
+    tiled = tilec.compile(model, [slides[0], ((1,), "int64")], grid=(6, 6), dtype="float64")
+    assert list(described([slides[0], ((1,), "int64")])[1]) == [0]  # the estimate knows the padding
+    for k, framed in enumerate(slides):
+        want = _step(model, model, torch.from_numpy(np.ascontiguousarray(framed[...])), label)
+        _assert_same(want, _step(model, tiled, framed, label))
+        if k == 0:
+            assert tiled.reuse.reused > 0, tiled.reuse

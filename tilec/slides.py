@@ -15,9 +15,14 @@ A slide's levels are its pyramid, finest first: ``Slide.levels`` gives each one'
 microns per pixel where the file records them. ``Slide.tissue()`` finds the tissue on a coarse
 level (Otsu's threshold on the saturation) and ``Slide.masked()`` presents the slide with every
 pixel outside it set to one constant colour (white), region by region as it is read.
+``Slide.framed()`` presents a level as an image of a chosen size, around its tissue, cropped
+where the level is larger and padded with that colour where it is smaller: slides of any size
+then share one plan, and the padding, one constant, is computed once per step
+(``tilec.runtime.reuse``).
 
-Conventions: pixel bounds are half-open ``[start, stop)`` in the coordinates of the level read;
-a level's array is read as (rows, cols, channels); microns per pixel are ``(y, x)``.
+Conventions: pixel bounds are half-open ``[start, stop)`` in the coordinates of the image read (a
+framed slide's frame, else its level); a level's array is read as (rows, cols, channels);
+microns per pixel are ``(y, x)``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ TIFF_SUFFIXES = {".tif", ".tiff", ".svs", ".ndpi", ".scn", ".bif", ".qptiff", ".
 MICRONS = {2: 25400.0, 3: 1e4, 4: 1e3, 5: 1.0}
 #: Rows of a coarse level read at a time to compute its saturation.
 BAND_PIXELS = 1 << 22
+#: Most cells a side of a framed slide's ``background()``.
+FRAME_CELLS = 1024
 
 
 def _module(name: str, what: str):
@@ -163,9 +170,13 @@ class Slide:
 
     ``levels``: every level of the pyramid (``Level``), finest first; ``mpp``: this level's
     microns per pixel ``(y, x)`` or ``None``; ``at(k)``: the same slide at level ``k``;
-    ``tissue()`` and ``masked()``: the tissue and the slide with its background made constant."""
+    ``tissue()`` and ``masked()``: the tissue and the slide with its background made constant;
+    ``framed()``: the level as an image of another size. ``mask`` covers the level; ``frame`` is
+    ``(top, left, height, width)``: frame pixel ``(r, c)`` shows level pixel ``(r + top, c + left)``,
+    and ``fill`` where that lies outside the level (or outside the mask's tissue)."""
 
-    def __init__(self, name: str, planes: list, levels: tuple[Level, ...], level: int = 0, mask=None, fill=None):
+    def __init__(self, name: str, planes: list, levels: tuple[Level, ...], level: int = 0, mask=None, fill=None,
+                 frame: tuple[int, int, int, int] | None = None):
         if not -len(planes) <= level < len(planes):
             raise SlideError(f"{name} has {len(planes)} level(s) (0 to {len(planes) - 1}), got level {level}")
         self.name, self.planes, self.levels = name, planes, levels
@@ -173,34 +184,56 @@ class Slide:
         self.plane = planes[self.level]
         self.plane.check()
         height, width, channels = self.plane.shape
+        if frame is not None:
+            height, width = frame[2:]
         self.shape, self.dtype, self.ndim = (1, channels, height, width), self.plane.dtype, 4
         self.mpp = levels[self.level].mpp
-        self.mask, self.fill = mask, fill
+        self.mask, self.fill, self.frame = mask, fill, frame
 
     def __repr__(self) -> str:
         mpp = f", {self.mpp[1]:.4g} µm/px" if self.mpp else ""
         masked = ", masked" if self.mask is not None else ""
+        framed = "" if self.frame is None else f", framed at level pixel {tuple(self.frame[:2])}"
         return (f"Slide({self.name!r}, level {self.level} of {len(self.levels)}, {self.shape} "
-                f"{self.dtype.name}{mpp}{masked})")
+                f"{self.dtype.name}{mpp}{masked}{framed})")
 
     def at(self, level: int) -> Slide:
-        """The same slide at level ``level`` (unmasked)."""
+        """The same slide at level ``level`` (unmasked, unframed)."""
         return Slide(self.name, self.planes, self.levels, level)
 
     def __getitem__(self, index) -> np.ndarray:
         batch, channel, row, col = _four(index)
         (rows, row_index), (cols, col_index) = _span(row, self.shape[2]), _span(col, self.shape[3])
-        block = self.plane.read(rows, cols)
-        if self.mask is not None:
-            block = self._masked(block, rows, cols)
+        block = self._read(rows, cols) if self.frame is not None else self._read_level(rows, cols)
         return block.transpose(2, 0, 1)[None][batch, channel, row_index, col_index]
 
+    def _read(self, rows, cols) -> np.ndarray:
+        """Frame pixels ``rows`` x ``cols`` as (rows, cols, channels): the level's pixels under
+        them, ``fill`` around them."""
+        top, left = self.frame[:2]
+        height, width, channels = self.plane.shape
+        inner_rows = (min(max(rows[0] + top, 0), height), max(min(rows[1] + top, height), 0))
+        inner_cols = (min(max(cols[0] + left, 0), width), max(min(cols[1] + left, width), 0))
+        if inner_rows == (rows[0] + top, rows[1] + top) and inner_cols == (cols[0] + left, cols[1] + left):
+            return self._read_level(inner_rows, inner_cols)
+        block = np.full((rows[1] - rows[0], cols[1] - cols[0], channels), self.fill, dtype=self.dtype)
+        if inner_rows[1] > inner_rows[0] and inner_cols[1] > inner_cols[0]:
+            block[inner_rows[0] - top - rows[0]:inner_rows[1] - top - rows[0],
+                  inner_cols[0] - left - cols[0]:inner_cols[1] - left - cols[0]] = self._read_level(inner_rows,
+                                                                                                   inner_cols)
+        return block
+
+    def _read_level(self, rows, cols) -> np.ndarray:
+        """Level pixels ``rows`` x ``cols`` as (rows, cols, channels), masked where the slide is."""
+        block = self.plane.read(rows, cols)
+        return block if self.mask is None else self._masked(block, rows, cols)
+
     def _masked(self, block: np.ndarray, rows, cols) -> np.ndarray:
-        """``block`` (pixels ``rows`` x ``cols``) with its pixels outside the tissue set to ``fill``:
-        pixel ``r`` of this level lies in mask row ``r * mask_rows // rows`` (columns alike)."""
+        """``block`` (level pixels ``rows`` x ``cols``) with its pixels outside the tissue set to
+        ``fill``: pixel ``r`` of the level lies in mask row ``r * mask_rows // height`` (columns alike)."""
         mask_rows, mask_cols = self.mask.shape
-        inside = self.mask[np.ix_(np.arange(*rows) * mask_rows // self.shape[2],
-                                  np.arange(*cols) * mask_cols // self.shape[3])]
+        height, width = self.plane.shape[:2]
+        inside = self.mask[np.ix_(np.arange(*rows) * mask_rows // height, np.arange(*cols) * mask_cols // width)]
         return np.where(inside[..., None], block, np.asarray(self.fill, dtype=self.dtype))
 
     def tissue(self, level: int = -1) -> np.ndarray:
@@ -224,24 +257,82 @@ class Slide:
             return np.zeros((height, width), dtype=bool)
         return saturation > filters.threshold_otsu(saturation)
 
+    def tissue_box(self, mask=None) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """The bounding box ``((top, bottom), (left, right))`` of the tissue of ``mask`` (a 2-D
+        boolean array over any level; by default the slide's mask, else ``tissue()``) in this
+        level's pixels, or ``None`` where it has none: the least frame (``framed``) that keeps
+        every tissue pixel."""
+        mask = (self.tissue() if self.mask is None else self.mask) if mask is None else np.asarray(mask, dtype=bool)
+        if mask.ndim != 2:
+            raise SlideError(f"{self.name}: a tissue mask is 2-D (rows, cols), got shape {mask.shape}")
+        if not mask.any():
+            return None
+        height, width = self.plane.shape[:2]
+        box = []
+        for found, cells, size in ((mask.any(axis=1), mask.shape[0], height), (mask.any(axis=0), mask.shape[1], width)):
+            first, last = int(found.argmax()), cells - int(found[::-1].argmax())
+            box.append((-(-first * size // cells), -(-last * size // cells)))  # the pixels of cells [first, last)
+        return tuple(box)
+
     def background(self) -> Background | None:
         """Where this slide is one colour whatever its pixels: outside its mask (``masked``), in the
-        mask's cells; ``None`` unmasked. Given to ``tilec.compile`` as an input, it lets the time
-        estimate count the tiles computed once (``tilec.cost.background``)."""
-        if self.mask is None:
+        mask's cells, and a frame's padding (``framed``), in cells of the frame at most
+        ``FRAME_CELLS`` a side (a cell is background where all its pixels are); ``None`` where
+        neither. Given to ``tilec.compile`` as an input, it lets the time estimate count the tiles
+        computed once (``tilec.cost.background``)."""
+        if self.mask is None and self.frame is None:
             return None
-        return Background(~self.mask, self.shape[2], self.shape[3])
+        height, width = self.plane.shape[:2]
+        level = Background(np.zeros((1, 1), dtype=bool) if self.mask is None else ~self.mask, height, width)
+        if self.frame is None:
+            return level
+        top, left, frame_height, frame_width = self.frame
+        side = max(1, -(-max(frame_height, frame_width) // FRAME_CELLS))
+        intervals = []
+        for size, offset, bound in ((frame_height, top, height), (frame_width, left, width)):
+            cells = -(-size // side)
+            edges = -(-np.arange(cells + 1) * size // cells) + offset  # the level pixels of each cell
+            edges = np.clip(edges, 0, bound)
+            intervals.append(np.stack([edges[:-1], edges[1:]], axis=1))
+        return Background(level.constant(*intervals), frame_height, frame_width)
 
     def masked(self, mask=None, fill=None) -> Slide:
         """This slide with every pixel outside ``mask`` (a 2-D boolean array over any level, by
         default ``tissue()``) set to ``fill`` (by default white: the dtype's maximum, 1.0 for a
-        float slide), applied to each region as it is read."""
+        float slide), applied to each region as it is read; framed as this one is, its padding
+        ``fill`` too."""
         mask = self.tissue() if mask is None else np.asarray(mask, dtype=bool)
         if mask.ndim != 2:
             raise SlideError(f"{self.name}: a tissue mask is 2-D (rows, cols), got shape {mask.shape}")
-        if fill is None:
-            fill = np.iinfo(self.dtype).max if np.issubdtype(self.dtype, np.integer) else 1.0
-        return Slide(self.name, self.planes, self.levels, self.level, mask=mask, fill=fill)
+        return Slide(self.name, self.planes, self.levels, self.level, mask=mask, fill=self._fill(fill),
+                     frame=self.frame)
+
+    def framed(self, height: int, width: int, center: tuple[int, int] | None = None, fill=None) -> Slide:
+        """This level seen as a ``height`` x ``width`` image: level pixel ``center`` (``(row,
+        col)``; by default the centre of a masked slide's ``tissue_box()``, else of the level) at
+        frame pixel ``(height // 2, width // 2)``, the level cropped where it is larger and ``fill``
+        around it (by default the mask's fill, else white). Every slide framed to one size runs
+        the one plan compiled for that size; frame pixels outside the level are one constant, so
+        the tiles reading only them (and the masked background) are computed once. What the model
+        sees is the framed image: global pooling averages over the padding too."""
+        if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
+            raise SlideError(f"{self.name}: a frame is a positive height and width in pixels, got {height} x {width}")
+        level_height, level_width = self.plane.shape[:2]
+        if center is None:
+            box = self.tissue_box() if self.mask is not None else None
+            box = box or ((0, level_height), (0, level_width))
+            center = ((box[0][0] + box[0][1]) // 2, (box[1][0] + box[1][1]) // 2)
+        frame = (int(center[0]) - height // 2, int(center[1]) - width // 2, height, width)
+        return Slide(self.name, self.planes, self.levels, self.level, mask=self.mask, fill=self._fill(fill),
+                     frame=frame)
+
+    def _fill(self, fill):
+        """``fill``, by default this slide's, else white: the dtype's maximum, 1.0 for a float slide."""
+        if fill is not None:
+            return fill
+        if self.fill is not None:
+            return self.fill
+        return np.iinfo(self.dtype).max if np.issubdtype(self.dtype, np.integer) else 1.0
 
 
 def slide(source, level: int = 0, reader: str | None = None) -> Slide:
