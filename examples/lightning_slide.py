@@ -74,20 +74,33 @@ class TiledClassifier(L.LightningModule):
     """``model`` (uint8 slide -> logits) trained by cross-entropy through a ``TiledModel``
     compiled per input shape with ``compile_options`` (``tilec.compile``'s: a ``memory_budget``
     or a ``grid``, ``autocast="cpu:bfloat16"`` to budget for mixed precision). ``tiled=False``
-    trains the model itself, for comparison."""
+    trains the model itself, for comparison.
+
+    Each plan is compiled with the model's modules in the modes they had when it was given (the
+    modes it trains in), whichever loop calls first: Lightning validates before it trains, in eval
+    mode, and a plan traced in eval mode tiles BatchNorm by its running statistics, which cannot
+    train. A plan traced in training mode serves eval mode too (``docs/modes.md``)."""
 
     def __init__(self, model: nn.Module, lr: float = 1e-3, tiled: bool = True, **compile_options):
         super().__init__()
         self.model, self.lr, self.tiled, self.compile_options = model, lr, tiled, compile_options
         self.compiled = {}  # slide shape -> TiledModel, a plain dict: not a registered child
+        self.training_modes = {name: module.training for name, module in model.named_modules()}
 
     def forward(self, slide):
         if not self.tiled:
             return self.model(torch.as_tensor(slide[...]))
         shape = tuple(slide.shape)
         if shape not in self.compiled:
-            self.compiled[shape] = tilec.compile(self.model, [(shape, "uint8")], name="lightning_slide",
-                                                 **self.compile_options)
+            modes = {name: module.training for name, module in self.model.named_modules()}
+            for name, module in self.model.named_modules():
+                module.training = self.training_modes[name]
+            try:
+                self.compiled[shape] = tilec.compile(self.model, [(shape, "uint8")], name="lightning_slide",
+                                                     **self.compile_options)
+            finally:
+                for name, module in self.model.named_modules():
+                    module.training = modes[name]
         return self.compiled[shape](slide)
 
     def training_step(self, batch, index):

@@ -1,7 +1,8 @@
 """examples/lightning_slide.py: a TiledModel inside Lightning's Trainer, from slide files. Three
-float64 steps over slides of three sizes framed to one (one plan), with a validation loop in
-between, leave the same parameters and validation loss as the same Trainer on the untiled model;
-under bf16-mixed autocast the loops run and train."""
+float64 steps over slides of three sizes framed to one (one plan), after Lightning's sanity
+validation (the first call, in eval mode, without gradients: the plan is compiled there) and with
+a validation loop in between, leave the same parameters and validation loss as the same Trainer on
+the untiled model; under bf16-mixed autocast the loops run and train."""
 
 from __future__ import annotations
 
@@ -50,8 +51,7 @@ def _fit(example, items, precision: str, steps: int, model_dtype=torch.float64, 
     model = example.SlideNet(_backbone()).to(model_dtype).train()
     module = example.TiledClassifier(model, lr=0.05, **options)
     trainer = L.Trainer(accelerator="cpu", precision=precision, max_steps=steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0)
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     train = DataLoader(example.Slides(items[:2], mask=False, frame=frame), batch_size=1, collate_fn=example.single)
     validate = DataLoader(example.Slides(items[2:], mask=False, frame=frame), batch_size=1,
                           collate_fn=example.single)
