@@ -5,7 +5,7 @@
 Writes ``--slides`` synthetic pyramidal TIFFs of three sizes (``examples/train_slide.py``'s slide,
 one seed each, ``--size`` and 3/4 and 1/2 of it a side; odd seeds labelled 1), opens each with
 ``tilec.slide`` (read by region, background made white), frames it to ``--frame`` pixels a side
-around its tissue (``Slide.framed``: cropped or padded with white) and trains a small ResNet-18
+over its tissue (``Slide.framed``: cropped or padded with white) and trains a small ResNet-18
 classifier on them under ``Trainer(precision="bf16-mixed")`` on the CPU (``"16-mixed"`` on a GPU),
 validating on the last slide each epoch. The LightningModule compiles its model once per input
 shape, on first use, into a ``TiledModel`` that it calls as it would call the model: framed

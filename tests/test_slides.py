@@ -260,8 +260,8 @@ def test_a_framed_slide_reads_its_level_padded_and_cropped(height, width, row, c
     if masked:
         opened = opened.masked(mask, fill=7)
         level = np.where(mask[np.arange(23) * 5 // 23][:, np.arange(19) * 4 // 19][..., None], level, np.uint8(7))
-    framed = opened.framed(height, width, center=(row, col))
-    reference = _framed_reference(level, row - height // 2, col - width // 2, height, width, 7 if masked else 255)
+    framed = opened.framed(height, width, origin=(row, col))
+    reference = _framed_reference(level, row, col, height, width, 7 if masked else 255)
     view = reference.transpose(2, 0, 1)[None]
     assert framed.shape == (1, 3, height, width) and np.array_equal(framed[...], view)
     bounds = st.tuples(st.integers(0, height), st.integers(0, height))
@@ -270,7 +270,7 @@ def test_a_framed_slide_reads_its_level_padded_and_cropped(height, width, row, c
     pixels = [np.stack([np.arange(n), np.arange(1, n + 1)], axis=1) for n in (height, width)]
     with mock.patch("tilec.slides.FRAME_CELLS", cells):
         counted = framed.background().constant(*pixels)  # per pixel: the estimate counts it as background
-    top, left = row - height // 2, col - width // 2
+    top, left = row, col
     outside = ((np.arange(height) + top < 0) | (np.arange(height) + top >= 23))[:, None] | (
         (np.arange(width) + left < 0) | (np.arange(width) + left >= 19))[None, :]
     assert (view[0] == (7 if masked else 255)).all(axis=0)[counted].all()
@@ -278,17 +278,19 @@ def test_a_framed_slide_reads_its_level_padded_and_cropped(height, width, row, c
         assert counted[outside].all() and (masked or (counted == outside).all())
 
 
-def test_a_masked_slide_is_framed_around_its_tissue():
+def test_a_masked_slide_is_framed_from_its_tissue():
     image = np.full((90, 120, 3), 255, dtype=np.uint8)
     mask = np.zeros((9, 12), dtype=bool)
     mask[2:5, 6:11] = True  # level pixels [20, 50) x [60, 110)
     masked = tilec.slide(image).masked(mask)
     assert masked.tissue_box() == ((20, 50), (60, 110))
-    framed = masked.framed(40, 64)
-    assert framed.frame == (15, 53, 40, 64) and framed.fill == 255
+    assert masked.framed(40, 64).frame == (20, 60, 40, 64)  # the box fits: it starts the frame
+    framed = masked.framed(30, 40)  # the box's rows fit, its columns are cut 5 pixels at each end
+    assert framed.frame == (20, 65, 30, 40) and framed.fill == 255
     assert tilec.slide(image).framed(40, 64).frame == (25, 28, 40, 64)
+    assert tilec.slide(image).framed(100, 140).frame == (0, 0, 100, 140)
     assert masked.tissue_box(np.zeros((3, 3), dtype=bool)) is None
-    padding = tilec.slide(image).framed(100, 140, center=(45, 60)).background()
+    padding = tilec.slide(image).framed(100, 140, origin=(-5, -10)).background()
     assert padding.constant(np.array([[0, 5], [0, 6], [95, 100]]), np.array([[10, 130]])).ravel().tolist() == [
         True, False, True]
     with pytest.raises(tilec.SlideError, match="frame"):

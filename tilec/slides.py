@@ -15,7 +15,7 @@ A slide's levels are its pyramid, finest first: ``Slide.levels`` gives each one'
 microns per pixel where the file records them. ``Slide.tissue()`` finds the tissue on a coarse
 level (Otsu's threshold on the saturation) and ``Slide.masked()`` presents the slide with every
 pixel outside it set to one constant colour (white), region by region as it is read.
-``Slide.framed()`` presents a level as an image of a chosen size, around its tissue, cropped
+``Slide.framed()`` presents a level as an image of a chosen size, over its tissue, cropped
 where the level is larger and padded with that colour where it is smaller: slides of any size
 then share one plan, and the padding, one constant, is computed once per step
 (``tilec.runtime.reuse``).
@@ -151,6 +151,12 @@ def _span(entry, n: int):
     return (position, position + 1), 0
 
 
+def _within(bounds: tuple[int, int], offset: int, size: int) -> tuple[int, int]:
+    """Frame pixels ``bounds`` as level pixels (``+ offset``) clipped to a level of ``size`` pixels
+    (empty where they miss it)."""
+    return min(max(bounds[0] + offset, 0), size), max(min(bounds[1] + offset, size), 0)
+
+
 def _four(index) -> tuple:
     """``index`` as four entries, one per dim (N, C, H, W), ``Ellipsis`` expanded."""
     index = index if isinstance(index, tuple) else (index,)
@@ -212,15 +218,14 @@ class Slide:
         them, ``fill`` around them."""
         top, left = self.frame[:2]
         height, width, channels = self.plane.shape
-        inner_rows = (min(max(rows[0] + top, 0), height), max(min(rows[1] + top, height), 0))
-        inner_cols = (min(max(cols[0] + left, 0), width), max(min(cols[1] + left, width), 0))
-        if inner_rows == (rows[0] + top, rows[1] + top) and inner_cols == (cols[0] + left, cols[1] + left):
-            return self._read_level(inner_rows, inner_cols)
+        inner = _within(rows, top, height), _within(cols, left, width)
+        if inner == ((rows[0] + top, rows[1] + top), (cols[0] + left, cols[1] + left)):
+            return self._read_level(*inner)
         block = np.full((rows[1] - rows[0], cols[1] - cols[0], channels), self.fill, dtype=self.dtype)
-        if inner_rows[1] > inner_rows[0] and inner_cols[1] > inner_cols[0]:
-            block[inner_rows[0] - top - rows[0]:inner_rows[1] - top - rows[0],
-                  inner_cols[0] - left - cols[0]:inner_cols[1] - left - cols[0]] = self._read_level(inner_rows,
-                                                                                                   inner_cols)
+        (r0, r1), (c0, c1) = inner
+        if r1 > r0 and c1 > c0:
+            block[r0 - top - rows[0]:r1 - top - rows[0], c0 - left - cols[0]:c1 - left - cols[0]] = self._read_level(
+                *inner)
         return block
 
     def _read_level(self, rows, cols) -> np.ndarray:
@@ -307,22 +312,24 @@ class Slide:
         return Slide(self.name, self.planes, self.levels, self.level, mask=mask, fill=self._fill(fill),
                      frame=self.frame)
 
-    def framed(self, height: int, width: int, center: tuple[int, int] | None = None, fill=None) -> Slide:
-        """This level seen as a ``height`` x ``width`` image: level pixel ``center`` (``(row,
-        col)``; by default the centre of a masked slide's ``tissue_box()``, else of the level) at
-        frame pixel ``(height // 2, width // 2)``, the level cropped where it is larger and ``fill``
-        around it (by default the mask's fill, else white). Every slide framed to one size runs
-        the one plan compiled for that size; frame pixels outside the level are one constant, so
-        the tiles reading only them (and the masked background) are computed once. What the model
-        sees is the framed image: global pooling averages over the padding too."""
+    def framed(self, height: int, width: int, origin: tuple[int, int] | None = None, fill=None) -> Slide:
+        """This level seen as a ``height`` x ``width`` image whose pixel ``(0, 0)`` is level pixel
+        ``origin`` (``(row, col)``, either may be negative), the level cropped where it is larger
+        and ``fill`` around it (by default the mask's fill, else white). By default, per axis, the
+        frame starts where a masked slide's ``tissue_box()`` (else the level) starts, so that the
+        padding lies in one band after it, where the most tiles lie wholly in it; a box longer than
+        the frame is centred in it instead, cut equally at both ends. Every slide framed to one size
+        runs the one plan compiled for that size; frame pixels outside the level are one constant,
+        so the tiles reading only them (and the masked background) are computed once. What the
+        model sees is the framed image: global pooling averages over the padding too."""
         if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
             raise SlideError(f"{self.name}: a frame is a positive height and width in pixels, got {height} x {width}")
-        level_height, level_width = self.plane.shape[:2]
-        if center is None:
+        if origin is None:
             box = self.tissue_box() if self.mask is not None else None
-            box = box or ((0, level_height), (0, level_width))
-            center = ((box[0][0] + box[0][1]) // 2, (box[1][0] + box[1][1]) // 2)
-        frame = (int(center[0]) - height // 2, int(center[1]) - width // 2, height, width)
+            box = box or ((0, self.plane.shape[0]), (0, self.plane.shape[1]))
+            origin = tuple(start if stop - start <= size else (start + stop - size) // 2
+                           for (start, stop), size in zip(box, (height, width), strict=True))
+        frame = (int(origin[0]), int(origin[1]), height, width)
         return Slide(self.name, self.planes, self.levels, self.level, mask=self.mask, fill=self._fill(fill),
                      frame=frame)
 
