@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.step import import_file, parse_bytes, parse_grid, parse_segments  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
-from tilec.config import segments_text  # noqa: E402
 from tilec.cost.background import Background  # noqa: E402
+from tilec.ir import segments_text  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402
 

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from step import parse_bytes  # noqa: E402
 
 from tilec.calibrate import measure_kernels  # noqa: E402
-from tilec.config import segments_text  # noqa: E402
 from tilec.cost.estimator import Estimator  # noqa: E402
+from tilec.ir import segments_text  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.search import choose  # noqa: E402
 from tilec.target import SEGMENT_SECONDS, Speed, Target  # noqa: E402

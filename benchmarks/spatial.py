@@ -40,7 +40,7 @@ from common import environment, header, write_results  # noqa: E402
 from step import parse_bytes, parse_grid  # noqa: E402
 
 from tilec.codegen import render  # noqa: E402
-from tilec.config import segments_text  # noqa: E402
+from tilec.ir import segments_text  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.pipeline import load_source, plan_for  # noqa: E402
 from tilec.trace import trace  # noqa: E402

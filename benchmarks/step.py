@@ -96,8 +96,8 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import covered  # noqa: E402
 from tilec.calibrate import cpu_stall_seconds, reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.config import parse_segments as config_segments  # noqa: E402
-from tilec.config import segments_text  # noqa: E402
 from tilec.errors import BudgetError, GridError  # noqa: E402
+from tilec.ir import segments_text  # noqa: E402
 from tilec.modelfile import load_model  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402
 from tilec.planner import SegmentChoice  # noqa: E402

@@ -59,7 +59,7 @@ from train_slide import SlideClassifier, load_example, write_slide, write_tiff  
 import tilec  # noqa: E402
 from tilec.calibrate import reset_high_water_mark, status_bytes  # noqa: E402
 from tilec.codegen import render  # noqa: E402
-from tilec.config import segments_text  # noqa: E402
+from tilec.ir import segments_text  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.planio import dumps, write_bytecode, write_files  # noqa: E402
 from tilec.planio import load as load_plan  # noqa: E402

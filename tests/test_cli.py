@@ -16,7 +16,9 @@ import torch
 from click.testing import CliRunner
 
 from tilec.cli import main, refusals
+from tilec.ir import segments_text
 from tilec.modelfile import load_model
+from tilec.planio import load
 
 RESIDUAL = """
 import torch
@@ -386,3 +388,17 @@ def test_a_warning_in_a_command_is_one_line():
 
     result = CliRunner().invoke(warns, [])
     assert result.exit_code == 0 and result.output == "RuntimeWarning: tilec: timed while busy\n", result.output
+
+
+def test_compile_like_a_plan_of_another_size_plans_its_segments(compiled, tmp_path):
+    model_file, plan_path, _ = compiled
+    result = _invoke("compile", model_file, "--input-shape", "1,3,25,21", "--like", plan_path, "--name", "wider",
+                     "--out-dir", tmp_path, "--plan-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    first, wider = load(plan_path), load(tmp_path / "wider.plan.json")
+    assert tuple(wider.inputs[0].shape) == (1, 3, 25, 21)
+    assert segments_text(wider.segments) == segments_text(first.segments)
+    missing = _invoke("compile", model_file, "--like", tmp_path / "missing.plan.json", "--out-dir", tmp_path,
+                      "--plan-dir", tmp_path)
+    assert missing.exit_code == 2 and "missing.plan.json" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1

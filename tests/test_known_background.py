@@ -14,10 +14,11 @@ from test_reuse import Slide
 from torch import nn
 
 import tilec
-from tilec.config import parse_segments, segments_text
+from tilec.config import parse_segments
 from tilec.cost.background import Background
 from tilec.cost.estimator import Estimator
 from tilec.errors import PlanError
+from tilec.ir import segments_text
 from tilec.pipeline import described, plan_for
 from tilec.planio import dumps, loads
 from tilec.planner import aligned_segments, classified

@@ -17,9 +17,9 @@ from tilec.runtime.device import KERNEL_CHOICES
 
 
 def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None, grid=None, segments=None,
-            batch: int | None = None, recomputed=(), dtype: str = "float32", autocast: str | None = None,
-            name: str = "model", ranks: int | None = None, process_group=None, progress: bool = False,
-            kernels: str = "auto") -> nn.Module:
+            like: nn.Module | None = None, batch: int | None = None, recomputed=(), dtype: str = "float32",
+            autocast: str | None = None, name: str = "model", ranks: int | None = None, process_group=None,
+            progress: bool = False, kernels: str = "auto") -> nn.Module:
     """Trace, plan and render ``model`` for ``inputs`` in memory; return its ``TiledModel``.
 
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
@@ -30,15 +30,29 @@ def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None,
     ``"2GiB"``), ``grid`` (``(4, 4)`` or ``"4x4"``) or ``segments`` (``[(0, 10, (8, 8)), ...]`` or
     ``"0:10@8x8,..."``; ``"0:10@640x640px"``: tiles 640 input pixels long, the last taking the
     rest); none means a 1x1 grid. ``batch``: with a grid or segments, up to that many consecutive
-    tiles of one shape class run as one call (a budget chooses it itself). The other options are
-    ``tilec.pipeline.build``'s."""
+    tiles of one shape class run as one call (a budget chooses it itself). ``like``: a ``TiledModel``
+    of the same model for another input size (one that ``compile`` or ``load`` returned): its
+    segments, in input pixels, planned at this size without a search (a second or two where the
+    search takes tens), with ``memory_budget`` only where their prediction fits it (else the
+    search runs). The other options are ``tilec.pipeline.build``'s."""
     grid = parse_grid(grid) if isinstance(grid, str) else grid
     segments = parse_segments(segments) if isinstance(segments, str) else segments
     check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, kernels)
-    return build(model, inputs, grid, segments=segments, memory_budget=memory_budget, batch=batch,
-                 recomputed=recomputed,
+    return build(model, inputs, grid, segments=segments, memory_budget=memory_budget,
+                 like=None if like is None else _planned_as(like), batch=batch, recomputed=recomputed,
                  dtype=dtype, autocast=autocast, name=name, progress=progress, ranks=ranks,
                  process_group=process_group, kernels=kernels)
+
+
+def _planned_as(tiled) -> dict:
+    """Per mode its plans were traced in (``None``: both), the segments and recomputed nodes of the
+    ``TiledModel`` ``tiled`` (``PlanSpec.planned_as``); a ``PlanError`` line for anything else."""
+    plan = getattr(type(tiled), "plan", None)
+    if not isinstance(getattr(plan, "planned_as", None), tuple):
+        raise PlanError(f"like must be a TiledModel that tilec.compile or tilec.load returned (from a module of this "
+                        f"tilec version), got {type(tiled).__name__}")
+    plans = [plan] + ([type(tiled).other.plan] if type(tiled).other is not None else [])
+    return {spec.mode: spec.planned_as for spec in plans}
 
 
 def check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, kernels) -> None:

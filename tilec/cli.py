@@ -112,6 +112,9 @@ def main() -> None:
               "`tilec inspect` prints a plan's so.")
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
               "(recomputing long-lived tensors where that is faster than keeping them).")
+@click.option("--like", type=click.Path(path_type=Path), help="A plan PLAN.json of the same model at another input "
+              "size: its segments, in input pixels, planned at this size without a search (with --memory-budget, "
+              "where they fit it; else the search runs).")
 @click.option("--batch", type=click.IntRange(min=1, max=MAX_COUNT),
               help="With --grid or --segments: run up to N consecutive tiles of one shape class as one call, "
               "stacked along the batch axis (where a segment's tiles can; --memory-budget chooses it itself).")
@@ -132,8 +135,8 @@ def main() -> None:
 @click.option("--tissue-mask", type=click.Path(path_type=Path), help="A .npy 2-D boolean mask over the first "
               "image input (True: tissue), outside which the input is one colour (a slide masked with it): the "
               "estimate and --memory-budget count the background tiles computed once.")
-def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, batch, recompute, ranks,
-                    dtype, autocast, name, out_dir, plan_dir, tissue_mask) -> None:
+def compile_command(model_file, attr, inputs, input_shape, grid, segments, memory_budget, like, batch, recompute,
+                    ranks, dtype, autocast, name, out_dir, plan_dir, tissue_mask) -> None:
     """Compile MODEL_FILE into a plan and a generated tiled-training module."""
     with refusals():
         config = CompileConfig(
@@ -143,6 +146,7 @@ def compile_command(model_file, attr, inputs, input_shape, grid, segments, memor
             grid=parse_grid(grid) if grid is not None else None,
             segments=parse_segments(segments) if segments is not None else None,
             memory_budget=parse_bytes(memory_budget) if memory_budget is not None else None,
+            like=like,
             batch=batch,
             recompute=parse_names(recompute) if recompute is not None else (),
             ranks=ranks,

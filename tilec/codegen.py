@@ -28,7 +28,7 @@ from tilec import __version__
 from tilec.cost.balance import axis_weights
 from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, kept_off, local, var
 from tilec.graph import Graph
-from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
+from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment, segments_text
 from tilec.ops import mode_flag, rule, updates_buffer
 from tilec.ops.in_place import activations_in_place
 from tilec.ops.pixel import is_batch_norm_module
@@ -467,6 +467,7 @@ class ProgramView:
     eval_only: tuple[str, ...]
     train_paths: tuple[str, ...]
     batch_norm_paths: tuple[str, ...]
+    planned_as: tuple[str, tuple[str, ...]]
 
 
 def _program(plan: Plan, prefix: str, constants: Constants) -> ProgramView:
@@ -485,7 +486,8 @@ def _program(plan: Plan, prefix: str, constants: Constants) -> ProgramView:
     return ProgramView(plan, f"{prefix.strip('_').upper()}_PLAN" if prefix else "PLAN", prefix, views,
                        _tree(plan.model.output), [(t.name, tuple(t.shape), t.buffer) for t in plan.model.tensors],
                        sorted({(n.path, n.module_type) for n in plan.model.nodes}),
-                       eval_only, train_paths, batch_norm_paths)
+                       eval_only, train_paths, batch_norm_paths,
+                       (segments_text(plan.segments), plan.recomputed_nodes()))
 
 
 def render(plan: Plan) -> str:

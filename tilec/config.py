@@ -18,7 +18,8 @@ class CompileConfig:
     ``(shape, dtype)`` (``None`` dtype: the model's); ``None``: the model file's INPUTS or
     INPUT_SHAPE. ``tissue_mask``: a ``.npy`` file of a 2-D boolean mask over the first image
     input (True: tissue), outside which the input is known to be one colour
-    (``tilec.pipeline.tissue_background``)."""
+    (``tilec.pipeline.tissue_background``). ``like``: a plan file of the model at another input
+    size, whose segments plan this one (``tilec.pipeline.plan_for``)."""
 
     model_path: Path
     attr: str = "model"
@@ -26,6 +27,7 @@ class CompileConfig:
     grid: tuple[int, int] | None = None
     segments: tuple[tuple, ...] | None = None
     memory_budget: int | None = None
+    like: Path | None = None
     batch: int | None = None
     recompute: tuple[str, ...] = ()
     ranks: int | None = None
@@ -123,7 +125,7 @@ def parse_segments(text: str) -> tuple[tuple, ...]:
     """``"0:10@8x8/4,10:20@1x1:tiled,20:31@1x1"`` -> ``((0, 10, (8, 8), None, 4), (10, 20, (1, 1),
     "tiled", 1), (20, 31, (1, 1), None, 1))``: half-open layer ranges, each with its grid, after
     ``/`` how many tiles of one shape class run as one call (default 1), and after ``:`` its mode
-    where the grid does not say it (a 1x1 grid is stored unless ``:tiled``); ``segments_text``
+    where the grid does not say it (a 1x1 grid is stored unless ``:tiled``); ``tilec.ir.segments_text``
     writes them so. A grid ``ROWSxCOLSpx`` is tiles of one period, that many pixels of the model's
     first image input (``tilec.regions.Period``, its input's size filled in by the planner)."""
     segments = []
@@ -139,16 +141,6 @@ def parse_segments(text: str) -> tuple[tuple, ...]:
             grid = parse_grid(grid)
         segments.append((int(match[1]), int(match[2]), grid, match[5], int(match[4] or 1)))
     return tuple(segments)
-
-
-def segments_text(segments) -> str:
-    """A plan's segments (or ``SegmentChoice`` s) as ``--segments`` takes them (``parse_segments``):
-    ``ROWSxCOLSpx`` for tiles of one period, ``/BATCH`` where more than one tile runs per call,
-    ``:tiled`` after a tiled 1x1 segment."""
-    return ",".join(f"{s.first}:{s.stop}@" + (f"{s.period[0]}x{s.period[1]}px" if s.period else
-                                              f"{s.grid[0]}x{s.grid[1]}")
-                    + (f"/{s.batch}" if s.batch > 1 else "")
-                    + (":tiled" if s.mode == "tiled" and tuple(s.grid) == (1, 1) else "") for s in segments)
 
 
 def parse_autocast(text: str) -> str:

@@ -263,6 +263,16 @@ class Segment(Frozen):
         return tuple(name for level in self.levels for name in level.reductions)
 
 
+def segments_text(segments) -> str:
+    """A plan's segments (or ``SegmentChoice`` s) as ``--segments`` takes them
+    (``tilec.config.parse_segments``): ``ROWSxCOLSpx`` for tiles of one period, ``/BATCH`` where
+    more than one tile runs per call, ``:tiled`` after a tiled 1x1 segment."""
+    return ",".join(f"{s.first}:{s.stop}@" + (f"{s.period[0]}x{s.period[1]}px" if s.period else
+                                              f"{s.grid[0]}x{s.grid[1]}")
+                    + (f"/{s.batch}" if s.batch > 1 else "")
+                    + (":tiled" if s.mode == "tiled" and tuple(s.grid) == (1, 1) else "") for s in segments)
+
+
 class Plan(Frozen):
     """A tiling plan for one model, its inputs' shapes and dtypes, and one segmentation."""
 
@@ -341,3 +351,12 @@ class Plan(Frozen):
 
     def segment_of(self, position: int) -> Segment:
         return next(s for s in self.segments if s.first <= position < s.stop)
+
+    def recomputed_nodes(self) -> tuple[str, ...]:
+        """The nodes whose late readers read a recomputed copy (as ``--recompute`` names them), in
+        their copies' order: a cone's copies share the suffix ``_recomputed<k>``, its node last."""
+        cones: dict[str, str] = {}
+        for node in self.model.nodes:
+            if node.recomputes is not None:
+                cones[node.name[len(node.recomputes):]] = node.recomputes
+        return tuple(cones.values())

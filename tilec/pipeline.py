@@ -14,14 +14,14 @@ from torch import nn
 from tilec.calibrate import conv_workspace_of, measure_kernels, search_device
 from tilec.clock import clock
 from tilec.codegen import load_source, render
-from tilec.config import CompileConfig, budget_bytes
+from tilec.config import CompileConfig, budget_bytes, parse_segments
 from tilec.cost.background import Background
 from tilec.distribute import distribute
 from tilec.errors import GridError, ShapeError, SlideError, TilecError
 from tilec.graph import Graph
-from tilec.ir import Plan
+from tilec.ir import Plan, segments_text
 from tilec.modelfile import load_model
-from tilec.planio import dumps, write_bytecode, write_files
+from tilec.planio import dumps, load, write_bytecode, write_files
 from tilec.planner import plan
 from tilec.recompute import recompute
 from tilec.runtime.sources import dtype_name
@@ -52,9 +52,10 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     traced = trace_modes(model, inputs, config.autocast)
     target = target_for(traced.graphs[0], config.dtype, shared=bool(config.ranks))
     backgrounds = None if config.tissue_mask is None else tissue_background(config.tissue_mask, traced.graphs[0])
+    like = None if config.like is None else planned_as(load(config.like))
     the_plan = plan_modes(traced, target, name, grid=config.grid, segments=config.segments,
-                          recomputed=config.recompute, memory_budget=config.memory_budget, batch=config.batch,
-                          backgrounds=backgrounds, dtype=config.dtype, progress=progress)
+                          recomputed=config.recompute, memory_budget=config.memory_budget, like=like,
+                          batch=config.batch, backgrounds=backgrounds, dtype=config.dtype, progress=progress)
     the_plan = distribute(the_plan, config.ranks)
     source = render(the_plan)
     plan_path = config.plan_dir / f"{name}.plan.json"
@@ -62,6 +63,13 @@ def compile_model(config: CompileConfig, progress=None) -> CompileResult:
     write_files({plan_path: dumps(the_plan), module_path: source})
     write_bytecode(module_path)
     return CompileResult(the_plan, plan_path, module_path)
+
+
+def planned_as(plan: Plan) -> dict:
+    """Per mode its plans were traced in (``None``: both), the segments (as ``--segments`` takes
+    them) and recomputed nodes of ``plan``: what ``--like`` plans another input size with."""
+    plans = [plan] + ([plan.other] if plan.other is not None else [])
+    return {one.mode: (segments_text(one.segments), one.recomputed_nodes()) for one in plans}
 
 
 def tissue_background(path: Path, graph: Graph) -> dict[str, Background]:
@@ -93,7 +101,7 @@ def target_for(graph: Graph, dtype: str, shared: bool = False) -> Target:
 
 
 def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=None, memory_budget=None,
-             batch=None, backgrounds=None, dtype="float32", progress=None) -> Plan:
+             like=None, batch=None, backgrounds=None, dtype="float32", progress=None) -> Plan:
     """Plan from exactly one of: a grid, explicit segments, or a memory budget (bytes, or text such
     as ``"2GiB"``: ``tilec.config.budget_bytes``); ``batch``: with a grid or segments, the tiles of
     one shape class per call where a segment's tiles can run stacked (a budget search chooses it
@@ -103,35 +111,58 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
     plans for the device it will run on (``search_device``), measured there once: its kernels'
     state (``tilec.calibrate.measure_kernels``), which weight gradient tiles compute and the time
     estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
-    plan's nodes include the copies)."""
+    plan's nodes include the copies). ``like``: ``(segments, recomputed)`` of another plan of the
+    model, at another input size (``PlanSpec.planned_as``): alone, the plan of those segments with
+    those nodes recomputed; with a budget, that plan where it applies to this graph and its
+    prediction fits the budget, else the search's."""
     memory_budget = budget_bytes(memory_budget)
-    given = [option for option in (grid, segments, memory_budget) if option is not None]
+    given = [option for option in (grid, segments, memory_budget if like is None else None, like) if option is not None]
     if len(given) != 1:
-        raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget")
+        raise GridError("give exactly one of --grid ROWSxCOLS, --segments or --memory-budget (like= alone, or with "
+                        "a memory budget)")
     if batch is not None and memory_budget is not None:
         raise GridError("--batch goes with --grid or --segments: with --memory-budget the search chooses the batch")
+    if like is not None and memory_budget is None:
+        return _planned_like(graph, target, name, like, None, backgrounds, dtype, progress)
     if memory_budget is not None:
         device, measured_dtype = search_device(graph.autocast, dtype)
         target = replace(target, device=device)
         target = clock(measure_kernels(target, measured_dtype), measured_dtype, graph.autocast)
+        if like is not None:
+            try:
+                found = _planned_like(graph, target, name, like, memory_budget, backgrounds, dtype, progress)
+            except TilecError:
+                found = None  # another graph's positions: search
+            if found is not None and found.predicted_peak_bytes <= memory_budget:
+                return found
         choice = choose(graph, target, memory_budget, dtype, backgrounds)
         graph, segments = choice.graph, choice.segments
     return plan(graph, target, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 batch=batch, backgrounds=backgrounds, progress=progress)
 
 
+def _planned_like(graph: Graph, target: Target, name: str, like, memory_budget, backgrounds, dtype, progress) -> Plan:
+    """The plan of ``graph`` with the segments and recomputed nodes ``like`` = ``(segments text,
+    node names)`` of another plan of its model (``plan_for``)."""
+    segments, recomputed = like
+    return plan(recompute(graph, recomputed), target, name=name, segments=parse_segments(segments), dtype=dtype,
+                memory_budget=memory_budget, backgrounds=backgrounds, progress=progress)
+
+
 def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments=None, recomputed=(),
-               memory_budget=None, batch=None, backgrounds=None, dtype="float32", progress=None) -> Plan:
+               memory_budget=None, like=None, batch=None, backgrounds=None, dtype="float32", progress=None) -> Plan:
     """``plan_for`` each mode's graph of ``traced``, ``recomputed`` nodes recomputed for their late
     readers (``tilec.recompute``): the plan of the model's mode, carrying the other mode's where its
     graph differs (``Plan.other``), or why the other mode has none (``Plan.refused``: it does not
     trace, or cannot be planned). ``segments`` and ``recomputed`` name positions and nodes of the
     first graph: the other mode's plan takes the largest grid of the first's tiled segments instead,
-    and recomputes those of the nodes it has."""
+    and recomputes those of the nodes it has. ``like``: per mode (``"train"``, ``"eval"`` or
+    ``None``: both), ``plan_for``'s ``like`` for the graph traced in it."""
+    like = like or {}
     first = traced.graphs[0]
     the_plan = plan_for(recompute(first, recomputed), target, name, grid=grid, segments=segments,
-                        memory_budget=memory_budget, batch=batch, backgrounds=backgrounds, dtype=dtype,
-                        progress=progress)
+                        memory_budget=memory_budget, like=_like_for(like, first.mode), batch=batch,
+                        backgrounds=backgrounds, dtype=dtype, progress=progress)
     if first.mode is None:
         return the_plan
     other, refused = None, traced.refused
@@ -142,11 +173,16 @@ def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments
                        default=(1, 1))
         try:
             other = plan_for(recompute(graph, [n for n in recomputed if n in graph.nodes]), target, name,
-                             grid=grid, memory_budget=memory_budget, batch=batch, backgrounds=backgrounds,
-                             dtype=dtype, progress=progress)
+                             grid=grid, memory_budget=memory_budget, like=_like_for(like, graph.mode), batch=batch,
+                             backgrounds=backgrounds, dtype=dtype, progress=progress)
         except TilecError as error:
             refused = f"its {graph.mode}-mode graph cannot be planned: {error}"
     return the_plan.model_copy(update={"other": other, "refused": refused})
+
+
+def _like_for(like: dict, mode):
+    """``like``'s segments for a graph traced in ``mode``: its plan of that mode, or of both."""
+    return like.get(mode, like.get(None))
 
 
 def described(inputs) -> tuple[object, dict[int, Background]]:
@@ -168,9 +204,9 @@ def described(inputs) -> tuple[object, dict[int, Background]]:
     return specs, known
 
 
-def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, batch=None, recomputed=(),
-          dtype="float32", autocast=None, name="model", progress=False, ranks=None, process_group=None,
-          kernels="auto"):
+def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=None, like=None, batch=None,
+          recomputed=(), dtype="float32", autocast=None, name="model", progress=False, ranks=None,
+          process_group=None, kernels="auto"):
     """Trace, plan, distribute, render and load in memory; return the ``TiledModel`` wrapping ``model``.
 
     ``inputs``: one shape (N, C, H, W) of the one input in the model's dtype, or per tensor
@@ -180,13 +216,15 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
     Give one of ``grid``, ``segments`` or ``memory_budget`` (bytes or text, ``"2GiB"``); none means grid 1x1.
     ``batch``: with ``grid`` or ``segments``, tiles of one shape class per call (``tilec.runtime.batches``).
     ``recomputed``: node names recomputed for their late readers (``tilec.recompute``).
+    ``like``: per mode, ``(segments, recomputed)`` of a plan of the model at another input size
+    (``plan_modes``): alone, its segments; with ``memory_budget``, its segments where they fit.
     ``ranks`` / ``process_group``: share the tiles among a group's ranks (``tilec.distribute``).
     ``autocast``: "DEVICE:DTYPE" of the ``torch.autocast`` the step runs under (``tilec.trace``).
     ``kernels``: ``"generic"`` runs the generic tile kernels even on the CPU, ``"compiled"`` those with
     the tile functions compiled by ``torch.compile``, ``"cudagraphs"`` captured as CUDA graphs,
     ``"reduce-overhead"`` both (``tilec.runtime.device``).
     """
-    if grid is None and segments is None and memory_budget is None:
+    if grid is None and segments is None and memory_budget is None and like is None:
         grid = (1, 1)
     inputs, known = described(inputs)
     with callers_modes_off():
@@ -194,7 +232,8 @@ def build(model: nn.Module, inputs, grid=None, *, segments=None, memory_budget=N
         target = target_for(traced.graphs[0], dtype, shared=bool(ranks) or process_group is not None)
         backgrounds = {traced.graphs[0].inputs[k].name: background for k, background in known.items()}
         the_plan = plan_modes(traced, target, name, grid=grid, segments=segments, recomputed=recomputed,
-                              memory_budget=memory_budget, batch=batch, backgrounds=backgrounds, dtype=dtype)
+                              memory_budget=memory_budget, like=like, batch=batch, backgrounds=backgrounds,
+                              dtype=dtype)
     the_plan = distribute(the_plan, ranks)
     tiled_class = load_source(render(the_plan), f"{name}_tiled").TiledModel
     return tiled_class(model, progress=progress, process_group=process_group, kernels=kernels)

@@ -10,10 +10,9 @@ import math
 
 from rich.table import Table
 
-from tilec.config import segments_text
 from tilec.errors import TilecError
 from tilec.graph import Graph
-from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment
+from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment, segments_text
 from tilec.ops import rule, why_untiled
 from tilec.regions import Interval
 
@@ -159,7 +158,7 @@ def _recomputed(plan: Plan) -> dict[str, list[str]]:
 def same_segments(plan: Plan) -> str:
     """The ``tilec compile`` flags that plan ``plan``'s segments again (in a plan of two modes, the
     compile-time mode's): ``--segments`` and, where it recomputes, ``--recompute``."""
-    recomputed = ",".join(cone[-1] for cone in _recomputed(plan).values())
+    recomputed = ",".join(plan.recomputed_nodes())
     return f"the same segments: --segments {segments_text(plan.segments)}" + (
         f" --recompute {recomputed}" if recomputed else "")
 

@@ -26,7 +26,9 @@ class PlanSpec:
     ops came from; ``eval_only``: modules inside tiled segments that must be in eval mode;
     ``train_paths``: modules whose training flag untiled segments follow; ``batch_norm_paths``:
     BatchNorm modules (mode, momentum, batch counter); ``segments``: per segment ``(first node,
-    stop node, grid)``; ``mode``: ``None`` where the plan serves both modes, else the mode
+    stop node, grid)``; ``planned_as``: ``(segments, recomputed)``, the segments as ``--segments``
+    takes them and the nodes recomputed for their late readers (``tilec.compile(..., like=)``
+    plans another input size so); ``mode``: ``None`` where the plan serves both modes, else the mode
     (``"train"`` or ``"eval"``) it was traced in, with the modules ``flipped`` in the other
     (``follows_mode`` modules aside); ``refused``: why the other mode has no plan, if it has none.
     """
@@ -44,6 +46,7 @@ class PlanSpec:
     train_paths: tuple
     batch_norm_paths: tuple
     segments: tuple
+    planned_as: tuple
     mode: object = None
     flipped: tuple = ()
     refused: object = None
