@@ -1,20 +1,22 @@
-"""Slides of several sizes on one plan: each slide framed to one size (``Slide.framed``) against the
-same slide on a plan of its own size.
+"""Slides of several sizes: each on a plan searched for its size, on a plan of its size made
+``like`` the largest's (no search), and framed to the largest size (``Slide.framed``) on its plan.
 
     python benchmarks/frames.py --model examples/resnet50.py --frame 2048 --sides 2048 1536 1024 \\
         --budget 1GiB --repeats 1
 
 The model file's ``model()`` is wrapped to read a uint8 slide and convert it itself
-(``benchmarks.background.Slide``). Per side ``S`` the driver writes a textured (H, W, 3) uint8
-``.npy`` slide of ``S`` pixels a side (random pixels, no background) and plans the model
-(``--budget`` bytes, or ``--grid RxC``) once for the ``--frame`` size and once for each other side,
-timing each compile (trace, plan, render). Each slide then runs in a process of its own twice: framed
-(``tilec.slide(npy).framed(F, F)``, the padding white) on the frame's plan, and as it is on its own
-plan; each process times ``--repeats`` steps (forward and ``out.sum()``'s backward; the best is
-reported, after ``--warmup`` untimed ones). Each child prints one JSON line: ``step_s`` (best),
-``steps_s`` (all), the tiles ran and reused in the last step (``TiledModel.reuse``) and the
-output. The driver prints a table: per side, the padding's share of the frame, both steps and
-their ratio, and the compile each plan took.
+(``benchmarks.background.Slide``). The driver plans the model for a ``--frame``² uint8 input
+(``--budget`` bytes, or ``--grid RxC``), then per side ``S`` writes a textured (H, W, 3) uint8
+``.npy`` slide of ``S`` pixels a side (random pixels, no background) and plans the model for it
+twice: by the search, and like the frame's plan (its segments in input pixels, and its recomputed
+nodes: ``tilec.compile(..., like=)``; with a budget, the search where they do not fit it), timing
+each compile (trace, plan, render). Each slide then runs in a process of its own per variant: on
+its searched plan, on its ``like`` plan, and framed (``tilec.slide(npy).framed(F, F)``, the padding
+white) on the frame's plan; each process times ``--repeats`` steps (forward and ``out.sum()``'s
+backward; the best is reported, after ``--warmup`` untimed ones) and prints one JSON line:
+``step_s`` (best), ``steps_s`` (all), the tiles ran and reused in the last step
+(``TiledModel.reuse``) and the output. The driver prints a table: per side, the padding's share
+of the frame, each variant's step and compile, and each step's ratio to the searched plan's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.background import slide_model  # noqa: E402
 from benchmarks.step import parse_bytes, parse_grid  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
+from tilec.ir import segments_text  # noqa: E402
 from tilec.pipeline import plan_for, target_for  # noqa: E402
 from tilec.slides import slide  # noqa: E402
 from tilec.trace import trace  # noqa: E402
@@ -49,15 +52,17 @@ def write_slide(path: Path, side: int) -> None:
     image.flush()
 
 
-def compiled(args, side: int, folder: Path) -> tuple[Path, float]:
-    """The module of the model planned for a ``side``² uint8 input, and the seconds its compile took."""
+def compiled(args, side: int, folder: Path, label: str, like=None) -> tuple[Path, float, object]:
+    """The module of the model planned for a ``side``² uint8 input (``like``: ``plan_for``'s), the
+    seconds its compile took and its plan."""
     start = time.perf_counter()
     model = slide_model(args.model)
     graph = trace(model, [((1, 3, side, side), "uint8")])
-    plan = plan_for(graph, target_for(graph, "float32"), "frames", grid=args.grid, memory_budget=args.budget)
-    module = folder / f"frames_{side}_tiled.py"
+    plan = plan_for(graph, target_for(graph, "float32"), "frames", grid=None if like else args.grid,
+                    memory_budget=args.budget, like=like)
+    module = folder / f"frames_{side}_{label}_tiled.py"
     module.write_text(render(plan))
-    return module, time.perf_counter() - start
+    return module, time.perf_counter() - start, plan
 
 
 def run(args) -> dict:
@@ -90,28 +95,37 @@ def drive(args) -> list[dict]:
     records = []
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
-        framed_module, framed_compile = compiled(args, args.frame, folder)
+        framed_module, framed_compile, frame_plan = compiled(args, args.frame, folder, "frame")
+        like = (segments_text(frame_plan.segments), frame_plan.recomputed_nodes())
         for side in args.sides:
             npy = folder / f"slide_{side}.npy"
             write_slide(npy, side)
-            own_module, own_compile = (framed_module, framed_compile) if side == args.frame else compiled(
-                args, side, folder)
-            framed, own = child(args, framed_module, npy, args.frame), child(args, own_module, npy, None)
-            records.append({"side": side, "frame": args.frame, "framed": framed, "own": own,
-                            "framed_compile_s": round(framed_compile, 1), "own_compile_s": round(own_compile, 1)})
+            record = {"side": side, "frame": args.frame, "frame_segments": like[0]}
+            if side == args.frame:
+                searched = like_plan = (framed_module, framed_compile, frame_plan)
+            else:
+                searched = compiled(args, side, folder, "searched")
+                like_plan = compiled(args, side, folder, "like", like=like)
+            for label, (module, seconds, plan) in (("searched", searched), ("like", like_plan)):
+                record[label] = child(args, module, npy, None)
+                record[label].update(compile_s=round(seconds, 1), segments=segments_text(plan.segments),
+                                     predicted_mib=round(plan.predicted_peak_bytes / 2**20))
+            record["framed"] = child(args, framed_module, npy, args.frame)
+            records.append(record)
             npy.unlink()
     return records
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| slide | padding | step, own plan (s) | step, framed (s) | framed / own | tiles reused, framed | "
-             "compile, own plan (s) |", "|---|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| slide | padding | searched: step (s) | compile (s) | like: step (s) | / searched | compile (s) "
+             "| framed: step (s) | / searched | tiles reused |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in records:
         padding = 1 - min(r["side"], r["frame"]) ** 2 / r["frame"] ** 2
-        framed, own = r["framed"], r["own"]
-        lines.append(f"| {r['side']}² | {padding:.0%} | {own['step_s']:.1f} | {framed['step_s']:.1f} | "
-                     f"{framed['step_s'] / own['step_s']:.2f} | {framed['tiles_reused']} of "
-                     f"{framed['tiles_ran'] + framed['tiles_reused']} | {r['own_compile_s']} |")
+        searched, like, framed = r["searched"], r["like"], r["framed"]
+        lines.append(f"| {r['side']}² | {padding:.0%} | {searched['step_s']:.1f} | {searched['compile_s']} | "
+                     f"{like['step_s']:.1f} | {like['step_s'] / searched['step_s']:.2f} | {like['compile_s']} | "
+                     f"{framed['step_s']:.1f} | {framed['step_s'] / searched['step_s']:.2f} | "
+                     f"{framed['tiles_reused']} of {framed['tiles_ran'] + framed['tiles_reused']} |")
     return "\n".join(lines)
 
 
