@@ -4,14 +4,16 @@
 
 Writes ``--slides`` synthetic pyramidal TIFFs of three sizes (``examples/train_slide.py``'s slide,
 one seed each, ``--size`` and 3/4 and 1/2 of it a side; odd seeds labelled 1), opens each with
-``tilec.slide`` (read by region, background made white), frames it to ``--frame`` pixels a side
-over its tissue (``Slide.framed``: cropped or padded with white) and trains a small ResNet-18
-classifier on them under ``Trainer(precision="bf16-mixed")`` on the CPU (``"16-mixed"`` on a GPU),
-validating on the last slide each epoch. The LightningModule compiles its model once per input
-shape, on first use, into a ``TiledModel`` that it calls as it would call the model: framed
-slides share one plan (``--frame 0`` keeps each slide's own size, a plan each). Lightning's
-autocast, optimizer, gradient clipping, checkpoints and loops work as usual. The ``TiledModel`` is
-kept out of the module's registered children, so checkpoints hold the model's parameters once.
+``tilec.slide`` (read by region, background made white) and trains a small ResNet-18 classifier on
+them under ``Trainer(precision="bf16-mixed")`` on the CPU (``"16-mixed"`` on a GPU), validating on
+the last slide each epoch. The LightningModule compiles its model once per input shape, on first
+use, into a ``TiledModel`` that it calls as it would call the model: the first shape by the budget
+search, each later one like the first (``tilec.compile(..., like=)``: the first plan's segments,
+without a search, where they fit the budget). ``--frame N`` frames every slide to N pixels a side
+over its tissue instead (``Slide.framed``: cropped or padded with white): one plan, and the model
+sees the padding. Lightning's autocast, optimizer, gradient clipping, checkpoints and loops work
+as usual. The ``TiledModel`` is kept out of the module's registered children, so checkpoints hold
+the model's parameters once.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def single(items):
 class TiledClassifier(L.LightningModule):
     """``model`` (uint8 slide -> logits) trained by cross-entropy through a ``TiledModel``
     compiled per input shape with ``compile_options`` (``tilec.compile``'s: a ``memory_budget``
-    or a ``grid``, ``autocast="cpu:bfloat16"`` to budget for mixed precision). ``tiled=False``
-    trains the model itself, for comparison.
+    or a ``grid``, ``autocast="cpu:bfloat16"`` to budget for mixed precision); with a budget, a
+    later shape like the first (``like=``). ``tiled=False`` trains the model itself, for comparison.
 
     Each plan is compiled with the model's modules in the modes they had when it was given (the
     modes it trains in), whichever loop calls first: Lightning validates before it trains, in eval
@@ -95,9 +97,10 @@ class TiledClassifier(L.LightningModule):
             modes = {name: module.training for name, module in self.model.named_modules()}
             for name, module in self.model.named_modules():
                 module.training = self.training_modes[name]
+            like = next(iter(self.compiled.values()), None) if "memory_budget" in self.compile_options else None
             try:
                 self.compiled[shape] = tilec.compile(self.model, [(shape, "uint8")], name="lightning_slide",
-                                                     **self.compile_options)
+                                                     like=like, **self.compile_options)
             finally:
                 for name, module in self.model.named_modules():
                     module.training = modes[name]
@@ -138,8 +141,8 @@ def write_slides(folder: Path, size: int, count: int) -> list[tuple[Path, int]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=2048, help="the largest slide's side in pixels")
-    parser.add_argument("--frame", type=int, help="side of the frame every slide is seen in (default: --size; "
-                                                  "0: each slide at its own size)")
+    parser.add_argument("--frame", type=int, help="side of a frame every slide is seen in (default: each slide at "
+                                                  "its own size)")
     parser.add_argument("--slides", type=int, default=4, help="slides written; the last one validates")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--budget", default="512MiB", help="memory budget of the plan")
@@ -151,8 +154,7 @@ def main(argv=None) -> int:
     module = TiledClassifier(model, memory_budget=args.budget, autocast="cpu:bfloat16")
     trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_epochs=args.epochs, logger=False,
                         enable_checkpointing=False, log_every_n_steps=1)
-    side = args.size if args.frame is None else args.frame
-    frame = (side, side) if side else None
+    frame = (args.frame, args.frame) if args.frame else None
     train = DataLoader(Slides(items[:-1], frame=frame), batch_size=1, shuffle=True, collate_fn=single)
     validate = DataLoader(Slides(items[-1:], frame=frame), batch_size=1, collate_fn=single)
     trainer.fit(module, train, validate)
