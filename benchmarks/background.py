@@ -28,7 +28,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import driver_main, timed_steps  # noqa: E402
 from benchmarks.step import import_file, parse_bytes, parse_grid, parse_segments  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
 from tilec.cost.background import Background  # noqa: E402
@@ -80,14 +80,7 @@ def run(args) -> dict:
     model = slide_model(args.model)
     tiled = load_source(args.run.read_text(), "background_tiled").TiledModel(model)
     image = np.load(args.slide, mmap_mode="r")
-    times = []
-    for _ in range(args.repeats + args.warmup):
-        model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        out = tiled(image)
-        out.sum().backward()
-        times.append(time.perf_counter() - start)
-    timed = times[args.warmup:]
+    timed, out = timed_steps(model, tiled, (image,), args.repeats, args.warmup)
     reuse = getattr(tiled, "reuse", None)  # None: a module rendered before tiles were reused
     return {"background": args.background, "step_s": min(timed), "steps_s": timed,
             "tiles_ran": reuse and reuse.ran, "tiles_reused": reuse and reuse.reused,
@@ -161,15 +154,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.run is not None:
-        print(json.dumps(run(args)))
-        return 0
-    records = drive(args)
-    for record in records:
-        print(json.dumps(record))
-    print(table(records))
-    return 0
+    return driver_main(parse_args(argv), run, drive, table)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared by run.py and sweep.py: one benchmark point per subprocess, results files, formatting."""
+"""Shared by the benchmark scripts: one benchmark point per subprocess, results files, formatting,
+the steps a child times and a driver's main."""
 
 from __future__ import annotations
 
@@ -238,3 +239,29 @@ def grads_agree(record: dict, reference: dict | None, tolerance: float = 1e-4) -
         return "—"
     error = abs(a - b) / max(abs(b), 1e-30)
     return f"{'yes' if error <= tolerance else 'NO'} ({error:.0e})"
+
+
+def timed_steps(model, tiled, inputs, repeats: int, warmup: int) -> tuple[list[float], object]:
+    """Seconds of ``warmup + repeats`` steps of ``tiled`` (forward on ``inputs`` and ``out.sum()``'s
+    backward, ``model``'s gradients cleared before each), the timed ones only, and the last output."""
+    times = []
+    for _ in range(repeats + warmup):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        out = tiled(*inputs)
+        out.sum().backward()
+        times.append(time.perf_counter() - start)
+    return times[warmup:], out
+
+
+def driver_main(args, run, drive, table) -> int:
+    """A benchmark driver's ``main``: as a child (``args.run`` given), ``run(args)`` printed as one
+    JSON line; else ``drive(args)``'s records, one JSON line each, then ``table`` of them."""
+    if args.run is not None:
+        print(json.dumps(run(args)))
+        return 0
+    records = drive(args)
+    for record in records:
+        print(json.dumps(record))
+    print(table(records))
+    return 0

@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.background import slide_model  # noqa: E402
+from benchmarks.common import driver_main, timed_steps  # noqa: E402
 from benchmarks.step import parse_bytes, parse_grid  # noqa: E402
 from tilec.codegen import load_source, render  # noqa: E402
 from tilec.ir import segments_text  # noqa: E402
@@ -71,14 +72,7 @@ def run(args) -> dict:
     tiled = load_source(args.run.read_text(), "frames_tiled").TiledModel(model)
     image = slide(args.slide)
     image = image.framed(args.frame, args.frame) if args.frame else image
-    times = []
-    for _ in range(args.repeats + args.warmup):
-        model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        out = tiled(image)
-        out.sum().backward()
-        times.append(time.perf_counter() - start)
-    timed = times[args.warmup:]
+    timed, out = timed_steps(model, tiled, (image,), args.repeats, args.warmup)
     return {"step_s": min(timed), "steps_s": timed, "tiles_ran": tiled.reuse.ran,
             "tiles_reused": tiled.reuse.reused, "output": out.detach().flatten().tolist()[:4]}
 
@@ -148,15 +142,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.run is not None:
-        print(json.dumps(run(args)))
-        return 0
-    records = drive(args)
-    for record in records:
-        print(json.dumps(record))
-    print(table(records))
-    return 0
+    return driver_main(parse_args(argv), run, drive, table)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,25 @@ def test_background_driver_runs_given_segments_on_a_textured_and_a_background_sl
     assert (tmp_path / "kept" / "background_tiled.py").is_file()
 
 
+def test_frames_driver_runs_each_size_searched_like_and_framed(tmp_path):
+    """benchmarks/frames.py with a grid: per slide size a plan of its own, one like the frame's
+    (the frame's segments) and the frame's, each step in a process of its own, the same size
+    computing the same output on its own plan and on the like one."""
+    model = tmp_path / "tiny.py"
+    model.write_text(TINY_MODEL)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "frames.py"), "--model", str(model), "--frame", "64",
+         "--sides", "64", "48", "--grid", "2x2", "--repeats", "1", "--warmup", "0"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    full, smaller = (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
+    assert smaller["like"]["segments"] == smaller["frame_segments"] == full["searched"]["segments"]
+    assert smaller["like"]["output"] == pytest.approx(smaller["searched"]["output"], rel=1e-4)
+    framed = [r["framed"]["tiles_ran"] + r["framed"]["tiles_reused"] for r in (full, smaller)]
+    assert framed[0] == framed[1] > 0  # both on the frame's plan
+    assert "| 48² | 44% |" in done.stdout
+
+
 def test_recorded_segments_of_either_form_plan_again():
     """Results files record a plan's segments as ``--segments`` takes them; older ones wrote
     ``FIRST:STOP:RxC`` (`` stored`` after a stored one), which ``estimate.current`` converts."""
