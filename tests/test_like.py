@@ -1,7 +1,8 @@
 """Plans of other input sizes from one search (``tilec.compile(..., like=tiled)``): the segments of
 a plan, in input pixels, with its recomputed nodes, plan the same model at another size without a
-search, exactly; with a budget, only where their prediction fits it (else the search runs); per
-mode, where the model has a plan per mode; anything but a ``TiledModel`` is refused in one line.
+search, exactly; with a budget, only where their prediction fits it (else the search runs), each
+tiled segment stored instead where that fits and is faster; per mode, where the model has a plan
+per mode; anything but a ``TiledModel`` is refused in one line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 import tilec
 from tilec import pipeline
+from tilec.config import parse_segments
 from tilec.errors import PlanError
 
 from support.exactness import TOLERANCE, max_errors
@@ -43,10 +45,23 @@ def test_another_size_plans_the_segments_of_the_plan_it_is_like_and_runs_exactly
     # at the small size the same tiles predict 6.2 MiB (their uneven last tiles are more call shapes)
     small = tilec.compile(model, SMALL, memory_budget="7MiB", like=large, dtype="float64")
     assert searches == [96]  # the small size was not searched
-    segments, recomputed = type(large).plan.planned_as
-    assert "px" in segments and type(small).plan.planned_as == (segments, recomputed)
+    (segments, recomputed), (found, found_recomputed) = type(large).plan.planned_as, type(small).plan.planned_as
+    assert "px" in segments and found_recomputed == recomputed
+    for want, got in zip(parse_segments(segments), parse_segments(found), strict=True):
+        assert got[:2] == want[:2] and got[2] in (want[2], (1, 1))  # the same tiles, or stored
     worst = max(max_errors(model, SMALL, tiled=small).values())
     assert worst <= TOLERANCE
+
+
+def test_with_room_in_the_budget_tiled_segments_are_stored_where_that_is_faster(searches):
+    """The small size with twice the budget: every segment fits stored, which the estimate finds
+    faster than tiles, so the plan like the large one stores them all."""
+    model = _model()
+    large = tilec.compile(model, LARGE, memory_budget="6MiB", dtype="float64")
+    small = tilec.compile(model, SMALL, memory_budget="12MiB", like=large, dtype="float64")
+    assert searches == [96]
+    assert all(grid == (1, 1) for _, _, grid in type(small).plan.segments)
+    assert "px" in type(large).plan.planned_as[0]
 
 
 def test_segments_that_do_not_fit_the_budget_at_this_size_are_searched_again(searches):

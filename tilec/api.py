@@ -33,8 +33,9 @@ def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None,
     tiles of one shape class run as one call (a budget chooses it itself). ``like``: a ``TiledModel``
     of the same model for another input size (one that ``compile`` or ``load`` returned): its
     segments, in input pixels, planned at this size without a search (a second or two where the
-    search takes tens), with ``memory_budget`` only where their prediction fits it (else the
-    search runs). The other options are ``tilec.pipeline.build``'s."""
+    search takes tens); with ``memory_budget``, each tiled segment stored instead where that fits
+    and is faster, and only where the prediction fits (else the search runs). The other options
+    are ``tilec.pipeline.build``'s."""
     grid = parse_grid(grid) if isinstance(grid, str) else grid
     segments = parse_segments(segments) if isinstance(segments, str) else segments
     check_options(inputs, segments, recomputed, dtype, autocast, name, ranks, kernels)

@@ -113,8 +113,9 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
     estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
     plan's nodes include the copies). ``like``: ``(segments, recomputed)`` of another plan of the
     model, at another input size (``PlanSpec.planned_as``): alone, the plan of those segments with
-    those nodes recomputed; with a budget, that plan where it applies to this graph and its
-    prediction fits the budget, else the search's."""
+    those nodes recomputed; with a budget, that plan (tiled segments stored where that fits and is
+    faster, ``_planned_like``) where it applies to this graph and its prediction fits the budget,
+    else the search's."""
     memory_budget = budget_bytes(memory_budget)
     given = [option for option in (grid, segments, memory_budget if like is None else None, like) if option is not None]
     if len(given) != 1:
@@ -143,10 +144,35 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
 
 def _planned_like(graph: Graph, target: Target, name: str, like, memory_budget, backgrounds, dtype, progress) -> Plan:
     """The plan of ``graph`` with the segments and recomputed nodes ``like`` = ``(segments text,
-    node names)`` of another plan of its model (``plan_for``)."""
+    node names)`` of another plan of its model (``plan_for``). With a budget, each tiled segment
+    in turn is stored instead where the plan still fits the budget and its time estimate drops: a
+    smaller input keeps less between segments, and a stored segment needs no sweeps."""
     segments, recomputed = like
-    return plan(recompute(graph, recomputed), target, name=name, segments=parse_segments(segments), dtype=dtype,
-                memory_budget=memory_budget, backgrounds=backgrounds, progress=progress)
+    graph = recompute(graph, recomputed)
+
+    def planned(chosen):
+        return plan(graph, target, name=name, segments=chosen, dtype=dtype, memory_budget=memory_budget,
+                    backgrounds=backgrounds, progress=progress)
+
+    chosen = parse_segments(segments)
+    best = planned(chosen)
+    if memory_budget is None:
+        return best
+    for k, (first, stop, *_) in enumerate(chosen):
+        if best.segments[k].mode != "tiled":
+            continue
+        trial = (*chosen[:k], (first, stop, (1, 1), "stored", 1), *chosen[k + 1:])
+        try:
+            found = planned(trial)
+        except TilecError:
+            continue
+        if found.predicted_peak_bytes <= memory_budget and _seconds(found) < _seconds(best):
+            chosen, best = trial, found
+    return best
+
+
+def _seconds(the_plan: Plan) -> float:
+    return sum(segment.estimated_seconds for segment in the_plan.segments)
 
 
 def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments=None, recomputed=(),
