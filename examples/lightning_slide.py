@@ -50,7 +50,7 @@ class SlideNet(nn.Module):
 
 class Slides(Dataset):
     """``(path, label)`` pairs -> ``(tilec.slide(path, level), label)``, masked to the tissue if
-    ``mask``, framed to ``frame`` (rows, cols) around it if given. A slide is not a tensor: batches
+    ``mask``, framed to ``frame`` (rows, cols) over its tissue if given. A slide is not a tensor: batches
     are single slides (``single``)."""
 
     def __init__(self, items, level: int = 0, mask: bool = True, frame: tuple[int, int] | None = None):
