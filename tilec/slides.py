@@ -267,9 +267,7 @@ class Slide:
         boolean array over any level; by default the slide's mask, else ``tissue()``) in this
         level's pixels, or ``None`` where it has none: the least frame (``framed``) that keeps
         every tissue pixel."""
-        mask = (self.tissue() if self.mask is None else self.mask) if mask is None else np.asarray(mask, dtype=bool)
-        if mask.ndim != 2:
-            raise SlideError(f"{self.name}: a tissue mask is 2-D (rows, cols), got shape {mask.shape}")
+        mask = self._mask(self.mask if mask is None else mask)
         if not mask.any():
             return None
         height, width = self.plane.shape[:2]
@@ -306,11 +304,15 @@ class Slide:
         default ``tissue()``) set to ``fill`` (by default white: the dtype's maximum, 1.0 for a
         float slide), applied to each region as it is read; framed as this one is, its padding
         ``fill`` too."""
+        return Slide(self.name, self.planes, self.levels, self.level, mask=self._mask(mask), fill=self._fill(fill),
+                     frame=self.frame)
+
+    def _mask(self, mask) -> np.ndarray:
+        """``mask`` (by default ``tissue()``) as a 2-D boolean array, or a one-line ``SlideError``."""
         mask = self.tissue() if mask is None else np.asarray(mask, dtype=bool)
         if mask.ndim != 2:
             raise SlideError(f"{self.name}: a tissue mask is 2-D (rows, cols), got shape {mask.shape}")
-        return Slide(self.name, self.planes, self.levels, self.level, mask=mask, fill=self._fill(fill),
-                     frame=self.frame)
+        return mask
 
     def framed(self, height: int, width: int, origin: tuple[int, int] | None = None, fill=None) -> Slide:
         """This level seen as a ``height`` x ``width`` image whose pixel ``(0, 0)`` is level pixel
