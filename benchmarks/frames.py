@@ -90,7 +90,7 @@ def drive(args) -> list[dict]:
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         framed_module, framed_compile, frame_plan = compiled(args, args.frame, folder, "frame")
-        like = (segments_text(frame_plan.segments), frame_plan.recomputed_nodes())
+        like = frame_plan.planned_as()
         for side in args.sides:
             npy = folder / f"slide_{side}.npy"
             write_slide(npy, side)

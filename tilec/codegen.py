@@ -28,7 +28,7 @@ from tilec import __version__
 from tilec.cost.balance import axis_weights
 from tilec.emit import CombineView, Constants, DirectView, Statement, TileView, free, index, kept_off, local, var
 from tilec.graph import Graph
-from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment, segments_text
+from tilec.ir import AxisTile, NodeSpec, OutputTree, Plan, Segment
 from tilec.ops import mode_flag, rule, updates_buffer
 from tilec.ops.in_place import activations_in_place
 from tilec.ops.pixel import is_batch_norm_module
@@ -487,7 +487,7 @@ def _program(plan: Plan, prefix: str, constants: Constants) -> ProgramView:
                        _tree(plan.model.output), [(t.name, tuple(t.shape), t.buffer) for t in plan.model.tensors],
                        sorted({(n.path, n.module_type) for n in plan.model.nodes}),
                        eval_only, train_paths, batch_norm_paths,
-                       (segments_text(plan.segments), plan.recomputed_nodes()))
+                       plan.planned_as())
 
 
 def render(plan: Plan) -> str:

@@ -352,11 +352,17 @@ class Plan(Frozen):
     def segment_of(self, position: int) -> Segment:
         return next(s for s in self.segments if s.first <= position < s.stop)
 
-    def recomputed_nodes(self) -> tuple[str, ...]:
-        """The nodes whose late readers read a recomputed copy (as ``--recompute`` names them), in
-        their copies' order: a cone's copies share the suffix ``_recomputed<k>``, its node last."""
-        cones: dict[str, str] = {}
+    def recomputed_cones(self) -> dict[str, list[str]]:
+        """Per recomputed cone (keyed by its copies' suffix ``_recomputed<k>``), the nodes it copies,
+        the recomputed node last."""
+        cones: dict[str, list[str]] = {}
         for node in self.model.nodes:
             if node.recomputes is not None:
-                cones[node.name[len(node.recomputes):]] = node.recomputes
-        return tuple(cones.values())
+                cones.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
+        return cones
+
+    def planned_as(self) -> tuple[str, tuple[str, ...]]:
+        """What plans this segmentation again, at this or another input size: the segments as
+        ``--segments`` takes them and the nodes whose late readers read a recomputed copy, as
+        ``--recompute`` names them (``recomputed_cones``, in their copies' order)."""
+        return segments_text(self.segments), tuple(cone[-1] for cone in self.recomputed_cones().values())

@@ -19,7 +19,7 @@ from tilec.cost.background import Background
 from tilec.distribute import distribute
 from tilec.errors import GridError, ShapeError, SlideError, TilecError
 from tilec.graph import Graph
-from tilec.ir import Plan, segments_text
+from tilec.ir import Plan
 from tilec.modelfile import load_model
 from tilec.planio import dumps, load, write_bytecode, write_files
 from tilec.planner import plan
@@ -69,7 +69,7 @@ def planned_as(plan: Plan) -> dict:
     """Per mode its plans were traced in (``None``: both), the segments (as ``--segments`` takes
     them) and recomputed nodes of ``plan``: what ``--like`` plans another input size with."""
     plans = [plan] + ([plan.other] if plan.other is not None else [])
-    return {one.mode: (segments_text(one.segments), one.recomputed_nodes()) for one in plans}
+    return {one.mode: one.planned_as() for one in plans}
 
 
 def tissue_background(path: Path, graph: Graph) -> dict[str, Background]:

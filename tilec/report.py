@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tilec.errors import TilecError
 from tilec.graph import Graph
-from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment, segments_text
+from tilec.ir import AxisStep, InputSpec, NodeSpec, Plan, Read, Segment
 from tilec.ops import rule, why_untiled
 from tilec.regions import Interval
 
@@ -107,7 +107,7 @@ def describe_plan(plan: Plan) -> Table:
     for column in columns:
         table.add_column(column, justify="left" if column in ("nodes", "outputs", "tiles per rank") else "right")
     nodes = plan.model.nodes
-    groups = _recomputed(plan)
+    groups = plan.recomputed_cones()
     captions = input_reads(plan)
     if groups:
         captions.append("recomputed from the input by later readers instead of kept: " + ", ".join(
@@ -145,22 +145,11 @@ def describe_plan(plan: Plan) -> Table:
     return table
 
 
-def _recomputed(plan: Plan) -> dict[str, list[str]]:
-    """Per recomputed cone (keyed by its copies' suffix ``_recomputed<k>``), the nodes it copies, the
-    recomputed node last."""
-    groups: dict[str, list[str]] = {}
-    for node in plan.model.nodes:
-        if node.recomputes is not None:
-            groups.setdefault(node.name[len(node.recomputes):], []).append(node.recomputes)
-    return groups
-
-
 def same_segments(plan: Plan) -> str:
     """The ``tilec compile`` flags that plan ``plan``'s segments again (in a plan of two modes, the
     compile-time mode's): ``--segments`` and, where it recomputes, ``--recompute``."""
-    recomputed = ",".join(plan.recomputed_nodes())
-    return f"the same segments: --segments {segments_text(plan.segments)}" + (
-        f" --recompute {recomputed}" if recomputed else "")
+    segments, recomputed = plan.planned_as()
+    return f"the same segments: --segments {segments}" + (f" --recompute {','.join(recomputed)}" if recomputed else "")
 
 
 def modes(plan: Plan) -> list[str]:
