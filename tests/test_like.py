@@ -1,8 +1,8 @@
-"""Plans of other input sizes from one search (``tilec.compile(..., like=tiled)``): the segments of
-a plan, in input pixels, with its recomputed nodes, plan the same model at another size without a
-search, exactly; with a budget, only where their prediction fits it (else the search runs), each
-tiled segment stored instead where that fits and is faster; per mode, where the model has a plan
-per mode; anything but a ``TiledModel`` is refused in one line.
+"""Plans of other input sizes like one plan (``tilec.compile(..., like=tiled)``): the segments of a
+plan, in input pixels, with its recomputed nodes, plan the same model at another size, exactly;
+with a budget, a search narrowed to their cuts and a few others (the whole search where no plan
+there fits); per mode, where the model has a plan per mode; anything but a ``TiledModel`` is
+refused in one line.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import tilec
-from tilec import pipeline
+from tilec import pipeline, search
 from tilec.config import parse_segments
-from tilec.errors import PlanError
+from tilec.errors import BudgetError, PlanError
 
 from support.exactness import TOLERANCE, max_errors
 from support.zoo import MODE_SHAPES, MODE_ZOO, TRAIN_ZOO, UNet
@@ -23,15 +23,26 @@ LARGE, SMALL = (1, 3, 96, 96), (1, 3, 61, 75)
 
 @pytest.fixture
 def searches(monkeypatch):
-    """The budget searches run while the test runs, as the sizes they searched."""
-    ran, choose = [], pipeline.choose
+    """The budget searches run while the test runs: the rows they searched and the cuts they were
+    narrowed to (``choose``'s ``near``), each with the candidate cuts it searched."""
+    ran, choose, cut_points = [], pipeline.choose, search.cut_points
 
     def counted(graph, *args, **kwargs):
-        ran.append(graph.size(graph.input_names[0], 0))
+        ran.append((graph.size(graph.input_names[0], 0), tuple(kwargs.get("near", ())), set()))
         return choose(graph, *args, **kwargs)
 
+    def cuts(*args):
+        found = cut_points(*args)
+        ran[-1][2].update(found)
+        return found
+
     monkeypatch.setattr(pipeline, "choose", counted)
+    monkeypatch.setattr(search, "cut_points", cuts)
     return ran
+
+
+def _cuts(segments: str) -> set[int]:
+    return {cut for first, stop, *_ in parse_segments(segments) for cut in (first, stop)}
 
 
 def _model():
@@ -39,16 +50,16 @@ def _model():
     return TRAIN_ZOO["resnet_basic"]().double()
 
 
-def test_another_size_plans_the_segments_of_the_plan_it_is_like_and_runs_exactly(searches):
+def test_another_size_is_searched_over_the_cuts_of_the_plan_it_is_like_and_runs_exactly(searches):
     model = _model()
     large = tilec.compile(model, LARGE, memory_budget="6MiB", dtype="float64")
-    # at the small size the same tiles predict 6.2 MiB (their uneven last tiles are more call shapes)
-    small = tilec.compile(model, SMALL, memory_budget="7MiB", like=large, dtype="float64")
-    assert searches == [96]  # the small size was not searched
+    small = tilec.compile(model, SMALL, memory_budget="6MiB", like=large, dtype="float64")
     (segments, recomputed), (found, found_recomputed) = type(large).plan.planned_as, type(small).plan.planned_as
     assert "px" in segments and found_recomputed == recomputed
-    for want, got in zip(parse_segments(segments), parse_segments(found), strict=True):
-        assert got[:2] == want[:2] and got[2] in (want[2], (1, 1))  # the same tiles, or stored
+    (rows, near, everywhere), (small_rows, small_near, narrowed) = searches
+    assert (rows, near, small_rows, set(small_near)) == (96, (), 61, _cuts(segments))
+    assert _cuts(segments) <= narrowed and len(narrowed) < len(everywhere)
+    assert _cuts(found) <= narrowed
     worst = max(max_errors(model, SMALL, tiled=small).values())
     assert worst <= TOLERANCE
 
@@ -59,17 +70,17 @@ def test_with_room_in_the_budget_tiled_segments_are_stored_where_that_is_faster(
     model = _model()
     large = tilec.compile(model, LARGE, memory_budget="6MiB", dtype="float64")
     small = tilec.compile(model, SMALL, memory_budget="12MiB", like=large, dtype="float64")
-    assert searches == [96]
+    assert [near != () for _, near, _ in searches] == [False, True]
     assert all(grid == (1, 1) for _, _, grid in type(small).plan.segments)
     assert "px" in type(large).plan.planned_as[0]
 
 
-def test_segments_that_do_not_fit_the_budget_at_this_size_are_searched_again(searches):
+def test_a_budget_no_plan_over_its_cuts_fits_is_searched_over_all_cuts(searches):
     model = _model()
     large = tilec.compile(model, LARGE, memory_budget="6MiB", dtype="float64")
-    tight = tilec.compile(model, LARGE, memory_budget="5MiB", like=large, dtype="float64")
-    assert searches == [96, 96]
-    assert type(tight).plan.planned_as != type(large).plan.planned_as
+    with pytest.raises(BudgetError, match="smallest feasible budget"):
+        tilec.compile(model, LARGE, memory_budget="1MiB", like=large, dtype="float64")
+    assert [near != () for _, near, _ in searches] == [False, True, False]
 
 
 def test_like_alone_plans_its_segments_with_its_recomputed_nodes():

@@ -25,7 +25,7 @@ from tilec.planio import dumps, load, write_bytecode, write_files
 from tilec.planner import plan
 from tilec.recompute import recompute
 from tilec.runtime.sources import dtype_name
-from tilec.search import choose
+from tilec.search import Choice, choose
 from tilec.target import Target
 from tilec.trace import Traced, trace_modes
 
@@ -112,10 +112,9 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
     state (``tilec.calibrate.measure_kernels``), which weight gradient tiles compute and the time
     estimate's rates (``tilec.clock``); the search may then recompute long-lived tensors (the
     plan's nodes include the copies). ``like``: ``(segments, recomputed)`` of another plan of the
-    model, at another input size (``PlanSpec.planned_as``): alone, the plan of those segments with
-    those nodes recomputed; with a budget, that plan (tiled segments stored where that fits and is
-    faster, ``_planned_like``) where it applies to this graph and its prediction fits the budget,
-    else the search's."""
+    model, at another input size (``PlanSpec.planned_as``), with those nodes recomputed: alone,
+    the plan of those segments; with a budget, the search narrowed to their cuts
+    (``_chosen_like``), or the whole search where no plan there fits."""
     memory_budget = budget_bytes(memory_budget)
     given = [option for option in (grid, segments, memory_budget if like is None else None, like) if option is not None]
     if len(given) != 1:
@@ -124,55 +123,30 @@ def plan_for(graph: Graph, target: Target, name: str, *, grid=None, segments=Non
     if batch is not None and memory_budget is not None:
         raise GridError("--batch goes with --grid or --segments: with --memory-budget the search chooses the batch")
     if like is not None and memory_budget is None:
-        return _planned_like(graph, target, name, like, None, backgrounds, dtype, progress)
+        graph, segments = recompute(graph, like[1]), parse_segments(like[0])
     if memory_budget is not None:
         device, measured_dtype = search_device(graph.autocast, dtype)
         target = replace(target, device=device)
         target = clock(measure_kernels(target, measured_dtype), measured_dtype, graph.autocast)
-        if like is not None:
-            try:
-                found = _planned_like(graph, target, name, like, memory_budget, backgrounds, dtype, progress)
-            except TilecError:
-                found = None  # another graph's positions: search
-            if found is not None and found.predicted_peak_bytes <= memory_budget:
-                return found
-        choice = choose(graph, target, memory_budget, dtype, backgrounds)
+        choice = None if like is None else _chosen_like(graph, target, memory_budget, like, dtype, backgrounds)
+        choice = choice or choose(graph, target, memory_budget, dtype, backgrounds)
         graph, segments = choice.graph, choice.segments
     return plan(graph, target, name=name, grid=grid, segments=segments, dtype=dtype, memory_budget=memory_budget,
                 batch=batch, backgrounds=backgrounds, progress=progress)
 
 
-def _planned_like(graph: Graph, target: Target, name: str, like, memory_budget, backgrounds, dtype, progress) -> Plan:
-    """The plan of ``graph`` with the segments and recomputed nodes ``like`` = ``(segments text,
-    node names)`` of another plan of its model (``plan_for``). With a budget, each tiled segment
-    in turn is stored instead where the plan still fits the budget and its time estimate drops: a
-    smaller input keeps less between segments, and a stored segment needs no sweeps."""
+def _chosen_like(graph: Graph, target: Target, memory_budget: int, like, dtype, backgrounds) -> Choice | None:
+    """``choose`` for ``graph`` with the nodes recomputed that ``like`` = ``(segments text, node
+    names)`` of another plan of its model recomputes, over the cuts of its segments and a few
+    others (``choose``'s ``near``): the plan of another size finds its boundaries near those of
+    this one, which a smaller input may merge, move or store. ``None`` where no plan there fits
+    the budget, or ``like`` names positions or nodes this graph does not have."""
     segments, recomputed = like
-    graph = recompute(graph, recomputed)
-
-    def planned(chosen):
-        return plan(graph, target, name=name, segments=chosen, dtype=dtype, memory_budget=memory_budget,
-                    backgrounds=backgrounds, progress=progress)
-
-    chosen = parse_segments(segments)
-    best = planned(chosen)
-    if memory_budget is None:
-        return best
-    for k, (first, stop, *_) in enumerate(chosen):
-        if best.segments[k].mode != "tiled":
-            continue
-        trial = (*chosen[:k], (first, stop, (1, 1), "stored", 1), *chosen[k + 1:])
-        try:
-            found = planned(trial)
-        except TilecError:
-            continue
-        if found.predicted_peak_bytes <= memory_budget and _seconds(found) < _seconds(best):
-            chosen, best = trial, found
-    return best
-
-
-def _seconds(the_plan: Plan) -> float:
-    return sum(segment.estimated_seconds for segment in the_plan.segments)
+    try:
+        near = sorted({cut for first, stop, *_ in parse_segments(segments) for cut in (first, stop)})
+        return choose(recompute(graph, recomputed), target, memory_budget, dtype, backgrounds, near=near)
+    except TilecError:
+        return None
 
 
 def plan_modes(traced: Traced, target: Target, name: str, *, grid=None, segments=None, recomputed=(),
