@@ -8,8 +8,8 @@ one seed each, ``--size`` and 3/4 and 1/2 of it a side; odd seeds labelled 1), o
 them under ``Trainer(precision="bf16-mixed")`` on the CPU (``"16-mixed"`` on a GPU), validating on
 the last slide each epoch. The LightningModule compiles its model once per input shape, on first
 use, into a ``TiledModel`` that it calls as it would call the model: the first shape by the budget
-search, each later one like the first (``tilec.compile(..., like=)``: the first plan's segments,
-without a search, where they fit the budget). ``--frame N`` frames every slide to N pixels a side
+search, each later one like the first (``tilec.compile(..., like=)``: a search narrowed to the
+first plan's cuts). ``--frame N`` frames every slide to N pixels a side
 over its tissue instead (``Slide.framed``: cropped or padded with white): one plan, and the model
 sees the padding. Lightning's autocast, optimizer, gradient clipping, checkpoints and loops work
 as usual. The ``TiledModel`` is kept out of the module's registered children, so checkpoints hold

@@ -325,9 +325,9 @@ class TupleHeads(nn.Module):
 def test_no_segment_ends_between_a_tuple_and_its_getitem():
     """A segment hands on tensors, not tuples: a tiled segment ending at ``var_mean`` or
     ``adaptive_max_pool2d`` dropped their gradients (its autograd function returned the tuple
-    whole), and a tiled segment reading a stored one's tuple crashed. No cut candidate, no run of one
-    grid and no budget plan ends there; explicit segments that do are refused naming both nodes,
-    and so is a plan edited to; every other boundary tiles exactly."""
+    whole), and a tiled segment reading a stored one's tuple crashed. No cut candidate (nor one a
+    like plan names), no run of one grid and no budget plan ends there; explicit segments that do
+    are refused naming both nodes, and so is a plan edited to; every other boundary tiles exactly."""
     model, shape = TupleHeads(), (1, 1, 17, 17)
     graph = trace(model, shape)
     positions = {node.name: k for k, node in enumerate(graph)}
@@ -335,6 +335,7 @@ def test_no_segment_ends_between_a_tuple_and_its_getitem():
     assert positions["var_mean"] == 1 and positions["adaptive_max_pool2d"] == 6
     full = {name: 1 for name in graph.order}
     assert not set(cut_points(graph, full)) & set(graph.ties)
+    assert not set(cut_points(graph, full, near=graph.ties)) & set(graph.ties)  # nor where a like plan cut
     assert not {choice.stop for choice in default_segments(graph, (2, 2))} & set(graph.ties)
     for cut in graph.ties:
         with pytest.raises(TilecError, match=f"segment nodes 0:{cut} ends between node "

@@ -32,9 +32,9 @@ def compile(model: nn.Module, inputs, *, memory_budget: int | str | None = None,
     rest); none means a 1x1 grid. ``batch``: with a grid or segments, up to that many consecutive
     tiles of one shape class run as one call (a budget chooses it itself). ``like``: a ``TiledModel``
     of the same model for another input size (one that ``compile`` or ``load`` returned): its
-    segments, in input pixels, planned at this size without a search (a second or two where the
-    search takes tens); with ``memory_budget``, each tiled segment stored instead where that fits
-    and is faster, and only where the prediction fits (else the search runs). The other options
+    segments, in input pixels, planned at this size; with ``memory_budget``, a search narrowed to
+    their cuts and a few others, which may merge, move or store them (seconds where the whole
+    search takes tens; the whole search where no plan there fits). The other options
     are ``tilec.pipeline.build``'s."""
     grid = parse_grid(grid) if isinstance(grid, str) else grid
     segments = parse_segments(segments) if isinstance(segments, str) else segments

@@ -113,8 +113,8 @@ def main() -> None:
 @click.option("--memory-budget", help="Choose segments and grids to fit this many bytes, e.g. 160MiB, 1.5GB "
               "(recomputing long-lived tensors where that is faster than keeping them).")
 @click.option("--like", type=click.Path(path_type=Path), help="A plan PLAN.json of the same model at another input "
-              "size: its segments, in input pixels, planned at this size without a search (with --memory-budget, "
-              "where they fit it; else the search runs).")
+              "size: its segments, in input pixels, planned at this size (with --memory-budget, a search narrowed "
+              "to their cuts, which merges, moves or stores them; the whole search where no plan there fits).")
 @click.option("--batch", type=click.IntRange(min=1, max=MAX_COUNT),
               help="With --grid or --segments: run up to N consecutive tiles of one shape class as one call, "
               "stacked along the batch axis (where a segment's tiles can; --memory-budget chooses it itself).")
