@@ -14,7 +14,7 @@ difference is reported, naming the segment, axis, tile and node):
   ``nodes`` argument names an earlier node or an input, every ``tensor`` argument names a
   model tensor, ``inputs`` lists exactly the node arguments in order without repeats, shapes are
   not negative and ``spatial`` names two distinct dims of the shape; the output tree names nodes;
-* every node that reads a model input runs on fake tensors of the inputs' shapes and dtypes (the
+* every node that reads a model input runs on meta tensors of the inputs' shapes and dtypes (the
   other tensors it reads in the plan's dtype) and gives its recorded shape (``_check_readers``),
   so an input shape the graph cannot read is named (``inputs[K].shape``);
 * ``model.digest`` is the digest of the nodes, tensors and output (``Graph.fingerprint``);
@@ -243,50 +243,66 @@ def _check_nodes(plan: Plan) -> None:
     _check_output(plan.model.output, known)
 
 
-def _fake(shape, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(tuple(shape), dtype=dtype)
-
-
-def _value(arg: Arg, inputs: dict, shapes: dict, dtype: torch.dtype):
-    """A node's argument as its op takes it: the inputs' fake tensors, fake tensors of the recorded
-    shapes of nodes and model tensors (``shapes``) in ``dtype``, constants as Python values."""
+def _value(arg: Arg, inputs: dict, shapes: dict, dtype: torch.dtype, device: str):
+    """A node's argument as its op takes it: the inputs' tensors, empty tensors on ``device`` of the
+    recorded shapes of nodes and model tensors (``shapes``) in ``dtype``, constants as Python values."""
     if arg.kind in ("node", "tensor"):
-        return inputs[arg.value] if arg.value in inputs else _fake(shapes[arg.value], dtype)
+        return inputs[arg.value] if arg.value in inputs else torch.empty(shapes[arg.value], dtype=dtype, device=device)
     if arg.kind == "nodes":
-        return [_value(Arg(kind="node", value=name), inputs, shapes, dtype) for name in arg.value]
+        return [_value(Arg(kind="node", value=name), inputs, shapes, dtype, device) for name in arg.value]
     if isinstance(arg.value, str) and arg.value.startswith("torch."):
         return getattr(torch, arg.value.removeprefix("torch."))
     return list(arg.value) if isinstance(arg.value, tuple) else arg.value
 
 
 def _check_readers(plan: Plan) -> None:
-    """Every node reading a model input gives its recorded shape from the inputs' shapes."""
+    """Every node reading a model input gives its recorded shape from the inputs' shapes, on meta
+    tensors (no data: aten's meta kernels give the shapes)."""
+    where = {spec.name: k for k, spec in enumerate(plan.inputs)}
+    for node in plan.model.nodes:
+        read = [name for name in node.inputs if name in where]
+        if not read or node.target == "getitem":
+            continue
+        field = f"inputs[{where[read[0]]}].shape {tuple(plan.inputs[where[read[0]]].shape)}"
+        try:
+            result = _read(plan, node, "meta")
+        except _REFUSALS:
+            _fail(f"{field} cannot be read by node {node.name} (aten.{node.op}): {_why(plan, node)}")
+        result = result[0] if isinstance(result, list | tuple) else result
+        if tuple(result.shape) != tuple(node.shape):
+            _fail(f"{field} gives node {node.name} (aten.{node.op}) shape {tuple(result.shape)}, but the plan's "
+                  f"graph has {tuple(node.shape)}")
+
+
+#: What an aten op raises for arguments it cannot take.
+_REFUSALS = (RuntimeError, ValueError, TypeError, IndexError)
+
+
+def _read(plan: Plan, node, device: str):
+    """``node``'s op on empty tensors on ``device`` of the plan's input shapes and dtypes, and of the
+    recorded shapes of what else it reads, in the dtype of its floating input (else the plan's)."""
+    inputs = {spec.name: torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
+              for spec in plan.inputs if spec.name in node.inputs}
+    shapes = {t.name: t.shape for t in (*plan.model.tensors, *plan.model.nodes)}
+    floating = [tensor.dtype for tensor in inputs.values() if tensor.is_floating_point()]
+    like = floating[0] if floating else getattr(torch, plan.dtype)  # the model's tensors are in that dtype
+    positional = [_value(a, inputs, shapes, like, device) for a in node.args if a.keyword is None]
+    keywords = {a.keyword: _value(a, inputs, shapes, like, device) for a in node.args if a.keyword is not None}
+    _, op, overload = node.target.split(".")
+    return getattr(getattr(torch.ops.aten, op), overload)(*positional, **keywords)
+
+
+def _why(plan: Plan, node) -> str:
+    """Why ``node`` cannot read the plan's inputs, in the words of aten's CPU checks (its meta
+    kernels say less): the same call on fake CPU tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    dtype = getattr(torch, plan.dtype)
-    shapes = {t.name: t.shape for t in (*plan.model.tensors, *plan.model.nodes)}
-    where = {spec.name: k for k, spec in enumerate(plan.inputs)}
-    with FakeTensorMode():
-        inputs = {spec.name: _fake(spec.shape, getattr(torch, spec.dtype)) for spec in plan.inputs}
-        for node in plan.model.nodes:
-            read = [name for name in node.inputs if name in where]
-            if not read or node.target == "getitem":
-                continue
-            field = f"inputs[{where[read[0]]}].shape {tuple(plan.inputs[where[read[0]]].shape)}"
-            _, op, overload = node.target.split(".")
-            floating = [inputs[name].dtype for name in read if inputs[name].is_floating_point()]
-            like = floating[0] if floating else dtype  # the model's tensors are in its floating input's dtype
-            positional = [_value(a, inputs, shapes, like) for a in node.args if a.keyword is None]
-            keywords = {a.keyword: _value(a, inputs, shapes, like) for a in node.args if a.keyword is not None}
-            try:
-                result = getattr(getattr(torch.ops.aten, op), overload)(*positional, **keywords)
-            except (RuntimeError, ValueError, TypeError, IndexError) as error:
-                detail = " ".join(str(error).split("\n")[0].split())
-                _fail(f"{field} cannot be read by node {node.name} (aten.{node.op}): {detail}")
-            result = result[0] if isinstance(result, list | tuple) else result
-            if tuple(result.shape) != tuple(node.shape):
-                _fail(f"{field} gives node {node.name} (aten.{node.op}) shape {tuple(result.shape)}, but the plan's "
-                      f"graph has {tuple(node.shape)}")
+    try:
+        with FakeTensorMode():
+            _read(plan, node, "cpu")
+    except _REFUSALS as error:
+        return " ".join(str(error).split("\n")[0].split())
+    return "aten's meta kernel refuses it"
 
 
 def _check_digest(plan: Plan, graph: Graph) -> None:
