@@ -45,7 +45,7 @@ always where tileability changes;
 besides those, at most ``MAX_CUTS``: the order is split into that many equal stretches and each
 contributes the cut the fewest bytes cross.
 Planning like a plan of the model at another input size (``near``), its cuts are candidates too,
-and only ``MIN_CUTS`` stretches contribute one: a narrower search, about five times faster.
+and only ``MIN_CUTS`` stretches contribute one: a narrower search, several times faster.
 
 Speed: the axis tiles of every tiled segment ending at ``stop`` are the tail of those of the
 longest tileable run ending there (a node's region depends only on its readers, all after it),
