@@ -259,15 +259,16 @@ def _check_readers(plan: Plan) -> None:
     """Every node reading a model input gives its recorded shape from the inputs' shapes, on meta
     tensors (no data: aten's meta kernels give the shapes)."""
     where = {spec.name: k for k, spec in enumerate(plan.inputs)}
+    shapes = {t.name: t.shape for t in (*plan.model.tensors, *plan.model.nodes)}
     for node in plan.model.nodes:
         read = [name for name in node.inputs if name in where]
         if not read or node.target == "getitem":
             continue
         field = f"inputs[{where[read[0]]}].shape {tuple(plan.inputs[where[read[0]]].shape)}"
         try:
-            result = _read(plan, node, "meta")
+            result = _read(plan, node, shapes, "meta")
         except _REFUSALS:
-            _fail(f"{field} cannot be read by node {node.name} (aten.{node.op}): {_why(plan, node)}")
+            _fail(f"{field} cannot be read by node {node.name} (aten.{node.op}): {_why(plan, node, shapes)}")
         result = result[0] if isinstance(result, list | tuple) else result
         if tuple(result.shape) != tuple(node.shape):
             _fail(f"{field} gives node {node.name} (aten.{node.op}) shape {tuple(result.shape)}, but the plan's "
@@ -278,12 +279,11 @@ def _check_readers(plan: Plan) -> None:
 _REFUSALS = (RuntimeError, ValueError, TypeError, IndexError)
 
 
-def _read(plan: Plan, node, device: str):
+def _read(plan: Plan, node, shapes: dict, device: str):
     """``node``'s op on empty tensors on ``device`` of the plan's input shapes and dtypes, and of the
-    recorded shapes of what else it reads, in the dtype of its floating input (else the plan's)."""
+    recorded ``shapes`` of what else it reads, in the dtype of its floating input (else the plan's)."""
     inputs = {spec.name: torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
               for spec in plan.inputs if spec.name in node.inputs}
-    shapes = {t.name: t.shape for t in (*plan.model.tensors, *plan.model.nodes)}
     floating = [tensor.dtype for tensor in inputs.values() if tensor.is_floating_point()]
     like = floating[0] if floating else getattr(torch, plan.dtype)  # the model's tensors are in that dtype
     positional = [_value(a, inputs, shapes, like, device) for a in node.args if a.keyword is None]
@@ -292,14 +292,14 @@ def _read(plan: Plan, node, device: str):
     return getattr(getattr(torch.ops.aten, op), overload)(*positional, **keywords)
 
 
-def _why(plan: Plan, node) -> str:
+def _why(plan: Plan, node, shapes: dict) -> str:
     """Why ``node`` cannot read the plan's inputs, in the words of aten's CPU checks (its meta
     kernels say less): the same call on fake CPU tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     try:
         with FakeTensorMode():
-            _read(plan, node, "cpu")
+            _read(plan, node, shapes, "cpu")
     except _REFUSALS as error:
         return " ".join(str(error).split("\n")[0].split())
     return "aten's meta kernel refuses it"
